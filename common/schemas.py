@@ -1,0 +1,110 @@
+"""Task states, engine options and results: the types document the wire format."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class TaskState(StrEnum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED})
+
+
+@dataclass(slots=True)
+class TranscriptionOptions:
+    language: str | None = None
+    task: str = "transcribe"  # transcribe | translate
+    word_timestamps: bool = False
+    prompt: str | None = None
+    beam_size: int = 5
+    vad_filter: bool = False
+    temperature: float = 0.0
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> TranscriptionOptions:
+        known = {k: params[k] for k in cls.__dataclass_fields__ if params.get(k) is not None}
+        return cls(**known)
+
+
+@dataclass(slots=True)
+class SynthesisOptions:
+    text: str
+    language: str = "en"
+    voice: str | None = None  # a configured voice or built-in speaker name
+    speaker_wav: str | None = None  # a path (already resolved under an allowed root) or blob key
+    speed: float = 1.0
+
+
+@dataclass(slots=True)
+class Word:
+    word: str
+    start: float
+    end: float
+    probability: float | None = None
+
+
+@dataclass(slots=True)
+class Segment:
+    id: int
+    start: float
+    end: float
+    text: str
+    speaker: str | None = None
+    words: list[Word] | None = None
+    # Fields the OpenAI verbose_json reference lists; engines without them leave the defaults.
+    seek: int = 0
+    tokens: list[int] = field(default_factory=list)
+    temperature: float = 0.0
+    avg_logprob: float = 0.0
+    compression_ratio: float = 0.0
+    no_speech_prob: float = 0.0
+
+
+@dataclass(slots=True)
+class Transcription:
+    text: str
+    language: str | None
+    duration: float
+    segments: list[Segment]
+
+    def to_result(self, backend: str, model: str, with_words: bool) -> dict[str, Any]:
+        """The ASR `result` object of the status reply (SPEC §3)."""
+        segments = []
+        for segment in self.segments:
+            item = asdict(segment)
+            if not with_words:
+                item.pop("words")
+            elif item["words"] is None:
+                item["words"] = []
+            segments.append(item)
+        return {
+            "text": self.text,
+            "language": self.language,
+            "duration": round(self.duration, 3),
+            "segments": segments,
+            "usage": {"audio_seconds": round(self.duration, 3)},
+            "backend": backend,
+            "model": model,
+        }
+
+
+@dataclass(slots=True)
+class Synthesis:
+    audio: Any  # 1-D float32 numpy array
+    sample_rate: int
+
+    @property
+    def duration(self) -> float:
+        return len(self.audio) / self.sample_rate

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs what the service and its tests need on a fresh Debian machine with python3:
+# system packages (when missing) and one virtual environment per deploy/envs/NAME.txt,
+# created as .venvs/NAME. Re-running is cheap: an environment is rebuilt only when its
+# requirements file or pyproject.toml changed.
+#
+#   scripts/install.sh            # the core environment (gateway + faster-whisper worker)
+#   scripts/install.sh core hf    # several environments
+#   scripts/install.sh all        # every environment in deploy/envs/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v espeak-ng >/dev/null || missing+=(espeak-ng)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "install: apt-get install ${missing[*]}"
+    sudo_cmd=""
+    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+envs=("$@")
+[ ${#envs[@]} -eq 0 ] && envs=(core)
+if [ "${envs[0]}" = all ]; then
+    envs=()
+    for f in deploy/envs/*.txt; do envs+=("$(basename "$f" .txt)"); done
+fi
+
+for name in "${envs[@]}"; do
+    req="deploy/envs/$name.txt"
+    venv=".venvs/$name"
+    [ -f "$req" ] || { echo "install: no $req" >&2; exit 2; }
+    stamp=$(cat "$req" pyproject.toml | sha256sum | cut -c1-16)
+    if [ -f "$venv/.stamp" ] && [ "$(cat "$venv/.stamp")" = "$stamp" ]; then
+        continue
+    fi
+    echo "install: building $venv from $req (first time can take minutes)"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --upgrade pip
+    "$venv/bin/pip" install -q -r "$req" -e .
+    echo "$stamp" > "$venv/.stamp"
+done

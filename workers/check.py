@@ -1,0 +1,70 @@
+"""Run one engine call in-process, without Redis or HTTP: an operator's and a test's probe.
+
+    python -m workers.check --backend qwen3 --model-source models/tiny/qwen3 audio.flac
+    python -m workers.check --backend xtts --model-source DIR --text "Hello there."
+
+Prints the result as JSON (for TTS: the synthesis length; `--out` writes a WAV).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from common.audio import decode_audio, encode_wav
+from common.schemas import SynthesisOptions, TranscriptionOptions
+from workers.engines import create_engine
+from workers.engines.base import ModelRef, SpeechEngine
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", required=True)
+    parser.add_argument("--model-source", required=True, help="model directory, file or hub id")
+    parser.add_argument("--model-name", default="check")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--language")
+    parser.add_argument("--task", default="transcribe")
+    parser.add_argument("--word-timestamps", action="store_true")
+    parser.add_argument("--text", help="text to speak (TTS engines)")
+    parser.add_argument("--voice")
+    parser.add_argument("--out", type=Path, help="where to write synthesized audio (WAV)")
+    parser.add_argument("--repeat", type=int, default=1, help="run the call N times")
+    parser.add_argument("audio", nargs="?", help="input audio (ASR) or reference clip (TTS)")
+    args = parser.parse_args(argv)
+
+    engine = create_engine(args.backend)
+    started = time.perf_counter()
+    handle = engine.load(ModelRef(args.model_name, args.model_source), args.device)
+    engine.warm_up(handle)
+    load_seconds = time.perf_counter() - started
+    audio = decode_audio(args.audio, engine.sample_rate) if args.audio else None
+    outputs = []
+    for _ in range(args.repeat):
+        started = time.perf_counter()
+        if isinstance(engine, SpeechEngine) and args.text is not None:
+            options = SynthesisOptions(text=args.text, language=args.language or "en",
+                                       voice=args.voice)
+            synthesis = engine.synthesize(handle, options, audio)
+            if args.out:
+                args.out.write_bytes(encode_wav(synthesis.audio, synthesis.sample_rate))
+            output = {"audio_seconds": synthesis.duration, "sample_rate": synthesis.sample_rate}
+        else:
+            options = TranscriptionOptions(language=args.language, task=args.task,
+                                           word_timestamps=args.word_timestamps)
+            transcription = engine.transcribe(handle, audio, options, lambda segment: None)
+            output = transcription.to_result(args.backend, args.model_name,
+                                              args.word_timestamps)
+        output["seconds"] = round(time.perf_counter() - started, 3)
+        outputs.append(output)
+    engine.unload(handle)
+    json.dump({"load_seconds": round(load_seconds, 3), "results": outputs}, sys.stdout)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
