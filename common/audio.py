@@ -68,7 +68,8 @@ def probe_audio(source: SourceType) -> AudioInfo:
         duration = max(0.0, last_end - start)
         if duration <= 0 and container.duration:
             duration = container.duration / av.time_base
-        return AudioInfo(duration, stream.rate or 0, stream.channels or 0, stream.codec_context.name)
+        return AudioInfo(duration, stream.rate or 0, stream.channels or 0,
+                         stream.codec_context.name)
     except av.FFmpegError as exc:
         raise AudioError(f"not a readable audio file ({_reason(exc)})") from None
     finally:

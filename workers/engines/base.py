@@ -27,7 +27,8 @@ class ModelRef:
 class Engine(Protocol):
     #: sample rate the engine wants its input audio at (the runtime decodes to it, mono float32)
     sample_rate: int
-    #: True when the engine runs on torch (the runtime then applies torch's memory cap and cache release)
+    #: True when the engine runs on torch (the runtime then applies torch's memory cap
+    #: and releases torch's cache)
     uses_torch: bool
 
     def cuda_available(self) -> bool: ...
@@ -63,5 +64,5 @@ class SpeechEngine(Engine, Protocol):
     def synthesize(
         self, handle: Any, options: SynthesisOptions, reference: np.ndarray | None
     ) -> Synthesis:
-        """Speak `options.text`; `reference` is the voice clip at `sample_rate`, if one was given."""
+        """Speak `options.text`; `reference` is the voice clip at `sample_rate`, if given."""
         ...

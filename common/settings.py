@@ -1,0 +1,80 @@
+"""Every setting of gateway and workers, in one class. Environment prefix: `SPEECH_`.
+
+Each worker process reads the same class; per-worker values (backend, port, memory
+cap, idle unload …) come from that process's environment (see deploy/supervisord.conf).
+The README's settings table documents each field.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODELS: dict[str, dict[str, str]] = {
+    "faster-whisper": {"tiny.en": "bundled"},
+}
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SPEECH_", extra="ignore")
+
+    # --- shared ---
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    #: backend -> {model name -> source (local directory/file, hub id, or "bundled")};
+    #: the first model of a backend is its default unless `default_models` says otherwise.
+    models: dict[str, dict[str, str]] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
+    default_models: dict[str, str] = Field(default_factory=dict)
+    #: extra public names -> "backend/model" (whisper-1 and tts-1 are built in)
+    aliases: dict[str, str] = Field(default_factory=dict)
+    retention_seconds: int = 24 * 3600
+    max_deliveries: int = 3
+    visibility_timeout_seconds: float = 60.0
+    heartbeat_seconds: float = 2.0
+
+    # --- gateway ---
+    host: str = "127.0.0.1"
+    port: int = 8000
+    allowed_roots: list[Path] = Field(default_factory=list)
+    max_upload_mib: float = 200.0
+    max_audio_seconds: float = 4 * 3600.0
+    public_url: str = ""
+
+    # --- worker ---
+    backend: str = "faster-whisper"
+    worker_host: str = "127.0.0.1"
+    worker_port: int = 0
+    #: stable consumer name; defaults to host + supervisord process slot
+    consumer: str = ""
+    device: str = "auto"  # auto | cpu | cuda
+    compute_type: str = "auto"  # faster-whisper: auto -> float16 on cuda, int8 on cpu
+    cpu_threads: int = 0
+    idle_unload_seconds: float = 120.0  # 0 = unload after every task, -1 = never
+    memory_cap_mib: int = 0  # 0 = no cap
+    preload: bool = False
+    stop_grace_seconds: float = 20.0
+    breaker_failures: int = 3
+    breaker_window_seconds: float = 600.0
+
+    def backend_models(self, backend: str) -> dict[str, str]:
+        return self.models.get(backend, {})
+
+    def default_model(self, backend: str) -> str | None:
+        if backend in self.default_models:
+            return self.default_models[backend]
+        return next(iter(self.backend_models(backend)), None)
+
+    def consumer_name(self) -> str:
+        if self.consumer:
+            return self.consumer
+        slot = os.environ.get("SUPERVISOR_PROCESS_NAME") or f"pid{os.getpid()}"
+        return f"{socket.gethostname()}:{slot}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,98 @@
+"""Sage llmage endpoints: submit, then poll. Every status reply is HTTP 200 JSON with `status`.
+
+Sage stops polling only on SUCCEEDED, FAILED or UNKNOWN, so a cancelled task is reported
+as FAILED (with `state: CANCELLED`) and a store outage as PENDING with a `detail`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
+
+from common.formats import fastwhisper_legacy
+from common.schemas import TaskState
+from common.store import Task
+from gateway.app_errors import sage_error
+from gateway.inputs import RequestError, read_params
+from gateway.state import settings_of, store_of
+from gateway.submission import asr_params, enqueue, read_audio_input, resolve_backend_model
+
+router = APIRouter()
+BOTH = ["GET", "POST"]
+
+
+@router.api_route("/api/submit", methods=BOTH)
+async def submit(request: Request) -> JSONResponse:
+    return await _submit(request, None)
+
+
+@router.api_route("/api/{backend}-submit", methods=BOTH)
+async def submit_to(request: Request, backend: str) -> JSONResponse:
+    return await _submit(request, backend)
+
+
+@router.api_route("/api/status", methods=BOTH)
+async def status(request: Request) -> JSONResponse:
+    return await _status(request)
+
+
+@router.api_route("/api/{backend}-status", methods=BOTH)
+async def status_of(request: Request, backend: str) -> JSONResponse:
+    del backend  # ids are unique across backends
+    return await _status(request)
+
+
+async def _submit(request: Request, backend: str | None) -> JSONResponse:
+    settings = settings_of(request)
+    try:
+        params = await read_params(request)
+        backend = backend or params.get("backend")
+        if not backend:
+            raise RequestError(400, "missing 'backend'", param="backend")
+        model = resolve_backend_model(settings, backend, params.get("model"))
+        options = asr_params(params, settings, backend)
+        audio = await read_audio_input(params, settings)
+        task = await enqueue(store_of(request), settings, backend=backend, model=model,
+                             options=options, audio=audio, owner="")
+    except RequestError as exc:
+        return sage_error(exc)
+    return JSONResponse({"task_id": task.id, "taskid": task.id, "status": "PENDING"})
+
+
+async def _status(request: Request) -> JSONResponse:
+    try:
+        params = await read_params(request)
+    except RequestError as exc:
+        return JSONResponse({"status": "FAILED", "error": exc.message})
+    task_id = params.get("task_id", "taskid")
+    if not task_id:
+        return JSONResponse({"status": "FAILED", "error": "missing task_id"})
+    store = store_of(request)
+    try:
+        task = await store.get(task_id)
+        position = await store.queue_position(task) if task and task.state == "PENDING" else None
+    except RedisError:
+        return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "PENDING",
+                             "detail": "the task store is briefly unavailable; keep polling"})
+    if task is None:
+        return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "FAILED",
+                             "error": "unknown or expired task"})
+    return JSONResponse(sage_status(task, position, params.get("format")))
+
+
+def sage_status(task: Task, queue_position: int | None, fmt: str | None) -> dict[str, Any]:
+    reply: dict[str, Any] = {"task_id": task.id, "taskid": task.id, "status": task.state.value}
+    if task.state == TaskState.PENDING and queue_position is not None:
+        reply["queue_position"] = queue_position
+    elif task.state == TaskState.SUCCEEDED and task.result is not None:
+        result = task.result
+        reply["usage"] = result.get("usage", {})
+        reply["result"] = fastwhisper_legacy(result) if fmt == "fastwhisper" else result
+    elif task.state == TaskState.FAILED:
+        reply["error"] = task.error or "the task failed"
+    elif task.state == TaskState.CANCELLED:
+        reply.update(status="FAILED", state="CANCELLED", error=task.error or "task was cancelled")
+    return reply

@@ -1,0 +1,118 @@
+"""Turn validated request parameters into a queued task: shared by the Sage and OpenAI routes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from redis.exceptions import RedisError
+
+from common.audio import AudioError, AudioInfo, probe_audio
+from common.catalog import UnknownBackend, UnknownModel, backend_info, resolve_model
+from common.schemas import TaskState
+from common.settings import Settings
+from common.store import Task, TaskStore, new_task_id
+from gateway.inputs import Params, RequestError, read_upload, resolve_allowed_path
+
+ASR_TASKS = ("transcribe", "translate")
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class AudioInput:
+    blob: bytes | None
+    path: Path | None
+    info: AudioInfo
+
+
+async def read_audio_input(params: Params, settings: Settings) -> AudioInput:
+    """The request's audio (upload or allowed path), probed so garbage never reaches a queue."""
+    upload = params.files.get("file")
+    raw_path = params.get("audio_file", "audio_path")
+    if upload is not None:
+        blob = await read_upload(upload, int(settings.max_upload_mib * 1024 * 1024))
+        source: bytes | Path = blob
+        path = None
+    elif raw_path is not None:
+        path = resolve_allowed_path(raw_path, settings.allowed_roots,
+                                    "audio_file" if params.get("audio_file") else "audio_path")
+        blob, source = None, path
+    elif params.get("audio_url"):
+        raise RequestError(400, "audio_url inputs are not enabled on this server",
+                           param="audio_url")
+    else:
+        raise RequestError(400, "no audio given: send a 'file' upload or an 'audio_path'",
+                           param="file")
+    try:
+        info = await asyncio.to_thread(probe_audio, source)
+    except AudioError as exc:
+        raise RequestError(400, str(exc), param="file" if blob is not None else "audio_path",
+                           code="invalid_audio") from None
+    except OSError as exc:
+        raise RequestError(400, f"cannot read the audio file ({exc.strerror})") from None
+    if info.duration > settings.max_audio_seconds:
+        raise RequestError(413, f"the audio lasts {info.duration:.0f} s; the limit is "
+                                f"{settings.max_audio_seconds:.0f} s", param="file")
+    return AudioInput(blob, path, info)
+
+
+def resolve_backend_model(settings: Settings, backend: str, model: str | None) -> str:
+    try:
+        return resolve_model(settings, backend, model)
+    except UnknownBackend as exc:
+        raise RequestError(404, str(exc), param="backend", code="unknown_backend") from None
+    except UnknownModel as exc:
+        raise RequestError(404, str(exc), param="model", code="model_not_found") from None
+
+
+def asr_params(params: Params, settings: Settings, backend: str) -> dict[str, Any]:
+    """The transcription options a worker will read, validated against the backend."""
+    try:
+        info = backend_info(settings, backend)
+    except UnknownBackend as exc:
+        raise RequestError(404, str(exc), param="backend", code="unknown_backend") from None
+    if info.kind != "asr":
+        raise RequestError(400, f"backend {backend!r} does not transcribe", param="backend")
+    task = (params.get("task") or "transcribe").lower()
+    if task not in ASR_TASKS:
+        raise RequestError(400, "task must be 'transcribe' or 'translate'", param="task")
+    if task == "translate" and not info.translate:
+        raise RequestError(400, f"backend {backend!r} cannot translate", param="task")
+    options: dict[str, Any] = {"task": task, "word_timestamps": params.flag("word_timestamps")}
+    if language := params.get("language"):
+        options["language"] = language.strip().lower()
+    if prompt := params.get("prompt", "initial_prompt"):
+        options["prompt"] = prompt
+    for name, kind in (("beam_size", int), ("temperature", float)):
+        if (value := params.get(name)) is not None:
+            try:
+                options[name] = kind(value)
+            except ValueError:
+                raise RequestError(400, f"{name} must be a number", param=name) from None
+    if params.get("vad_filter") is not None:
+        options["vad_filter"] = params.flag("vad_filter")
+    return options
+
+
+async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: str,
+                  options: dict[str, Any], audio: AudioInput, owner: str) -> Task:
+    breaker_error = await guard_store(store.breaker_error(backend, model))
+    if breaker_error:
+        raise RequestError(503, f"model {backend}/{model} is unavailable: {breaker_error}",
+                           param="model", code="model_unavailable")
+    task = Task(id=new_task_id(), backend=backend, model=model, state=TaskState.PENDING,
+                params=options, input_path=str(audio.path or ""), owner=owner,
+                audio_seconds=round(audio.info.duration, 3))
+    await guard_store(store.submit(task, audio.blob))
+    return task
+
+
+async def guard_store(awaitable: Awaitable[T]) -> T:
+    try:
+        return await awaitable
+    except RedisError as exc:
+        raise RequestError(503, f"the task store is unavailable ({type(exc).__name__})",
+                           code="store_unavailable") from None

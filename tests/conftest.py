@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import procs
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stack")
+
+
+@pytest.fixture(scope="session")
+def allowed_dir(workdir: Path) -> Path:
+    """A second allowed root, for path-input tests (symlinks, copies)."""
+    path = workdir / "allowed"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture(scope="session")
+def redis_server(workdir: Path) -> Iterator[procs.RedisServer]:
+    server = procs.RedisServer(workdir / "redis").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(workdir: Path, redis_server: procs.RedisServer, allowed_dir: Path) -> Iterator[dict]:
+    """One gateway and one faster-whisper worker (real tiny.en) on a real Redis."""
+    roots = [str(procs.SHARED_AUDIO), str(allowed_dir)]
+    gateway = procs.gateway(redis_server.url, workdir, allowed_roots=roots).start()
+    worker = procs.worker(redis_server.url, workdir, idle_unload_seconds="-1").start()
+    yield {"gateway": gateway.url, "worker": worker.url, "redis": redis_server.client(),
+           "worker_service": worker, "gateway_service": gateway}
+    worker.stop()
+    gateway.stop()
+
+
+@pytest.fixture(scope="session")
+def speech_clip(workdir: Path) -> Path:
+    """A short clip of real speech with a known text (espeak-ng)."""
+    path = workdir / "hello.wav"
+    subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(path), "Hello world. Testing one two."],
+                   check=True, capture_output=True)
+    return path

@@ -1,0 +1,73 @@
+"""Client-side helpers for tests: submit, poll, count what is queued, score transcripts."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from common import keys
+from tests.procs import SHARED_AUDIO
+
+JFK = SHARED_AUDIO / "jfk.flac"
+JFK_TEXT = ("And so my fellow Americans, ask not what your country can do for you, "
+            "ask what you can do for your country.")
+TERMINAL = {"SUCCEEDED", "FAILED"}
+
+
+def submit_file(base: str, path: Path, backend: str = "faster-whisper",
+                **params: Any) -> httpx.Response:
+    with path.open("rb") as handle:
+        return httpx.post(f"{base}/api/{backend}-submit", files={"file": (path.name, handle)},
+                          data={k: str(v) for k, v in params.items()}, timeout=60)
+
+
+def status(base: str, task_id: str, **params: Any) -> dict[str, Any]:
+    reply = httpx.get(f"{base}/api/status", params={"taskid": task_id, **params}, timeout=30)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def wait_done(base: str, task_id: str, timeout: float = 120,
+              seen: list[str] | None = None) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reply = status(base, task_id)
+        if seen is not None and (not seen or seen[-1] != reply["status"]):
+            seen.append(reply["status"])
+        if reply["status"] in TERMINAL:
+            return reply
+        assert "result" not in reply, reply
+        time.sleep(0.05)
+    raise TimeoutError(f"task {task_id} not finished after {timeout} s")
+
+
+def queue_counts(client: redis.Redis, backend: str = "faster-whisper") -> tuple[int, int]:
+    """(stream length, number of task records): unchanged by any refused submit."""
+    stream_length = client.xlen(keys.queue(backend)) if client.exists(keys.queue(backend)) else 0
+    return stream_length, sum(1 for _ in client.scan_iter(match=keys.task_pattern(), count=500))
+
+
+def pending_count(client: redis.Redis, backend: str = "faster-whisper") -> int:
+    if not client.exists(keys.queue(backend)):
+        return 0
+    return int(client.xpending(keys.queue(backend), keys.WORKER_GROUP)["pending"])
+
+
+def normalise(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split()
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    ref, hyp = normalise(reference), normalise(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, ref_word in enumerate(ref, start=1):
+        previous, row[0] = row[0], i
+        for j, hyp_word in enumerate(hyp, start=1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1,
+                                           previous + (ref_word != hyp_word))
+    return row[-1] / max(1, len(ref))

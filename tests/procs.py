@@ -1,0 +1,200 @@
+"""Real processes for tests and benchmarks: redis-server, gateway, workers, supervisord.
+
+Each binds to 127.0.0.1 on a free port, lives in a temp dir, and is stopped by its own
+pid (or process group): never by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_AUDIO = ROOT.parent / "shared" / "audio"
+VENVS = ROOT / ".venvs"
+CORE_PYTHON = Path(sys.executable)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
+               interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def _stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    if proc.poll() is not None:
+        return
+    with _suppress():
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with _suppress():
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+class _suppress:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return exc[0] is ProcessLookupError
+
+
+class RedisServer:
+    def __init__(self, workdir: Path, appendonly: bool = True) -> None:
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.appendonly = appendonly
+        self.proc: subprocess.Popen | None = None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        args = ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port),
+                "--dir", str(self.workdir), "--save", "",
+                "--appendonly", "yes" if self.appendonly else "no",
+                "--appendfsync", "everysec", "--logfile", str(self.workdir / "redis.log")]
+        self.proc = subprocess.Popen(args, start_new_session=True)
+        wait_until(self._pings, 10, "redis-server")
+        return self
+
+    def _pings(self) -> bool:
+        try:
+            return bool(self.client().ping())
+        except redis.RedisError:
+            return False
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url, socket_timeout=5)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+
+    def restart(self, down_seconds: float = 0.0) -> None:
+        self.stop()
+        time.sleep(down_seconds)
+        self.start()
+
+
+def service_env(redis_url: str, **settings: Any) -> dict[str, str]:
+    """Environment for gateway/worker processes: SPEECH_* from keyword arguments."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPEECH_")}
+    env.update(SPEECH_REDIS_URL=redis_url, SPEECH_HEARTBEAT_SECONDS="0.5",
+               OMP_WAIT_POLICY="PASSIVE", PYTHONUNBUFFERED="1")
+    for key, value in settings.items():
+        env[f"SPEECH_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+    return env
+
+
+class Service:
+    """A gateway or worker subprocess with its own log file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log_path: Path, url: str) -> None:
+        self.args, self.env, self.log_path, self.url = args, env, log_path, url
+        self.health_url = f"{url}/health"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait: bool = True) -> Service:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(self.args, env=self.env, cwd=ROOT, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        if wait:
+            wait_until(self.healthy, 120, f"{self.args[-1]} health ({self.log_path})", 0.1)
+        return self
+
+    def healthy(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"{self.args} exited with {self.proc.returncode}: "
+                               f"{self.log_path.read_text()[-3000:]}")
+        try:
+            return httpx.get(self.health_url, timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def gateway(redis_url: str, workdir: Path, **settings: Any) -> Service:
+    port = free_port()
+    env = service_env(redis_url, **settings)
+    args = [str(CORE_PYTHON), "-m", "uvicorn", "--factory", "gateway.app:create_app",
+            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    return Service(args, env, workdir / f"gateway-{port}.log", f"http://127.0.0.1:{port}")
+
+
+def worker(redis_url: str, workdir: Path, backend: str = "faster-whisper",
+           python: Path = CORE_PYTHON, **settings: Any) -> Service:
+    port = free_port()
+    settings.setdefault("consumer", f"test-{backend}-{port}")
+    env = service_env(redis_url, backend=backend, worker_port=str(port), **settings)
+    args = [str(python), "-m", "workers"]
+    return Service(args, env, workdir / f"worker-{backend}-{port}.log",
+                   f"http://127.0.0.1:{port}")
+
+
+class Supervisor:
+    """supervisord running deploy/supervisord.conf, with its programs' env overridden."""
+
+    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
+        self.workdir = workdir
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.conf = ROOT / "deploy" / "supervisord.conf"
+
+    def start(self) -> Supervisor:
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [str(VENVS / "core" / "bin" / "supervisord"), "-n", "-c", str(self.conf)],
+            env=self.env, cwd=ROOT, stdout=(self.workdir / "supervisord.out").open("ab"),
+            stderr=subprocess.STDOUT, start_new_session=True)
+        wait_until(lambda: (self.workdir / "supervisor.sock").exists(), 20, "supervisord")
+        return self
+
+    def ctl(self, *args: str) -> str:
+        out = subprocess.run([str(VENVS / "core" / "bin" / "supervisorctl"), "-c", str(self.conf),
+                              *args], env=self.env, cwd=ROOT, capture_output=True, text=True,
+                             timeout=30)
+        return out.stdout + out.stderr
+
+    def pid(self, program: str) -> int:
+        return int(self.ctl("pid", program).strip() or 0)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc, timeout=60)

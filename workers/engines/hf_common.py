@@ -1,0 +1,63 @@
+"""What the transformers-based ASR engines (qwen3, vibevoice) share: load on one device, generate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(slots=True)
+class HfHandle:
+    processor: Any
+    model: Any
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def check_source(source: str) -> None:
+    """Fail clearly on a missing local checkpoint instead of letting it be tried as a hub id."""
+    path = Path(source).expanduser()
+    looks_local = path.exists() or source.startswith(("/", ".", "~")) or source.count("/") > 1
+    if looks_local and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no model checkpoint (config.json) in directory {source!r}")
+
+
+def load(model_class: Any, source: str, device: str, attn_implementation: Any = "sdpa") -> HfHandle:
+    """Processor + model from a directory or hub id (hub cache under HF_HOME), ready to generate."""
+    import torch
+    from transformers import AutoProcessor
+
+    check_source(source)
+    # bf16 on CPU is several times slower than fp32 (no bf16 kernels on most CPUs).
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    processor = AutoProcessor.from_pretrained(source)
+    # A single-device map: sharding across GPUs breaks these models.
+    model = model_class.from_pretrained(
+        source, dtype=dtype, attn_implementation=attn_implementation, device_map={"": device}
+    )
+    model.eval()
+    return HfHandle(processor, model)
+
+
+def generate(handle: HfHandle, inputs: Any, max_new_tokens: int, **kwargs: Any) -> str:
+    """Greedy decoding of one prepared request; returns the new text without special tokens."""
+    import torch
+
+    model = handle.model
+    inputs = inputs.to(model.device, model.dtype)
+    output = None
+    try:
+        with torch.inference_mode():
+            output = model.generate(
+                **inputs, max_new_tokens=max_new_tokens, do_sample=False, **kwargs
+            )
+        prompt_length = inputs["input_ids"].shape[1]
+        return handle.processor.decode(output[0, prompt_length:], skip_special_tokens=True)
+    finally:
+        # A kept traceback would otherwise hold this frame's device tensors.
+        del inputs, output

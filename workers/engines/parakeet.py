@@ -1,0 +1,209 @@
+"""Parakeet (NeMo FastConformer RNNT/TDT) transcription: `.nemo` file or pretrained name.
+
+torch and NeMo are imported inside the methods: this module imports without them.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import tarfile
+import time
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from common.schemas import Segment, Transcription, TranscriptionOptions, Word
+from workers.engines.base import ModelRef
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+OOM_MESSAGE = "GPU memory limit reached for this file"
+LOCAL_ATTENTION = ("rel_pos_local_attn", [128, 128])
+
+
+@dataclass(slots=True)
+class ParakeetHandle:
+    model: Any  # nemo.collections.asr.models.ASRModel
+    device: str
+    dtype: torch.dtype
+
+
+def _env_floats(name: str, default: Sequence[float]) -> list[float]:
+    raw = os.environ.get(name)
+    return list(default) if raw is None else [float(v) for v in raw.split(",") if v.strip()]
+
+
+class ParakeetEngine:
+    """Settings come from the arguments, else from the environment:
+
+    SPEECH_PARAKEET_WINDOW_SECONDS (360): longer audio is decoded in windows of at most this;
+    SPEECH_PARAKEET_WARMUP_SECONDS ("1,8,60"): silent warm-up clips, "" for none;
+    SPEECH_PARAKEET_CUDA_GRAPHS ("1"): NeMo's CUDA-graph greedy decoder on GPU;
+    SPEECH_PARAKEET_DTYPE (unset): "bfloat16" or "float32" for encoder/decoder/joint,
+    unset meaning bf16 on CUDA and fp32 on CPU (bf16 on a CPU without bf16 units is 3-5x
+    slower).
+    """
+
+    sample_rate = 16000
+    uses_torch = True
+
+    def __init__(self, window_seconds: float | None = None,
+                 warmup_seconds: Sequence[float] | None = None,
+                 cuda_graphs: bool | None = None, dtype: str | None = None) -> None:
+        env = os.environ.get
+        self.window_seconds = window_seconds or float(env("SPEECH_PARAKEET_WINDOW_SECONDS", 360))
+        self.warmup_seconds = (list(warmup_seconds) if warmup_seconds is not None
+                               else _env_floats("SPEECH_PARAKEET_WARMUP_SECONDS", (1, 8, 60)))
+        self.cuda_graphs = (cuda_graphs if cuda_graphs is not None
+                            else env("SPEECH_PARAKEET_CUDA_GRAPHS", "1") not in ("0", "false"))
+        self.dtype = dtype or env("SPEECH_PARAKEET_DTYPE") or None
+        if self.dtype not in (None, "bfloat16", "float32"):
+            raise ValueError(f"unsupported parakeet dtype {self.dtype!r}")
+
+    def cuda_available(self) -> bool:
+        import torch
+
+        return torch.cuda.is_available()
+
+    def load(self, model: ModelRef, device: str) -> ParakeetHandle:
+        import torch
+        from nemo.collections.asr.models import ASRModel
+        from omegaconf import open_dict
+
+        started = time.perf_counter()
+        source = model.source
+        # Restore on CPU, then move: restoring straight to CUDA spikes GPU memory during load.
+        if source.endswith(".nemo") or Path(source).exists():
+            if not Path(source).is_file():
+                raise FileNotFoundError(f"Parakeet model file not found (or not a file): {source}")
+            try:
+                asr = ASRModel.restore_from(source, map_location=torch.device("cpu"))
+            except tarfile.TarError as exc:
+                raise ValueError(f"not a .nemo checkpoint: {source} ({exc})") from None
+        else:
+            asr = ASRModel.from_pretrained(source, map_location=torch.device("cpu"))
+        on_cuda = device.startswith("cuda")
+        dtype = getattr(torch, self.dtype) if self.dtype else (
+            torch.bfloat16 if on_cuda else torch.float32)
+        asr.eval()
+
+        decoding = copy.deepcopy(asr.cfg.decoding)
+        with open_dict(decoding):
+            decoding.strategy = "greedy_batch"
+            decoding.compute_timestamps = True
+            decoding.greedy.use_cuda_graph_decoder = self.cuda_graphs and on_cuda
+        asr.change_decoding_strategy(decoding, verbose=False)
+        # Dither adds random noise to the features: the same file would decode differently.
+        asr.preprocessor.featurizer.dither = 0.0
+        asr.preprocessor.featurizer.pad_to = 0
+        asr.change_attention_model(*LOCAL_ATTENTION)
+        # change_attention_model builds the new attention modules in training mode: without
+        # this eval() their dropout stays on and decoding is no longer deterministic.
+        asr.eval()
+        # Cast only now: casting before change_attention_model leaves the rebuilt attention
+        # (fresh fp32 modules) as fp32 islands in a bf16 encoder. The preprocessor stays fp32.
+        for module in (asr.encoder, asr.decoder, asr.joint):
+            module.to(dtype)
+        asr.to(device)
+        log.info("parakeet: loaded %s on %s (%s) in %.1f s", model.name, device,
+                 str(dtype).removeprefix("torch."), time.perf_counter() - started)
+        return ParakeetHandle(asr, device, dtype)
+
+    def warm_up(self, handle: ParakeetHandle) -> None:
+        for seconds in sorted(self.warmup_seconds):
+            _decode(handle, np.zeros(int(seconds * self.sample_rate), dtype=np.float32))
+
+    def unload(self, handle: ParakeetHandle) -> None:
+        pass
+
+    def transcribe(self, handle: ParakeetHandle, audio: np.ndarray,
+                   options: TranscriptionOptions,
+                   on_segment: Callable[[Segment], None]) -> Transcription:
+        if options.task != "transcribe":
+            raise ValueError("parakeet only transcribes (no translation)")
+        audio = np.ascontiguousarray(audio, dtype=np.float32)
+        total = len(audio)
+        windows = max(1, math.ceil(total / (self.window_seconds * self.sample_rate)))
+        bounds = [round(i * total / windows) for i in range(windows + 1)]  # even windows
+        texts: list[str] = []
+        segments: list[Segment] = []
+        for start, end in pairwise(bounds):
+            if end - start < self.sample_rate // 100:  # shorter than one feature frame
+                continue
+            hypothesis = _decode(handle, audio[start:end])
+            offset, limit = start / self.sample_rate, end / self.sample_rate
+            texts.append(hypothesis.text.strip())
+            for segment in _segments(hypothesis, offset, limit, options.word_timestamps):
+                segment.id = len(segments)
+                segments.append(segment)
+                on_segment(segment)
+        return Transcription(text=" ".join(t for t in texts if t), language=options.language,
+                             duration=total / self.sample_rate, segments=segments)
+
+
+def _decode(handle: ParakeetHandle, audio: np.ndarray) -> Any:
+    try:
+        return _forward(handle, audio)
+    except RuntimeError as exc:  # torch.OutOfMemoryError is one
+        if "out of memory" not in str(exc):
+            raise
+    # Raised outside the except block: the OOM's traceback (and the tensors its frames hold)
+    # must not stay attached to this error while the runtime releases the cache.
+    raise MemoryError(OOM_MESSAGE)
+
+
+def _forward(handle: ParakeetHandle, audio: np.ndarray) -> Any:
+    import torch
+    from nemo.collections.asr.parts.utils.timestamp_utils import process_timestamp_outputs
+
+    asr = handle.model
+    if handle.device.startswith("cuda"):
+        torch.cuda.empty_cache()  # each window starts from a clean cache: long files fragment it
+    # NeMo's transcribe() leaves the modules in training mode (dropout on): never trust it.
+    asr.eval()
+    with torch.inference_mode():
+        signal = torch.from_numpy(audio).unsqueeze(0).to(handle.device)
+        length = torch.tensor([signal.shape[1]], device=handle.device)
+        features, feature_length = asr.preprocessor(input_signal=signal, length=length)
+        # A bf16 encoder needs bf16 features; the preprocessor runs in fp32.
+        encoded, encoded_length = asr.encoder(audio_signal=features.to(handle.dtype),
+                                              length=feature_length)
+        hypotheses = asr.decoding.rnnt_decoder_predictions_tensor(
+            encoder_output=encoded, encoded_lengths=encoded_length, return_hypotheses=True)
+    stride = asr.cfg.preprocessor.window_stride
+    return process_timestamp_outputs(hypotheses, asr.encoder.subsampling_factor, stride)[0]
+
+
+def _segments(hypothesis: Any, offset: float, limit: float, with_words: bool) -> list[Segment]:
+    """NeMo's segment and word times, re-based by `offset` and clamped to the window's end."""
+
+    def at(seconds: float) -> float:
+        return round(min(offset + max(seconds, 0.0), limit), 3)
+
+    stamps = hypothesis.timestamp if isinstance(hypothesis.timestamp, dict) else {}
+    words = [Word(w["word"], at(w["start"]), at(w["end"])) for w in stamps.get("word", [])]
+    segments = [Segment(0, at(s["start"]), at(s["end"]), s["segment"])
+                for s in stamps.get("segment", []) if s["segment"].strip()]
+    if not segments and hypothesis.text.strip():
+        start = words[0].start if words else offset
+        end = words[-1].end if words else limit
+        segments = [Segment(0, start, end, hypothesis.text.strip())]
+    if with_words and segments:
+        starts = [segment.start for segment in segments]
+        groups: list[list[Word]] = [[] for _ in segments]
+        for word in words:  # each word goes to the last segment starting at or before it
+            groups[max(bisect_right(starts, word.start) - 1, 0)].append(word)
+        for segment, group in zip(segments, groups, strict=True):
+            segment.words = group
+    return segments

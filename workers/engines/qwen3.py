@@ -1,0 +1,63 @@
+"""Qwen3-ASR on transformers' built-in classes (Qwen3ASRForConditionalGeneration, no remote code)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from common.schemas import Segment, Transcription, TranscriptionOptions
+from workers.engines import hf_common
+from workers.engines.base import ModelRef
+from workers.engines.qwen3_text import model_language, parse_output
+
+# A random or looping model never stops: bound the answer by the audio's length
+# (generous for speech: ~3 tokens/s in English, ~6 in Chinese).
+MIN_NEW_TOKENS = 512
+NEW_TOKENS_PER_SECOND = 12
+
+
+class Qwen3Engine:
+    sample_rate = 16000
+    uses_torch = True
+
+    def cuda_available(self) -> bool:
+        return hf_common.cuda_available()
+
+    def load(self, model: ModelRef, device: str) -> hf_common.HfHandle:
+        from transformers import Qwen3ASRForConditionalGeneration
+
+        return hf_common.load(Qwen3ASRForConditionalGeneration, model.source, device)
+
+    def warm_up(self, handle: hf_common.HfHandle) -> None:
+        silence = np.zeros(self.sample_rate, dtype=np.float32)
+        inputs = handle.processor.apply_transcription_request(audio=silence, language="English")
+        hf_common.generate(handle, inputs, max_new_tokens=2)
+
+    def unload(self, handle: hf_common.HfHandle) -> None:
+        """Nothing engine-specific: the runtime drops the handle and frees torch's cache."""
+
+    def transcribe(
+        self,
+        handle: hf_common.HfHandle,
+        audio: np.ndarray,
+        options: TranscriptionOptions,
+        on_segment: Callable[[Segment], None],
+    ) -> Transcription:
+        if options.task != "transcribe":
+            raise ValueError(f"qwen3 does not support task={options.task!r}")
+        duration = len(audio) / self.sample_rate
+        language = model_language(options.language)
+        inputs: Any = handle.processor.apply_transcription_request(
+            audio=audio, language=language, prompt=options.prompt or None
+        )
+        max_new_tokens = max(MIN_NEW_TOKENS, int(duration * NEW_TOKENS_PER_SECOND))
+        raw = hf_common.generate(handle, inputs, max_new_tokens)
+        detected, text = parse_output(raw, language)
+        segments = []
+        if text:
+            # The model gives no timestamps: one segment spans the clip.
+            segments.append(Segment(id=0, start=0.0, end=round(duration, 3), text=text))
+            on_segment(segments[0])
+        return Transcription(text=text, language=detected, duration=duration, segments=segments)

@@ -1,0 +1,76 @@
+"""VibeVoice-ASR on transformers' built-in classes: long-form ASR with speakers and timestamps."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from common.schemas import Segment, Transcription, TranscriptionOptions
+from workers.engines import hf_common
+from workers.engines.base import ModelRef
+from workers.engines.vibevoice_parse import ParseError, parse_segments
+
+log = logging.getLogger(__name__)
+
+# The real generation config allows 32,768 new tokens and a fixed 512 truncates anything
+# over ~30 s: scale with the audio (JSON keys + text run ~10 tokens per second of speech).
+MIN_NEW_TOKENS = 256
+NEW_TOKENS_PER_SECOND = 20
+MAX_NEW_TOKENS = 32768
+
+
+class VibeVoiceEngine:
+    sample_rate = 24000
+    uses_torch = True
+
+    def cuda_available(self) -> bool:
+        return hf_common.cuda_available()
+
+    def load(self, model: ModelRef, device: str) -> hf_common.HfHandle:
+        from transformers import VibeVoiceAsrForConditionalGeneration
+
+        # SDPA for the language model only: the convolutional audio encoders refuse the option.
+        return hf_common.load(VibeVoiceAsrForConditionalGeneration, model.source, device,
+                              attn_implementation={"text_config": "sdpa"})
+
+    def warm_up(self, handle: hf_common.HfHandle) -> None:
+        silence = np.zeros(self.sample_rate, dtype=np.float32)
+        inputs = handle.processor.apply_transcription_request(audio=silence)
+        hf_common.generate(handle, inputs, max_new_tokens=2, sample=False)
+
+    def unload(self, handle: hf_common.HfHandle) -> None:
+        """Nothing engine-specific: the runtime drops the handle and frees torch's cache."""
+
+    def transcribe(
+        self,
+        handle: hf_common.HfHandle,
+        audio: np.ndarray,
+        options: TranscriptionOptions,
+        on_segment: Callable[[Segment], None],
+    ) -> Transcription:
+        if options.task != "transcribe":
+            raise ValueError(f"vibevoice does not support task={options.task!r}")
+        duration = len(audio) / self.sample_rate
+        inputs: Any = handle.processor.apply_transcription_request(
+            audio=audio, prompt=options.prompt or None
+        )
+        max_new_tokens = min(
+            MAX_NEW_TOKENS, MIN_NEW_TOKENS + int(duration * NEW_TOKENS_PER_SECOND)
+        )
+        # sample=False: no random noise on the acoustic latents, so decoding is deterministic.
+        raw = hf_common.generate(handle, inputs, max_new_tokens, sample=False)
+        try:
+            segments = parse_segments(raw, duration)
+        except ParseError as exc:
+            log.warning("vibevoice answer kept as plain text: %s", exc)
+            text = raw.strip().removeprefix("assistant").strip()
+            segments = [Segment(id=0, start=0.0, end=round(duration, 3), text=text)] if text else []
+        for segment in segments:
+            on_segment(segment)
+        text = " ".join(segment.text for segment in segments)
+        return Transcription(
+            text=text, language=options.language, duration=duration, segments=segments
+        )

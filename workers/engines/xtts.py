@@ -1,0 +1,192 @@
+"""XTTS v2 text-to-speech on coqui-tts, from a model directory (config.json, model.pth,
+vocab.json, optional speakers_xtts.pth).
+
+Runs in its own environment (.venvs/xtts): torch and coqui-tts are imported only by
+`load`, so the gateway can import this module for `SUPPORTED_LANGUAGES`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import textwrap
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.schemas import Synthesis, SynthesisOptions
+from workers.engines.base import ModelRef
+
+#: languages XTTS v2 speaks, as its config names them
+SUPPORTED_LANGUAGES: tuple[str, ...] = (
+    "en", "es", "fr", "de", "it", "pt", "pl", "tr", "ru", "nl", "cs", "ar", "zh-cn", "hu",
+    "ko", "ja", "hi",
+)  # fmt: skip
+_CJK_STOPS = "\u3002\uff01\uff1f\uff1b"  # ideographic full stop, fullwidth ! ? ;
+_SENTENCE_END = re.compile(rf"(?<=[.!?;\u2026])\s+|(?<=[{_CJK_STOPS}])")
+_REQUIRED_FILES = ("config.json", "model.pth", "vocab.json")
+_LATENT_CACHE_SIZE = 16
+_MIN_REFERENCE_SECONDS = 0.5
+
+
+def normalize_language(language: str) -> str:
+    """The XTTS code for `language` ("EN" -> "en", "zh" -> "zh-cn"); ValueError if unsupported."""
+    code = language.strip().lower().replace("_", "-")
+    code = "zh-cn" if code in ("zh", "zh-hans") else code
+    if code not in SUPPORTED_LANGUAGES:
+        raise ValueError(
+            f"language {language!r} is not supported by XTTS; use one of "
+            + ", ".join(SUPPORTED_LANGUAGES)
+        )
+    return code
+
+
+def split_sentences(text: str, limit: int) -> list[str]:
+    """Whole sentences packed into chunks of at most `limit` characters (XTTS's GPT reads at
+    most ~400 tokens); a longer sentence is cut at word boundaries."""
+    chunks: list[str] = []
+    for sentence in _SENTENCE_END.split(" ".join(text.split())):
+        for piece in textwrap.wrap(sentence, limit, break_on_hyphens=False):
+            separator = "" if chunks and chunks[-1][-1] in _CJK_STOPS else " "
+            if chunks and len(chunks[-1]) + len(separator) + len(piece) <= limit:
+                chunks[-1] += separator + piece
+            else:
+                chunks.append(piece)
+    return chunks
+
+
+@dataclass(slots=True)
+class XttsHandle:
+    model: Any  # TTS.tts.models.xtts.Xtts
+    languages: frozenset[str]
+    speakers: dict[str, dict[str, Any]]
+    output_rate: int
+    inference: dict[str, Any]
+    #: clip hash -> (gpt_cond_latent, speaker_embedding), least recently used first
+    latents: OrderedDict[str, tuple[Any, Any]] = field(default_factory=OrderedDict)
+
+
+class XttsEngine:
+    #: XTTS takes reference clips and returns speech at 24 kHz (it resamples internally to
+    #: 22.05 kHz for the GPT and 16 kHz for the speaker encoder)
+    sample_rate = 24000
+    uses_torch = True
+    #: seeds sampling before each request, so the same text and voice give the same audio
+    seed: int | None = 0
+
+    def cuda_available(self) -> bool:
+        import torch
+
+        return torch.cuda.is_available()
+
+    def load(self, model: ModelRef, device: str) -> XttsHandle:
+        directory = Path(model.source)
+        missing = [name for name in _REQUIRED_FILES if not (directory / name).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"{directory} is not an XTTS model directory (missing {', '.join(missing)})"
+            )
+        from TTS.tts.configs.xtts_config import XttsConfig
+        from TTS.tts.models.xtts import Xtts
+
+        config = XttsConfig()
+        config.load_json(str(directory / "config.json"))
+        # Xtts(config) is what the deprecated Xtts.init_from_config does, minus its warning.
+        xtts = Xtts(config)
+        xtts.load_checkpoint(config, checkpoint_dir=str(directory), eval=True)
+        xtts.to(device)
+        manager = xtts.speaker_manager
+        return XttsHandle(
+            model=xtts,
+            languages=frozenset(config.languages),
+            speakers=dict(manager.speakers) if manager is not None else {},
+            output_rate=config.model_args.output_sample_rate,
+            inference={
+                "temperature": config.temperature,
+                "length_penalty": config.length_penalty,
+                "repetition_penalty": config.repetition_penalty,
+                "top_k": config.top_k,
+                "top_p": config.top_p,
+            },
+        )
+
+    def warm_up(self, handle: XttsHandle) -> None:
+        pass
+
+    def unload(self, handle: XttsHandle) -> None:
+        handle.latents.clear()
+        handle.speakers.clear()
+
+    def synthesize(
+        self, handle: XttsHandle, options: SynthesisOptions, reference: np.ndarray | None
+    ) -> Synthesis:
+        import torch
+
+        language = normalize_language(options.language)
+        if language not in handle.languages:
+            raise ValueError(f"language {language!r} is not in this XTTS model's config")
+        # The tokenizer's per-language limits are XTTS's own (it keys Chinese as "zh").
+        limit = handle.model.tokenizer.char_limits.get(language.split("-")[0], 250)
+        sentences = split_sentences(options.text, limit)
+        if not sentences:
+            raise ValueError("the text is empty")
+        if options.speed <= 0:
+            raise ValueError("speed must be positive")
+        latent, embedding = self._conditioning(handle, options.voice, reference)
+        if self.seed is not None:
+            torch.manual_seed(self.seed)
+        pieces = [
+            handle.model.inference(
+                sentence, language, latent, embedding, speed=options.speed, **handle.inference
+            )["wav"]
+            for sentence in sentences
+        ]
+        audio = np.concatenate(pieces).astype(np.float32, copy=False)
+        return Synthesis(audio=audio, sample_rate=handle.output_rate)
+
+    def _conditioning(
+        self, handle: XttsHandle, voice: str | None, reference: np.ndarray | None
+    ) -> tuple[Any, Any]:
+        if reference is None:
+            if voice is None:
+                raise ValueError("XTTS needs a reference clip or a built-in voice name")
+            if voice not in handle.speakers:
+                known = ", ".join(sorted(handle.speakers)) or "none in this model"
+                raise ValueError(f"unknown XTTS voice {voice!r} (built-in speakers: {known})")
+            speaker = handle.speakers[voice]
+            return speaker["gpt_cond_latent"], speaker["speaker_embedding"]
+
+        clip = np.ascontiguousarray(reference, dtype=np.float32).reshape(-1)
+        if clip.size < _MIN_REFERENCE_SECONDS * self.sample_rate:
+            raise ValueError(
+                f"the reference clip is too short ({clip.size / self.sample_rate:.2f} s; "
+                f"XTTS needs at least {_MIN_REFERENCE_SECONDS} s, 5-30 s works best)"
+            )
+        key = hashlib.blake2b(clip.tobytes(), digest_size=16).hexdigest()
+        if key in handle.latents:
+            handle.latents.move_to_end(key)
+            return handle.latents[key]
+        latents = self._clone(handle, clip)
+        handle.latents[key] = latents
+        if len(handle.latents) > _LATENT_CACHE_SIZE:
+            handle.latents.popitem(last=False)
+        return latents
+
+    def _clone(self, handle: XttsHandle, clip: np.ndarray) -> tuple[Any, Any]:
+        """What Xtts.get_conditioning_latents does from a file, from samples already decoded."""
+        import torch
+
+        xtts, config = handle.model, handle.model.config
+        audio = torch.from_numpy(clip[: config.max_ref_len * self.sample_rate])[None]
+        audio = audio.to(xtts.device)
+        if config.sound_norm_refs:
+            audio = audio / audio.abs().max().clamp(min=1e-8) * 0.75
+        embedding = xtts.get_speaker_embedding(audio, self.sample_rate)
+        latent = xtts.get_gpt_cond_latents(
+            audio, self.sample_rate, length=config.gpt_cond_len,
+            chunk_length=config.gpt_cond_chunk_len,
+        )  # fmt: skip
+        return latent, embedding

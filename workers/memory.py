@@ -1,0 +1,85 @@
+"""Measuring and bounding a worker's own memory, and handing freed memory back.
+
+CUDA-only calls are kept here, small and isolated; everything else runs on any device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import os
+import sys
+from typing import Any
+
+import psutil
+
+MIB = 1024 * 1024
+
+
+def configure_ctranslate2_allocator(cap_mib: int) -> None:
+    """Bound CTranslate2's CUDA caching allocator; must run before the model is created."""
+    os.environ.setdefault("CT2_CUDA_ALLOCATOR", "cub_caching")
+    if cap_mib > 0:
+        # bin_growth, min_bin, max_bin, max_cached_bytes: never cache more than a quarter of the cap
+        os.environ.setdefault("CT2_CUDA_CACHING_ALLOCATOR_CONFIG",
+                              f"4,3,12,{cap_mib * MIB // 4}")
+
+
+def apply_torch_cap(cap_mib: int) -> None:
+    """Make torch raise OutOfMemoryError past `cap_mib` instead of eating a shared GPU."""
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_mib * MIB / total), 0)
+
+
+def release(uses_torch: bool) -> None:
+    """Collect garbage and return cached memory to the OS / driver."""
+    gc.collect()
+    torch = sys.modules.get("torch") if uses_torch else None
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    # glibc keeps freed arenas; without this RSS does not fall after an unload
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def snapshot(uses_torch: bool, device: str) -> dict[str, Any]:
+    memory: dict[str, Any] = {"rss_mib": round(psutil.Process().memory_info().rss / MIB, 1)}
+    torch = sys.modules.get("torch") if uses_torch else None
+    if device == "cuda" and torch is not None and torch.cuda.is_available():
+        memory["gpu_allocated_mib"] = round(torch.cuda.memory_allocated() / MIB, 1)
+        memory["gpu_reserved_mib"] = round(torch.cuda.memory_reserved() / MIB, 1)
+    elif device == "cuda":
+        memory.update(_nvml_process_memory())
+    return memory
+
+
+def used_mib(memory: dict[str, Any], device: str) -> float:
+    """The number the cap is compared with: GPU memory on cuda, RSS on cpu."""
+    if device == "cuda":
+        return float(memory.get("gpu_reserved_mib", memory.get("gpu_used_mib", 0.0)))
+    return float(memory["rss_mib"])
+
+
+def _nvml_process_memory() -> dict[str, Any]:
+    try:
+        import pynvml
+    except ImportError:
+        return {}
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        pid = os.getpid()
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if proc.pid == pid and proc.usedGpuMemory is not None:
+                return {"gpu_used_mib": round(proc.usedGpuMemory / MIB, 1)}
+    except pynvml.NVMLError:
+        pass
+    return {}
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
+        "out of memory" in str(exc).lower())

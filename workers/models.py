@@ -1,0 +1,73 @@
+"""One resident model per worker: loaded on demand, unloaded on idle, switch or over cap.
+
+The speaches idea (`SelfDisposingModel`) widened to the whole lifetime. All methods run
+on the worker's single engine thread, so loads, inference and unloads never overlap.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from workers import memory
+from workers.engines.base import Engine, ModelRef
+
+log = logging.getLogger("worker.models")
+
+
+class LoadFailed(Exception):
+    """A model failed to load. Carries only the message: no traceback, no frames, no tensors."""
+
+
+class ModelSlot:
+    def __init__(self, engine: Engine, device: str, sources: dict[str, str]) -> None:
+        self.engine = engine
+        self.device = device
+        self.sources = sources
+        self.name: str | None = None
+        self.handle: Any = None
+        self.last_used: float | None = None
+        self.loading: str | None = None
+
+    def acquire(self, name: str) -> Any:
+        """The handle of model `name`, loading it (after unloading any other) if needed."""
+        if self.name == name and self.handle is not None:
+            self.last_used = time.time()
+            return self.handle
+        if name not in self.sources:
+            raise KeyError(f"model {name!r} is not configured on this worker")
+        self.unload()
+        self.loading = name
+        started = time.perf_counter()
+        error = None
+        try:
+            handle = self.engine.load(ModelRef(name, self.sources[name]), self.device)
+            self.engine.warm_up(handle)
+        except Exception as exc:  # any load error: the process will exit
+            error = f"{type(exc).__name__}: {exc}"
+        # The exception (and the half-built model its frames hold) is gone by now.
+        self.loading = None
+        if error is not None:
+            raise LoadFailed(f"model {name!r} failed to load: {error}")
+        log.info("loaded model %s on %s in %.2f s", name, self.device,
+                 time.perf_counter() - started)
+        self.name, self.handle, self.last_used = name, handle, time.time()
+        return handle
+
+    def unload(self) -> None:
+        if self.handle is None:
+            return
+        name, handle = self.name, self.handle
+        self.name = self.handle = None
+        self.engine.unload(handle)
+        del handle
+        memory.release(self.engine.uses_torch)
+        log.info("unloaded model %s", name)
+
+    def idle_for(self) -> float:
+        return time.time() - self.last_used if self.last_used else 0.0
+
+    @property
+    def loaded_models(self) -> list[str]:
+        return [self.name] if self.name else []

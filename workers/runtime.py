@@ -1,0 +1,339 @@
+"""The worker runtime: every lifecycle rule, written once, for every engine.
+
+The loop reads like the protocol it implements: claim an entry, open an attempt, run
+the engine off the event loop, store the terminal state (fenced by attempt), ack.
+Around it: lease extension, a janitor for abandoned entries, idle unload, the memory
+cap, exit on load failure with a breaker, heartbeat, and a graceful stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from common import keys
+from common.audio import AudioError
+from common.schemas import Segment, TaskState
+from common.settings import Settings
+from common.store import Task, TaskStore, write_heartbeat
+from workers import memory
+from workers.engines.base import Engine
+from workers.execute import Outcome, run_engine
+from workers.models import LoadFailed, ModelSlot
+from workers.queue import Delivery, Queue
+
+log = logging.getLogger("worker")
+T = TypeVar("T")
+JANITOR_INTERVAL_SECONDS = 5.0
+MEMORY_LIMIT_ERROR = "GPU memory limit reached for this file"
+
+
+class TaskError(Exception):
+    """The task cannot succeed (bad audio, engine error, out of memory); no retry."""
+
+
+class Worker:
+    def __init__(self, settings: Settings, engine: Engine) -> None:
+        self.settings = settings
+        self.backend = settings.backend
+        self.engine = engine
+        self.device = _resolve_device(settings.device, engine)
+        self.consumer = settings.consumer_name()
+        self.slot = ModelSlot(engine, self.device, settings.backend_models(self.backend))
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine")
+        self.engine_lock = asyncio.Lock()  # one engine call at a time: queue and direct HTTP
+        self.stopping = asyncio.Event()
+        self.current_task: str | None = None
+        self.tasks_done = 0
+        self.started_at = time.time()
+        self.url = ""
+        redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=10)
+        self.store = TaskStore(redis, settings.retention_seconds)
+        self.queue = Queue(redis, self.backend, self.consumer)
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    async def run(self, serve_http: Callable[[Worker], Any] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+        if self.device == "cuda" and self.engine.uses_torch and self.settings.memory_cap_mib > 0:
+            await self._call(memory.apply_torch_cap, self.settings.memory_cap_mib)
+        background = [asyncio.create_task(self._heartbeat_loop()),
+                      asyncio.create_task(self._idle_unload_loop())]
+        if serve_http is not None:
+            background.append(asyncio.create_task(serve_http(self)))
+        if self.settings.preload:
+            await self._preload_default()
+        consumer = asyncio.create_task(self._consume_loop())
+        await self.stopping.wait()
+        log.info("stopping: finishing the running task (up to %.0f s)",
+                 self.settings.stop_grace_seconds)
+        done, _ = await asyncio.wait({consumer}, timeout=self.settings.stop_grace_seconds)
+        if not done:
+            log.warning("task %s did not finish in time; it stays pending for redelivery",
+                        self.current_task)
+        with contextlib.suppress(RedisError):
+            await self.store.redis.delete(self._heartbeat_key())
+        # The engine thread may still run; os._exit skips waiting for it.
+        os._exit(0)
+
+    async def _preload_default(self) -> None:
+        model = self.settings.default_model(self.backend)
+        if not model:
+            return
+        if await self._breaker_error(model):
+            log.warning("not preloading %s: its breaker is open", model)
+            return
+        async with self.engine_lock:
+            await self._acquire(model, task=None)
+
+    # --- the consumer loop ---------------------------------------------------------------
+
+    async def _consume_loop(self) -> None:
+        await self._retrying(lambda: self.store.ensure_queue(self.backend))
+        pending_cursor: str | None = "0"  # our own unacked entries first (after a restart)
+        next_janitor = 0.0
+        while not self.stopping.is_set():
+            try:
+                if pending_cursor is not None:
+                    deliveries = await self.queue.read(after=pending_cursor)
+                    if not deliveries:
+                        pending_cursor = None
+                        continue
+                    pending_cursor = deliveries[-1].entry_id
+                else:
+                    deliveries = []
+                    if time.monotonic() >= next_janitor:
+                        next_janitor = time.monotonic() + JANITOR_INTERVAL_SECONDS
+                        deliveries = await self.queue.claim_abandoned(
+                            self.settings.visibility_timeout_seconds)
+                    if not deliveries:
+                        deliveries = await self.queue.read(block_ms=1000)
+                for delivery in deliveries:
+                    await self._handle(delivery)
+            except RedisError as exc:
+                log.warning("redis unavailable (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+
+    async def _handle(self, delivery: Delivery) -> None:
+        task = await self.store.get(delivery.task_id) if delivery.task_id else None
+        if task is None or task.state.terminal:
+            await self.queue.ack(delivery.entry_id)  # cancelled, finished or expired
+            return
+        deliveries = await self.queue.deliveries(delivery.entry_id)
+        if deliveries > self.settings.max_deliveries:
+            await self._give_up(task, delivery.entry_id, deliveries)
+            return
+        attempt = await self.store.start(task.id, self.consumer)
+        if attempt <= 0:
+            await self.queue.ack(delivery.entry_id)
+            return
+        log.info("task %s: attempt %d (delivery %d), model %s", task.id, attempt, deliveries,
+                 task.model)
+        self.current_task = task.id
+        lease = asyncio.create_task(self._keep_lease(delivery.entry_id))
+        try:
+            outcome: Outcome | None = None
+            error = ""
+            try:
+                outcome = await self._run_task(task)
+            except TaskError as exc:
+                error = str(exc)
+        finally:
+            lease.cancel()
+            self.current_task = None
+        state = TaskState.SUCCEEDED if outcome else TaskState.FAILED
+        stored = await self._retrying(lambda: self.store.finish(
+            task, state, attempt=attempt, entry_id=delivery.entry_id,
+            result=outcome.result if outcome else None, error=error,
+            output=outcome.output if outcome else None))
+        log.info("task %s: %s%s", task.id, state.value if stored else "stale attempt, dropped",
+                 f" ({error})" if error else "")
+        self.tasks_done += 1
+
+    async def _run_task(self, task: Task) -> Outcome:
+        breaker_error = await self._breaker_error(task.model)
+        if breaker_error:
+            raise TaskError(breaker_error)
+        source: bytes | Path | None
+        if task.input_path:
+            source = Path(task.input_path)
+        else:
+            source = await self.store.input_blob(task.id)
+            if source is None and self.engine_kind() == "asr":
+                raise TaskError("the task's input audio has expired")
+        if self.engine_kind() == "tts" and task.params.get("speaker_wav"):
+            source = Path(task.params["speaker_wav"])
+        loop = asyncio.get_running_loop()
+
+        def on_segment(segment: Segment) -> None:
+            event = {"type": "segment", "id": segment.id, "start": segment.start,
+                     "end": segment.end, "text": segment.text}
+            asyncio.run_coroutine_threadsafe(self.store.publish(task.id, event), loop)
+
+        return await self.execute(task.model, task.params, source, on_segment, task=task)
+
+    async def _give_up(self, task: Task, entry_id: str, deliveries: int) -> None:
+        reason = f"gave up after {deliveries - 1} deliveries: the worker died running this task"
+        if task.last_error:
+            reason = f"{task.last_error} (gave up after {deliveries - 1} deliveries)"
+        log.error("task %s: %s", task.id, reason)
+        await self.queue.dead_letter(task.id, reason, deliveries)
+        await self.store.finish(task, TaskState.FAILED, attempt=None, entry_id=entry_id,
+                                error=reason)
+
+    async def _keep_lease(self, entry_id: str) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_seconds)
+            try:
+                if not await self.queue.extend_lease(entry_id):
+                    log.warning("lost the lease on %s to another worker", entry_id)
+                    return
+            except RedisError:
+                pass  # the janitor's visibility timeout is many heartbeats long
+
+    # --- running the engine ----------------------------------------------------------------
+
+    def engine_kind(self) -> str:
+        return "tts" if hasattr(self.engine, "synthesize") else "asr"
+
+    async def execute(self, model: str, params: dict[str, Any], source: bytes | Path | None,
+                      on_segment: Callable[[Segment], None], task: Task | None = None) -> Outcome:
+        """Load `model` if needed and run one engine call, serialised with every other."""
+        async with self.engine_lock:
+            handle = await self._acquire(model, task)
+            try:
+                return await self._call(
+                    run_engine, self.engine, handle, backend=self.backend, model=model,
+                    params=params, source=source, on_segment=on_segment)
+            except AudioError as exc:
+                raise TaskError(str(exc)) from None
+            except Exception as exc:
+                if memory.is_out_of_memory(exc):
+                    raise TaskError(MEMORY_LIMIT_ERROR) from None
+                raise TaskError(f"{type(exc).__name__}: {exc}") from None
+            finally:
+                handle = None
+                await self._call(self._after_engine_call)
+
+    async def _acquire(self, model: str, task: Task | None) -> Any:
+        try:
+            return await self._call(self.slot.acquire, model)
+        except KeyError as exc:
+            raise TaskError(str(exc.args[0])) from None
+        except LoadFailed as exc:
+            error = str(exc)
+        await self._exit_after_load_failure(model, error, task)
+
+    async def _exit_after_load_failure(self, model: str, error: str, task: Task | None) -> None:
+        """Record the failure, then end the process: only an exit returns what a half-built
+        model may hold on the GPU. supervisord starts a fresh worker."""
+        log.error("%s; exiting", error)
+        with contextlib.suppress(RedisError):
+            if task is not None:
+                await self.store.note_error(task.id, error)
+            opened = await self.store.record_load_failure(
+                self.backend, model, error, threshold=self.settings.breaker_failures,
+                window=self.settings.breaker_window_seconds)
+            if opened:
+                log.error("breaker open for %s/%s: its tasks now fail fast", self.backend, model)
+            await self.store.redis.delete(self._heartbeat_key())
+        logging.shutdown()
+        os._exit(1)
+
+    def _after_engine_call(self) -> None:
+        memory.release(self.engine.uses_torch)
+        if self.settings.idle_unload_seconds == 0:
+            self.slot.unload()
+            return
+        cap = self.settings.memory_cap_mib
+        if cap > 0:
+            used = memory.used_mib(memory.snapshot(self.engine.uses_torch, self.device),
+                                   self.device)
+            if used > cap:
+                log.warning("memory %.0f MiB over the %d MiB cap: unloading", used, cap)
+                self.slot.unload()
+
+    async def _breaker_error(self, model: str) -> str | None:
+        return await self.store.breaker_error(self.backend, model)
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+
+    async def _retrying(self, action: Callable[[], Any]) -> Any:
+        """Retry a Redis write until it lands: a computed result is not thrown away."""
+        delay = 0.2
+        while True:
+            try:
+                return await action()
+            except RedisError as exc:
+                log.warning("redis unavailable (%s); retrying in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    # --- background loops ----------------------------------------------------------------
+
+    async def _idle_unload_loop(self) -> None:
+        idle_limit = self.settings.idle_unload_seconds
+        while idle_limit > 0:
+            await asyncio.sleep(min(1.0, idle_limit / 4))
+            if self.slot.handle is None or self.engine_lock.locked():
+                continue
+            if self.slot.idle_for() >= idle_limit:
+                async with self.engine_lock:
+                    if self.slot.idle_for() >= idle_limit:
+                        log.info("idle for %.0f s: unloading", self.slot.idle_for())
+                        await self._call(self.slot.unload)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            with contextlib.suppress(RedisError):
+                await write_heartbeat(self.store.redis, self.backend, self.consumer, self.health(),
+                                      ttl_seconds=3 * self.settings.heartbeat_seconds)
+            await asyncio.sleep(self.settings.heartbeat_seconds)
+
+    def _heartbeat_key(self) -> str:
+        return keys.heartbeat(self.backend, self.consumer)
+
+    def health(self) -> dict[str, Any]:
+        if self.slot.loading:
+            state = "loading"
+        elif self.engine_lock.locked():
+            state = "busy"
+        else:
+            state = "ready" if self.slot.handle is not None else "idle"
+        return {
+            "backend": self.backend,
+            "consumer": self.consumer,
+            "pid": os.getpid(),
+            "url": self.url,
+            "state": state,
+            "device": self.device,
+            "loaded_models": self.slot.loaded_models,
+            "last_used": self.slot.last_used,
+            "memory": memory.snapshot(self.engine.uses_torch, self.device),
+            "memory_cap_mib": self.settings.memory_cap_mib,
+            "idle_unload_seconds": self.settings.idle_unload_seconds,
+            "tasks_done": self.tasks_done,
+            "current_task": self.current_task,
+            "started_at": self.started_at,
+        }
+
+
+def _resolve_device(setting: str, engine: Engine) -> str:
+    if setting != "auto":
+        return setting
+    return "cuda" if engine.cuda_available() else "cpu"
