@@ -28,13 +28,14 @@ end
 return entry
 """
 
-# KEYS: task, events | ARGV: worker, now -> new attempt, 0 if terminal, -1 if missing
+# KEYS: task, events | ARGV: worker, now, deliveries -> new attempt, 0 if terminal, -1 if missing
 _START = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return -1 end
 if state ~= 'PENDING' and state ~= 'RUNNING' then return 0 end
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
-redis.call('HSET', KEYS[1], 'state', 'RUNNING', 'worker', ARGV[1], 'started_at', ARGV[2])
+redis.call('HSET', KEYS[1], 'state', 'RUNNING', 'worker', ARGV[1], 'started_at', ARGV[2],
+           'deliveries', ARGV[3])
 redis.call('PUBLISH', KEYS[2], '{"type":"state","status":"RUNNING"}')
 return attempt
 """
@@ -107,6 +108,7 @@ class Task:
     started_at: float | None = None
     finished_at: float | None = None
     attempt: int = 0
+    deliveries: int = 0
     entry_id: str = ""
     worker: str = ""
     result: dict[str, Any] | None = None
@@ -133,6 +135,7 @@ class Task:
             started_at=number("started_at"),
             finished_at=number("finished_at"),
             attempt=int(data.get("attempt", 0)),
+            deliveries=int(data.get("deliveries", 0)),
             entry_id=data.get("entry_id", ""),
             worker=data.get("worker", ""),
             result=json.loads(data["result"]) if data.get("result") else None,
@@ -152,6 +155,8 @@ class Task:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "attempts": self.attempt,
+            "deliveries": self.deliveries,
+            "worker": self.worker,
         }
         if self.state == TaskState.SUCCEEDED:
             view["result"] = self.result
@@ -205,10 +210,10 @@ class TaskStore:
     async def input_blob(self, task_id: str) -> bytes | None:
         return await self.redis.get(keys.input_blob(task_id))
 
-    async def start(self, task_id: str, worker: str) -> int:
+    async def start(self, task_id: str, worker: str, deliveries: int) -> int:
         """Mark RUNNING and open a new attempt: its number, 0 if already terminal, -1 if gone."""
         return int(await self._start(keys=[keys.task(task_id), keys.events(task_id)],
-                                     args=[worker, repr(time.time())]))
+                                     args=[worker, repr(time.time()), deliveries]))
 
     async def finish(
         self,

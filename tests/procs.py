@@ -198,3 +198,20 @@ class Supervisor:
     def stop(self) -> None:
         if self.proc is not None:
             _stop(self.proc, timeout=60)
+
+
+def stack_env(**overrides: Any) -> dict[str, str]:
+    """deploy/defaults.env, then `overrides`: the environment supervisord runs the stack with."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SPEECH_") and k.split("_")[0] not in _WORKER_PREFIXES}
+    for line in (ROOT / "deploy" / "defaults.env").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            env[key] = value
+    env["PYTHONUNBUFFERED"] = "1"
+    for key, value in overrides.items():
+        env[key] = value if isinstance(value, str) else json.dumps(value)
+    return env
+
+
+_WORKER_PREFIXES = ("FW", "QWEN3", "VIBEVOICE", "PARAKEET", "XTTS")

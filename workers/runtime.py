@@ -55,6 +55,7 @@ class Worker:
         self.engine_lock = asyncio.Lock()  # one engine call at a time: queue and direct HTTP
         self.stopping = asyncio.Event()
         self.current_task: str | None = None
+        self.running_calls = 0  # engine calls in progress (queue or direct HTTP): "busy"
         self.tasks_done = 0
         self.started_at = time.time()
         self.url = ""
@@ -70,18 +71,24 @@ class Worker:
             loop.add_signal_handler(sig, self.stopping.set)
         if self.device == "cuda" and self.engine.uses_torch and self.settings.memory_cap_mib > 0:
             await self._call(memory.apply_torch_cap, self.settings.memory_cap_mib)
-        background = [asyncio.create_task(self._heartbeat_loop()),
-                      asyncio.create_task(self._idle_unload_loop())]
+        background = []
         if serve_http is not None:
             background.append(asyncio.create_task(serve_http(self)))
+            await asyncio.sleep(0)  # let it bind, so the first heartbeat carries its URL
+        background += [asyncio.create_task(self._heartbeat_loop()),
+                       asyncio.create_task(self._idle_unload_loop())]
         if self.settings.preload:
             await self._preload_default()
         consumer = asyncio.create_task(self._consume_loop())
         await self.stopping.wait()
-        log.info("stopping: finishing the running task (up to %.0f s)",
-                 self.settings.stop_grace_seconds)
-        done, _ = await asyncio.wait({consumer}, timeout=self.settings.stop_grace_seconds)
-        if not done:
+        done: set[asyncio.Task] = set()
+        if self.current_task is None and not self.engine_lock.locked():
+            consumer.cancel()  # idle: nothing to finish (a task it just took stays pending)
+        else:
+            log.info("stopping: finishing task %s (up to %.0f s)", self.current_task,
+                     self.settings.stop_grace_seconds)
+            done, _ = await asyncio.wait({consumer}, timeout=self.settings.stop_grace_seconds)
+        if self.current_task is not None and not done:
             log.warning("task %s did not finish in time; it stays pending for redelivery",
                         self.current_task)
         with contextlib.suppress(RedisError):
@@ -136,7 +143,7 @@ class Worker:
         if deliveries > self.settings.max_deliveries:
             await self._give_up(task, delivery.entry_id, deliveries)
             return
-        attempt = await self.store.start(task.id, self.consumer)
+        attempt = await self.store.start(task.id, self.consumer, deliveries)
         if attempt <= 0:
             await self.queue.ack(delivery.entry_id)
             return
@@ -213,6 +220,7 @@ class Worker:
                       on_segment: Callable[[Segment], None], task: Task | None = None) -> Outcome:
         """Load `model` if needed and run one engine call, serialised with every other."""
         async with self.engine_lock:
+            self.running_calls += 1
             handle = await self._acquire(model, task)
             try:
                 return await self._call(
@@ -227,6 +235,7 @@ class Worker:
             finally:
                 handle = None
                 await self._call(self._after_engine_call)
+                self.running_calls -= 1
 
     async def _acquire(self, model: str, task: Task | None) -> Any:
         try:
@@ -311,7 +320,7 @@ class Worker:
     def health(self) -> dict[str, Any]:
         if self.slot.loading:
             state = "loading"
-        elif self.engine_lock.locked():
+        elif self.running_calls:
             state = "busy"
         else:
             state = "ready" if self.slot.handle is not None else "idle"

@@ -25,7 +25,8 @@ async def ready(request: Request) -> JSONResponse:
     """200 when Redis answers; lists which backends have a live worker."""
     redis = redis_of(request)
     backends: dict[str, Any] = {
-        name: {"workers": 0, "consumers": []} for name in enabled_backends(settings_of(request))
+        name: {"workers": 0, "consumers": [], "live": []}
+        for name in enabled_backends(settings_of(request))
     }
     try:
         await redis.ping()
@@ -34,9 +35,11 @@ async def ready(request: Request) -> JSONResponse:
         return JSONResponse({"ready": False, "redis": False, "error": type(exc).__name__,
                              "backends": backends}, status_code=503)
     for worker in workers:
-        entry = backends.setdefault(worker["backend"], {"workers": 0, "consumers": []})
+        entry = backends.setdefault(worker["backend"], {"workers": 0, "consumers": [], "live": []})
         entry["workers"] += 1
         entry["consumers"].append(worker["consumer"])
+        entry["live"].append({k: worker.get(k) for k in ("consumer", "url", "pid", "state",
+                                                          "loaded_models")})
     return JSONResponse({"ready": True, "redis": True, "backends": backends})
 
 

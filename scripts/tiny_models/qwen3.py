@@ -1,10 +1,12 @@
 """Build a tiny, randomly initialised Qwen3-ASR checkpoint offline, in the real hub layout.
 
-    .venvs/hf/bin/python scripts/tiny_models/qwen3.py --out models/tiny/qwen3
+    .venvs/hf/bin/python scripts/tiny_models/qwen3.py --out models/tiny/qwen3 [--teach jfk.flac]
 
 Real config, model, processor and tokenizer classes (transformers >= 5.23), saved with
 `save_pretrained`; the worker loads it through exactly the production code path. Sizes the
-processor hard-codes are kept (128 mel bins, n_window 50, 13 encoder positions).
+processor hard-codes are kept (128 mel bins, n_window 50, 13 encoder positions). With
+`--teach CLIP` (JFK's clip), a few seconds of training make the model answer that clip with
+`language English<asr_text>` + JFK's sentence and stop; otherwise it answers newlines.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tiny_bpe import build_qwen2_tokenizer  # noqa: E402
+from hf_tiny import JFK_TEXT, build_qwen2_tokenizer, teach
 
 # Renders exactly like the template the upstream converter stores with the real checkpoints:
 # system text, one audio placeholder per audio, assistant turns (the forced-language prefill).
@@ -47,7 +49,8 @@ CHAT_TEMPLATE = (
 # After Qwen2's: Qwen3's four plain tokens, then Qwen3-ASR's. Only the named ones are used;
 # the reserved fillers keep <|audio_pad|>, <asr_text> and <timestamp> at their real offsets.
 QWEN3_ASR_TOKENS: list[tuple[str, bool]] = [
-    ("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False),
+    ("<tool_response>", False), ("</tool_response>", False),
+    ("<think>", False), ("</think>", False),
     ("<|audio_start|>", True), ("<|audio_end|>", True),
     *[(f"<|reserved_{i}|>", True) for i in range(5)],
     ("<|audio_pad|>", True),
@@ -58,7 +61,7 @@ QWEN3_ASR_TOKENS: list[tuple[str, bool]] = [
 ]
 
 
-def build(out: Path) -> None:
+def build(out: Path, teach_clip: Path | None = None, steps: int = 80) -> None:
     import torch
     from transformers import (
         GenerationConfig,
@@ -102,6 +105,16 @@ def build(out: Path) -> None:
         feature_extractor=Qwen3ASRFeatureExtractor(), tokenizer=tokenizer,
         chat_template=CHAT_TEMPLATE,
     )
+    if teach_clip is not None:
+        from common.audio import decode_audio
+
+        prompt = processor.apply_transcription_request(audio=decode_audio(teach_clip, 16000))
+        with torch.no_grad():
+            audio_embeds = model.model.get_audio_features(
+                prompt["input_features"], prompt["input_features_mask"], return_dict=True
+            ).pooler_output
+        answer = f"language English<asr_text>{JFK_TEXT}<|im_end|>"
+        teach(model, prompt, audio_embeds, answer, tokenizer, config.audio_token_id, steps)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     processor.save_pretrained(out)
@@ -110,7 +123,10 @@ def build(out: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="directory to write")
-    build(parser.parse_args().out)
+    parser.add_argument("--teach", type=Path, help="JFK's clip: train the model to answer it")
+    parser.add_argument("--steps", type=int, default=80, help="training steps with --teach")
+    args = parser.parse_args()
+    build(args.out, args.teach, args.steps)
     return 0
 
 

@@ -1,10 +1,13 @@
 """Build a tiny, randomly initialised VibeVoice-ASR checkpoint offline, in the real hub layout.
 
-    .venvs/hf/bin/python scripts/tiny_models/vibevoice.py --out models/tiny/vibevoice
+    .venvs/hf/bin/python scripts/tiny_models/vibevoice.py --out models/tiny/vibevoice \
+        [--teach jfk.flac]
 
 Real config, model, processor and tokenizer classes (transformers >= 5.23), saved with
 `save_pretrained`; the worker loads it through exactly the production code path. The
 processor's hard-coded sizes are kept: the encoders downsample by 3200 samples per token.
+With `--teach CLIP` (JFK's clip), a few seconds of training make the model answer that clip
+with TAUGHT_ANSWER, two segments in the real JSON format, and stop; otherwise it rambles.
 """
 
 from __future__ import annotations
@@ -15,7 +18,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tiny_bpe import build_qwen2_tokenizer  # noqa: E402
+from hf_tiny import build_qwen2_tokenizer, teach
+
+# What the model writes after its prompt (it opens the assistant turn itself).
+TAUGHT_ANSWER = (
+    '<|im_start|>assistant\n[{"Start":0.0,"End":7.2,"Speaker":0,"Content":"And so, my fellow '
+    'Americans, ask not what your country can do for you,"},{"Start":7.2,"End":11.0,"Speaker":1,'
+    '"Content":"ask what you can do for your country."}]<|im_end|>\n<|endoftext|>'
+)
 
 # Renders exactly like the template the upstream converter stores with the real checkpoint.
 # It has no generation prompt: the model itself writes "<|im_start|>assistant\n" first.
@@ -43,7 +53,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def build(out: Path) -> None:
+def build(out: Path, teach_clip: Path | None = None, steps: int = 80) -> None:
     import torch
     from transformers import (
         VibeVoiceAcousticTokenizerFeatureExtractor,
@@ -84,6 +94,15 @@ def build(out: Path) -> None:
         feature_extractor=VibeVoiceAcousticTokenizerFeatureExtractor(), tokenizer=tokenizer,
         chat_template=CHAT_TEMPLATE,
     )
+    if teach_clip is not None:
+        from common.audio import decode_audio
+
+        prompt = processor.apply_transcription_request(audio=decode_audio(teach_clip, 24000))
+        audio_embeds = model.model.get_audio_features(
+            prompt["input_values"], prompt["padding_mask"], sample=False
+        ).pooler_output
+        teach(model, prompt, audio_embeds.detach(), TAUGHT_ANSWER, tokenizer,
+              config.audio_token_id, steps)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     processor.save_pretrained(out)
@@ -92,7 +111,10 @@ def build(out: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="directory to write")
-    build(parser.parse_args().out)
+    parser.add_argument("--teach", type=Path, help="JFK's clip: train the model to answer it")
+    parser.add_argument("--steps", type=int, default=80, help="training steps with --teach")
+    args = parser.parse_args()
+    build(args.out, args.teach, args.steps)
     return 0
 
 

@@ -1,10 +1,12 @@
-"""What the transformers-based ASR engines (qwen3, vibevoice) share: load on one device, generate."""
+"""What the transformers ASR engines (qwen3, vibevoice) share: load on one device, generate."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+OOM_MESSAGE = "GPU memory limit reached for this file"
 
 
 @dataclass(slots=True)
@@ -30,34 +32,55 @@ def check_source(source: str) -> None:
 def load(model_class: Any, source: str, device: str, attn_implementation: Any = "sdpa") -> HfHandle:
     """Processor + model from a directory or hub id (hub cache under HF_HOME), ready to generate."""
     import torch
-    from transformers import AutoProcessor
+    from transformers import AutoConfig, AutoProcessor
 
     check_source(source)
+    config = AutoConfig.from_pretrained(source)
+    expected = model_class.config_class.model_type
+    if config.model_type != expected:
+        # from_pretrained would only warn, and build a model of random weights.
+        raise ValueError(f"{source!r} holds a {config.model_type!r} checkpoint, not {expected!r}")
     # bf16 on CPU is several times slower than fp32 (no bf16 kernels on most CPUs).
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     processor = AutoProcessor.from_pretrained(source)
     # A single-device map: sharding across GPUs breaks these models.
     model = model_class.from_pretrained(
-        source, dtype=dtype, attn_implementation=attn_implementation, device_map={"": device}
+        source, config=config, dtype=dtype, attn_implementation=attn_implementation,
+        device_map={"": device},
     )
     model.eval()
+    # Every call passes max_new_tokens; a max_length in the checkpoint's generation config
+    # (VibeVoice ships 32768) would only make generate() warn on each request.
+    model.generation_config.max_length = None
     return HfHandle(processor, model)
 
 
 def generate(handle: HfHandle, inputs: Any, max_new_tokens: int, **kwargs: Any) -> str:
-    """Greedy decoding of one prepared request; returns the new text without special tokens."""
+    """Greedy decoding of one prepared request; returns the new text without special tokens.
+
+    Pass `inputs` without keeping a reference to it: its tensors then go with this call.
+    """
     import torch
 
     model = handle.model
-    inputs = inputs.to(model.device, model.dtype)
-    output = None
+    out_of_memory = False
     try:
+        inputs = inputs.to(model.device, model.dtype)
+        prompt_length = inputs["input_ids"].shape[1]
         with torch.inference_mode():
             output = model.generate(
                 **inputs, max_new_tokens=max_new_tokens, do_sample=False, **kwargs
             )
-        prompt_length = inputs["input_ids"].shape[1]
-        return handle.processor.decode(output[0, prompt_length:], skip_special_tokens=True)
+        new_ids = output[0, prompt_length:].tolist()
+        del output
+    except RuntimeError as exc:  # torch.OutOfMemoryError is one
+        if "out of memory" not in str(exc):
+            raise
+        out_of_memory = True
     finally:
-        # A kept traceback would otherwise hold this frame's device tensors.
-        del inputs, output
+        del inputs
+    if out_of_memory:
+        # Raised outside the except block, so the OOM's traceback and the tensors its
+        # frames hold are already gone when the runtime releases the cache.
+        raise MemoryError(OOM_MESSAGE)
+    return handle.processor.decode(new_ids, skip_special_tokens=True)

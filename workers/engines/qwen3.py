@@ -1,9 +1,8 @@
-"""Qwen3-ASR on transformers' built-in classes (Qwen3ASRForConditionalGeneration, no remote code)."""
+"""Qwen3-ASR on transformers' built-in classes (no remote code): many languages, no timestamps."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -32,8 +31,8 @@ class Qwen3Engine:
 
     def warm_up(self, handle: hf_common.HfHandle) -> None:
         silence = np.zeros(self.sample_rate, dtype=np.float32)
-        inputs = handle.processor.apply_transcription_request(audio=silence, language="English")
-        hf_common.generate(handle, inputs, max_new_tokens=2)
+        request = handle.processor.apply_transcription_request(audio=silence, language="English")
+        hf_common.generate(handle, request, max_new_tokens=2)
 
     def unload(self, handle: hf_common.HfHandle) -> None:
         """Nothing engine-specific: the runtime drops the handle and frees torch's cache."""
@@ -49,13 +48,16 @@ class Qwen3Engine:
             raise ValueError(f"qwen3 does not support task={options.task!r}")
         duration = len(audio) / self.sample_rate
         language = model_language(options.language)
-        inputs: Any = handle.processor.apply_transcription_request(
-            audio=audio, language=language, prompt=options.prompt or None
-        )
         max_new_tokens = max(MIN_NEW_TOKENS, int(duration * NEW_TOKENS_PER_SECOND))
-        raw = hf_common.generate(handle, inputs, max_new_tokens)
+        raw = hf_common.generate(
+            handle,
+            handle.processor.apply_transcription_request(
+                audio=audio, language=language, prompt=options.prompt or None
+            ),
+            max_new_tokens,
+        )
         detected, text = parse_output(raw, language)
-        segments = []
+        segments: list[Segment] = []
         if text:
             # The model gives no timestamps: one segment spans the clip.
             segments.append(Segment(id=0, start=0.0, end=round(duration, 3), text=text))

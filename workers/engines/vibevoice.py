@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -38,8 +37,8 @@ class VibeVoiceEngine:
 
     def warm_up(self, handle: hf_common.HfHandle) -> None:
         silence = np.zeros(self.sample_rate, dtype=np.float32)
-        inputs = handle.processor.apply_transcription_request(audio=silence)
-        hf_common.generate(handle, inputs, max_new_tokens=2, sample=False)
+        request = handle.processor.apply_transcription_request(audio=silence)
+        hf_common.generate(handle, request, max_new_tokens=2, sample=False)
 
     def unload(self, handle: hf_common.HfHandle) -> None:
         """Nothing engine-specific: the runtime drops the handle and frees torch's cache."""
@@ -54,14 +53,15 @@ class VibeVoiceEngine:
         if options.task != "transcribe":
             raise ValueError(f"vibevoice does not support task={options.task!r}")
         duration = len(audio) / self.sample_rate
-        inputs: Any = handle.processor.apply_transcription_request(
-            audio=audio, prompt=options.prompt or None
-        )
         max_new_tokens = min(
             MAX_NEW_TOKENS, MIN_NEW_TOKENS + int(duration * NEW_TOKENS_PER_SECOND)
         )
         # sample=False: no random noise on the acoustic latents, so decoding is deterministic.
-        raw = hf_common.generate(handle, inputs, max_new_tokens, sample=False)
+        prompt = options.prompt or None
+        raw = hf_common.generate(
+            handle, handle.processor.apply_transcription_request(audio=audio, prompt=prompt),
+            max_new_tokens, sample=False,
+        )
         try:
             segments = parse_segments(raw, duration)
         except ParseError as exc:

@@ -8,6 +8,7 @@ limit leaves a truncated tail: the complete objects before it are kept.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -68,9 +69,18 @@ def _seconds(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
     try:
-        return float(value)
+        seconds = float(value)
     except (TypeError, ValueError):
         return None
+    return seconds if math.isfinite(seconds) else None
+
+
+def _speaker(value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value).strip()
 
 
 def clean_content(content: Any) -> str:
@@ -94,7 +104,7 @@ def parse_segments(raw: str, duration: float) -> list[Segment]:
         return []
     items = _items(text)
     objects = [item for item in items if isinstance(item, dict)]
-    if items and not objects:
+    if items and all(_field(item, "text") is None for item in objects):
         raise ParseError(f"the answer's array holds no segment objects: {text[:80]!r}")
     segments: list[Segment] = []
     previous_end = 0.0
@@ -107,9 +117,8 @@ def parse_segments(raw: str, duration: float) -> list[Segment]:
         previous_end = end
         if not content:
             continue
-        speaker = _field(item, "speaker")
         segments.append(Segment(
             id=len(segments), start=round(start, 3), end=round(end, 3), text=content,
-            speaker=None if speaker is None else str(speaker),
+            speaker=_speaker(_field(item, "speaker")),
         ))
     return segments

@@ -180,8 +180,8 @@ class XttsEngine:
         import torch
 
         xtts, config = handle.model, handle.model.config
-        audio = torch.from_numpy(clip[: config.max_ref_len * self.sample_rate])[None]
-        audio = audio.to(xtts.device)
+        audio = torch.tensor(clip[: config.max_ref_len * self.sample_rate], device=xtts.device)
+        audio = audio.clamp(-1.0, 1.0)[None]
         if config.sound_norm_refs:
             audio = audio / audio.abs().max().clamp(min=1e-8) * 0.75
         embedding = xtts.get_speaker_embedding(audio, self.sample_rate)

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Checks that need a CUDA GPU, which CI (CPU only) cannot run. One function per engine;
+# each prints PASS/FAIL lines and returns non-zero on a failure.
+#
+#   scripts/gpu_check.sh              # every section
+#   scripts/gpu_check.sh parakeet     # some sections
+#
+# Each section uses its engine's .venvs/NAME when present (it must hold a CUDA torch there),
+# else $PYTHON (default python3) with the engine's packages installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python_for() {
+    if [ -x ".venvs/$1/bin/python" ]; then echo ".venvs/$1/bin/python"; else echo "${PYTHON:-python3}"; fi
+}
+
+# Parakeet (NeMo): bf16 cast after local attention leaves no fp32 islands, decoding is
+# deterministic with and without the CUDA-graph decoder, and a file over the per-process
+# memory cap fails with the clear error, after which the worker still decodes.
+# PARAKEET_MODEL: a .nemo to check (default: the tiny model, built if missing).
+# PARAKEET_DEVICE=cpu: dry run of the non-CUDA parts (forced bf16, no memory cap).
+check_parakeet() {
+    local py model
+    py=$(python_for nemo)
+    model=${PARAKEET_MODEL:-models/tiny/parakeet/parakeet-tiny.nemo}
+    if [ ! -f "$model" ]; then
+        "$py" scripts/tiny_models/parakeet.py --out "$(dirname "$model")" >/dev/null 2>&1
+    fi
+    echo "== parakeet ($py, $model)"
+    PARAKEET_DEVICE=${PARAKEET_DEVICE:-cuda} "$py" - "$model" ../shared/audio/jfk.flac <<'PY'
+import os, sys, time
+import numpy as np
+import torch
+from common.audio import decode_audio
+from common.schemas import TranscriptionOptions
+from workers.engines.base import ModelRef
+from workers.engines.parakeet import OOM_MESSAGE, ParakeetEngine
+
+model, clip = sys.argv[1], sys.argv[2]
+device = os.environ["PARAKEET_DEVICE"]
+failed = []
+
+def check(name, ok, detail=""):
+    print(("PASS " if ok else "FAIL ") + name + (f" ({detail})" if detail else ""), flush=True)
+    if not ok:
+        failed.append(name)
+
+if device == "cuda" and not torch.cuda.is_available():
+    sys.exit("FAIL parakeet: torch sees no CUDA device")
+audio = decode_audio(clip, 16000) if os.path.exists(clip) else \
+    np.random.default_rng(0).normal(0, 0.1, 16000 * 11).astype(np.float32)
+options = TranscriptionOptions(word_timestamps=True)
+
+def run(engine, handle):
+    result = engine.transcribe(handle, audio, options, lambda segment: None)
+    return result.to_result("parakeet", "check", with_words=True)
+
+results = {}
+for graphs in (True, False):
+    engine = ParakeetEngine(cuda_graphs=graphs, dtype=None if device == "cuda" else "bfloat16")
+    started = time.perf_counter()
+    handle = engine.load(ModelRef("check", model), device)
+    engine.warm_up(handle)
+    print(f"     load + warm-up {time.perf_counter() - started:.1f} s (cuda graphs {graphs})")
+    asr = handle.model
+    islands = [f"{part}.{name}" for part in ("encoder", "decoder", "joint")
+               for name, t in [*getattr(asr, part).named_parameters(),
+                               *getattr(asr, part).named_buffers()]
+               if t.is_floating_point() and t.dtype != torch.bfloat16]
+    check("bf16 with no fp32 islands", not islands, ", ".join(islands[:5]))
+    check("local attention", asr.encoder.self_attention_model == "rel_pos_local_attn"
+          and list(asr.encoder.att_context_size) == [128, 128])
+    check("eval mode everywhere", not any(m.training for m in asr.modules()))
+    started = time.perf_counter()
+    first, second = run(engine, handle), run(engine, handle)
+    print(f"     transcribe {(time.perf_counter() - started) / 2:.3f} s per call")
+    check(f"deterministic (cuda graphs {graphs})", first == second)
+    results[graphs] = first
+    if graphs:
+        kept = (engine, handle)
+    else:
+        del engine, handle, asr
+check("same result with and without cuda graphs", results[True] == results[False])
+
+if device == "cuda":
+    engine, handle = kept
+    engine.window_seconds = 3 * 3600.0  # one window: the whole file has to fit under the cap
+    torch.cuda.empty_cache()
+    baseline = torch.cuda.memory_allocated()
+    cap = baseline + 256 * 2**20
+    torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory)
+    long_audio = np.random.default_rng(1).normal(0, 0.1, 16000 * 3600).astype(np.float32)
+    try:
+        engine.transcribe(handle, long_audio, options, lambda segment: None)
+        check("over-cap file fails clearly", False, "no error under a 256 MiB margin")
+    except MemoryError as exc:
+        check("over-cap file fails clearly", str(exc) == OOM_MESSAGE, str(exc))
+    torch.cuda.empty_cache()  # what the runtime does after the error
+    leaked = torch.cuda.memory_allocated() - baseline
+    check("memory returned after the error", leaked < 16 * 2**20, f"{leaked / 2**20:.1f} MiB")
+    check("still decodes under the cap", run(engine, handle) == results[True])
+    torch.cuda.set_per_process_memory_fraction(1.0)
+
+sys.exit(1 if failed else 0)
+PY
+}
+
+sections=("$@")
+[ ${#sections[@]} -eq 0 ] && sections=(parakeet)
+status=0
+for section in "${sections[@]}"; do
+    "check_$section" || status=1
+done
+exit $status
