@@ -2,7 +2,8 @@
 # Installs what the service and its tests need on a fresh Debian machine with python3:
 # system packages (when missing) and one virtual environment per deploy/envs/NAME.txt,
 # created as .venvs/NAME. Re-running is cheap: an environment is rebuilt only when its
-# requirements file or pyproject.toml changed.
+# requirements file or the project's own dependencies (pyproject.toml) changed; the
+# project itself is installed editable, so code changes need no rebuild.
 #
 #   scripts/install.sh            # the core environment (gateway + faster-whisper worker)
 #   scripts/install.sh core hf    # several environments
@@ -32,7 +33,7 @@ for name in "${envs[@]}"; do
     req="deploy/envs/$name.txt"
     venv=".venvs/$name"
     [ -f "$req" ] || { echo "install: no $req" >&2; exit 2; }
-    stamp=$(cat "$req" pyproject.toml | sha256sum | cut -c1-16)
+    stamp=$( (cat "$req"; sed -n '/^dependencies/,/^]/p' pyproject.toml) | sha256sum | cut -c1-16)
     if [ -f "$venv/.stamp" ] && [ "$(cat "$venv/.stamp")" = "$stamp" ]; then
         continue
     fi
