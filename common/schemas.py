@@ -22,6 +22,22 @@ class TaskState(StrEnum):
 TERMINAL_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED})
 
 
+class ErrorCode(StrEnum):
+    """Why a task FAILED; the HTTP status a synchronous caller gets for it."""
+
+    INVALID_AUDIO = "invalid_audio"  # undecodable or expired input
+    INVALID_REQUEST = "invalid_request"  # options the engine refused (ValueError)
+    OUT_OF_MEMORY = "out_of_memory"  # over the worker's memory cap for this file
+    MODEL_UNAVAILABLE = "model_unavailable"  # the model's breaker is open
+    DELIVERY_LIMIT = "delivery_limit"  # its worker died on every delivery
+    ENGINE_ERROR = "engine_error"
+
+    @property
+    def http_status(self) -> int:
+        return {ErrorCode.INVALID_AUDIO: 400, ErrorCode.INVALID_REQUEST: 400,
+                ErrorCode.OUT_OF_MEMORY: 413, ErrorCode.MODEL_UNAVAILABLE: 503}.get(self, 500)
+
+
 @dataclass(slots=True)
 class TranscriptionOptions:
     language: str | None = None

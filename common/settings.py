@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     # --- gateway ---
     host: str = "127.0.0.1"
     port: int = 8000
+    #: SHA-256 digests ("sha256:<hex>") of accepted API keys; empty = no keys required
+    api_keys: list[str] = Field(default_factory=list)
+    #: how long an OpenAI-style request waits for its task before answering 504
+    request_timeout_seconds: float = 600.0
     allowed_roots: list[Path] = Field(default_factory=list)
     max_upload_mib: float = 200.0
     max_audio_seconds: float = 4 * 3600.0

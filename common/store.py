@@ -41,7 +41,7 @@ return attempt
 """
 
 # KEYS: task, queue, events, input blob, output blob
-# ARGV: attempt (or "" = unfenced), entry, group, state, now, retention, result, error
+# ARGV: attempt (or "" = unfenced), entry, group, state, now, retention, result, error, code
 # -> 1 stored, 0 stale attempt or already terminal. Acks only after the state is stored.
 _FINISH = """
 local state = redis.call('HGET', KEYS[1], 'state')
@@ -53,7 +53,7 @@ if state ~= 'PENDING' and state ~= 'RUNNING' then
 end
 redis.call('HSET', KEYS[1], 'state', ARGV[4], 'finished_at', ARGV[5])
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[7]) end
-if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[8]) end
+if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[8], 'error_code', ARGV[9]) end
 redis.call('EXPIRE', KEYS[1], ARGV[6])
 redis.call('EXPIRE', KEYS[4], ARGV[6])
 redis.call('EXPIRE', KEYS[5], ARGV[6])
@@ -113,6 +113,7 @@ class Task:
     worker: str = ""
     result: dict[str, Any] | None = None
     error: str = ""
+    error_code: str = ""
     last_error: str = ""
     audio_seconds: float | None = None
 
@@ -140,6 +141,7 @@ class Task:
             worker=data.get("worker", ""),
             result=json.loads(data["result"]) if data.get("result") else None,
             error=data.get("error", ""),
+            error_code=data.get("error_code", ""),
             last_error=data.get("last_error", ""),
             audio_seconds=number("audio_seconds"),
         )
@@ -162,6 +164,7 @@ class Task:
             view["result"] = self.result
         if self.error:
             view["error"] = self.error
+            view["error_code"] = self.error_code or None
         return view
 
 
@@ -224,6 +227,7 @@ class TaskStore:
         entry_id: str,
         result: dict[str, Any] | None = None,
         error: str = "",
+        error_code: str = "",
         output: bytes | None = None,
     ) -> bool:
         """Store the terminal state (fenced by attempt), then ack; False if this write lost."""
@@ -235,7 +239,8 @@ class TaskStore:
                   keys.input_blob(task.id), keys.output_blob(task.id)],
             args=["" if attempt is None else attempt, entry_id, keys.WORKER_GROUP, state.value,
                   repr(time.time()), self.retention,
-                  json.dumps(result) if result is not None else "", _one_line(error)],
+                  json.dumps(result) if result is not None else "", _one_line(error),
+                  error_code],
         )
         return bool(stored)
 

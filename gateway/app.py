@@ -17,7 +17,7 @@ from common.store import TaskStore
 from gateway.app_errors import openai_error, sage_error
 from gateway.inputs import RequestError
 from gateway.limits import BodyLimitMiddleware
-from gateway.routes import health, sage, tasks
+from gateway.routes import health, openai, sage, tasks
 
 log = logging.getLogger("gateway")
 
@@ -42,6 +42,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(sage.router)
     app.include_router(tasks.router)
+    app.include_router(openai.router)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -98,12 +98,13 @@ def asr_params(params: Params, settings: Settings, backend: str) -> dict[str, An
 
 
 async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: str,
-                  options: dict[str, Any], audio: AudioInput, owner: str) -> Task:
+                  options: dict[str, Any], audio: AudioInput, owner: str,
+                  task_id: str | None = None) -> Task:
     breaker_error = await guard_store(store.breaker_error(backend, model))
     if breaker_error:
         raise RequestError(503, f"model {backend}/{model} is unavailable: {breaker_error}",
                            param="model", code="model_unavailable")
-    task = Task(id=new_task_id(), backend=backend, model=model, state=TaskState.PENDING,
+    task = Task(id=task_id or new_task_id(), backend=backend, model=model, state=TaskState.PENDING,
                 params=options, input_path=str(audio.path or ""), owner=owner,
                 audio_seconds=round(audio.info.duration, 3))
     await guard_store(store.submit(task, audio.blob))

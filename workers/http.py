@@ -52,7 +52,7 @@ def create_worker_app(worker: Worker) -> FastAPI:
         try:
             outcome = await worker.execute(model_or_default(model), params, data, _ignore)
         except TaskError as exc:
-            return JSONResponse({"error": str(exc)}, 400 if _is_input_error(exc) else 500)
+            return JSONResponse({"error": str(exc), "code": exc.code}, exc.code.http_status)
         return JSONResponse(outcome.result)
 
     @app.post("/synthesize")
@@ -72,7 +72,7 @@ def create_worker_app(worker: Worker) -> FastAPI:
             outcome = await worker.execute(model_or_default(model), params, reference or None,
                                            _ignore)
         except TaskError as exc:
-            return JSONResponse({"error": str(exc)}, 400 if _is_input_error(exc) else 500)
+            return JSONResponse({"error": str(exc), "code": exc.code}, exc.code.http_status)
         return Response(outcome.output or b"", media_type="audio/wav",
                         headers={"x-audio-seconds": str(outcome.result["audio_seconds"])})
 
@@ -81,12 +81,6 @@ def create_worker_app(worker: Worker) -> FastAPI:
 
 def _ignore(_: object) -> None:
     return None
-
-
-def _is_input_error(exc: TaskError) -> bool:
-    text = str(exc)
-    return text.startswith(("not a readable", "the file", "the audio", "audio decoding",
-                            "ValueError", "model '"))
 
 
 class _Server(uvicorn.Server):

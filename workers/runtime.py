@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 
 from common import keys
 from common.audio import AudioError
-from common.schemas import Segment, TaskState
+from common.schemas import ErrorCode, Segment, TaskState
 from common.settings import Settings
 from common.store import Task, TaskStore, write_heartbeat
 from workers import memory
@@ -41,6 +41,10 @@ MEMORY_LIMIT_ERROR = "GPU memory limit reached for this file"
 
 class TaskError(Exception):
     """The task cannot succeed (bad audio, engine error, out of memory); no retry."""
+
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.ENGINE_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class Worker:
@@ -153,18 +157,18 @@ class Worker:
         lease = asyncio.create_task(self._keep_lease(delivery.entry_id))
         try:
             outcome: Outcome | None = None
-            error = ""
+            error, code = "", ""
             try:
                 outcome = await self._run_task(task)
             except TaskError as exc:
-                error = str(exc)
+                error, code = str(exc), exc.code.value
         finally:
             lease.cancel()
             self.current_task = None
         state = TaskState.SUCCEEDED if outcome else TaskState.FAILED
         stored = await self._retrying(lambda: self.store.finish(
             task, state, attempt=attempt, entry_id=delivery.entry_id,
-            result=outcome.result if outcome else None, error=error,
+            result=outcome.result if outcome else None, error=error, error_code=code,
             output=outcome.output if outcome else None))
         log.info("task %s: %s%s", task.id, state.value if stored else "stale attempt, dropped",
                  f" ({error})" if error else "")
@@ -173,22 +177,26 @@ class Worker:
     async def _run_task(self, task: Task) -> Outcome:
         breaker_error = await self._breaker_error(task.model)
         if breaker_error:
-            raise TaskError(breaker_error)
+            raise TaskError(breaker_error, ErrorCode.MODEL_UNAVAILABLE)
         source: bytes | Path | None
         if task.input_path:
             source = Path(task.input_path)
         else:
             source = await self.store.input_blob(task.id)
             if source is None and self.engine_kind() == "asr":
-                raise TaskError("the task's input audio has expired")
+                raise TaskError("the task's input audio has expired", ErrorCode.INVALID_AUDIO)
         if self.engine_kind() == "tts" and task.params.get("speaker_wav"):
             source = Path(task.params["speaker_wav"])
         loop = asyncio.get_running_loop()
 
         def on_segment(segment: Segment) -> None:
+            # Runs on the engine thread. Waiting for each publish keeps segments in order;
+            # streaming is best effort, so a slow or absent Redis only skips the event.
             event = {"type": "segment", "id": segment.id, "start": segment.start,
                      "end": segment.end, "text": segment.text}
-            asyncio.run_coroutine_threadsafe(self.store.publish(task.id, event), loop)
+            future = asyncio.run_coroutine_threadsafe(self.store.publish(task.id, event), loop)
+            with contextlib.suppress(Exception):
+                future.result(timeout=1.0)
 
         return await self.execute(task.model, task.params, source, on_segment, task=task)
 
@@ -199,7 +207,7 @@ class Worker:
         log.error("task %s: %s", task.id, reason)
         await self.queue.dead_letter(task.id, reason, deliveries)
         await self.store.finish(task, TaskState.FAILED, attempt=None, entry_id=entry_id,
-                                error=reason)
+                                error=reason, error_code=ErrorCode.DELIVERY_LIMIT.value)
 
     async def _keep_lease(self, entry_id: str) -> None:
         while True:
@@ -227,10 +235,12 @@ class Worker:
                     run_engine, self.engine, handle, backend=self.backend, model=model,
                     params=params, source=source, on_segment=on_segment)
             except AudioError as exc:
-                raise TaskError(str(exc)) from None
+                raise TaskError(str(exc), ErrorCode.INVALID_AUDIO) from None
+            except ValueError as exc:
+                raise TaskError(str(exc), ErrorCode.INVALID_REQUEST) from None
             except Exception as exc:
                 if memory.is_out_of_memory(exc):
-                    raise TaskError(MEMORY_LIMIT_ERROR) from None
+                    raise TaskError(MEMORY_LIMIT_ERROR, ErrorCode.OUT_OF_MEMORY) from None
                 raise TaskError(f"{type(exc).__name__}: {exc}") from None
             finally:
                 handle = None
@@ -241,7 +251,7 @@ class Worker:
         try:
             return await self._call(self.slot.acquire, model)
         except KeyError as exc:
-            raise TaskError(str(exc.args[0])) from None
+            raise TaskError(str(exc.args[0]), ErrorCode.INVALID_REQUEST) from None
         except LoadFailed as exc:
             error = str(exc)
         await self._exit_after_load_failure(model, error, task)

@@ -16,6 +16,7 @@ from common.formats import fastwhisper_legacy
 from common.schemas import TaskState
 from common.store import Task
 from gateway.app_errors import sage_error
+from gateway.auth import caller
 from gateway.inputs import RequestError, read_params
 from gateway.state import settings_of, store_of
 from gateway.submission import asr_params, enqueue, read_audio_input, resolve_backend_model
@@ -48,6 +49,7 @@ async def status_of(request: Request, backend: str) -> JSONResponse:
 async def _submit(request: Request, backend: str | None) -> JSONResponse:
     settings = settings_of(request)
     try:
+        owner = caller(request)
         params = await read_params(request)
         backend = backend or params.get("backend")
         if not backend:
@@ -56,7 +58,7 @@ async def _submit(request: Request, backend: str | None) -> JSONResponse:
         options = asr_params(params, settings, backend)
         audio = await read_audio_input(params, settings)
         task = await enqueue(store_of(request), settings, backend=backend, model=model,
-                             options=options, audio=audio, owner="")
+                             options=options, audio=audio, owner=owner)
     except RequestError as exc:
         return sage_error(exc)
     return JSONResponse({"task_id": task.id, "taskid": task.id, "status": "PENDING"})
@@ -64,9 +66,10 @@ async def _submit(request: Request, backend: str | None) -> JSONResponse:
 
 async def _status(request: Request) -> JSONResponse:
     try:
+        owner = caller(request)
         params = await read_params(request)
     except RequestError as exc:
-        return JSONResponse({"status": "FAILED", "error": exc.message})
+        return sage_error(exc)
     task_id = params.get("task_id", "taskid")
     if not task_id:
         return JSONResponse({"status": "FAILED", "error": "missing task_id"})
@@ -77,7 +80,7 @@ async def _status(request: Request) -> JSONResponse:
     except RedisError:
         return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "PENDING",
                              "detail": "the task store is briefly unavailable; keep polling"})
-    if task is None:
+    if task is None or task.owner != owner:  # another key's task does not exist for you
         return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "FAILED",
                              "error": "unknown or expired task"})
     return JSONResponse(sage_status(task, position, params.get("format")))
