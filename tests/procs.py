@@ -106,7 +106,7 @@ def service_env(redis_url: str, **settings: Any) -> dict[str, str]:
     """Environment for gateway/worker processes: SPEECH_* from keyword arguments."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPEECH_")}
     env.update(SPEECH_REDIS_URL=redis_url, SPEECH_HEARTBEAT_SECONDS="0.5",
-               OMP_WAIT_POLICY="PASSIVE", PYTHONUNBUFFERED="1")
+               OMP_WAIT_POLICY="PASSIVE", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
     for key, value in settings.items():
         env[f"SPEECH_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
     return env

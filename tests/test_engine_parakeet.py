@@ -10,34 +10,22 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from tests.procs import ROOT, SHARED_AUDIO
+from tests.tiny import tiny_model as build_tiny
 from workers.engines import parakeet
 
-ROOT = Path(__file__).resolve().parents[1]
-AUDIO = ROOT.parent / "shared" / "audio"
+AUDIO = SHARED_AUDIO
 NEMO_PYTHON = ROOT / ".venvs" / "nemo" / "bin" / "python"
-TINY_DIR = ROOT / "models" / "tiny" / "parakeet"
-TINY_MODEL = TINY_DIR / "parakeet-tiny.nemo"
 
 
 @pytest.fixture(scope="module")
 def tiny_model() -> Path:
-    """The tiny `.nemo`, built once into models/tiny/parakeet (gitignored)."""
-    if not NEMO_PYTHON.exists():
-        pytest.skip(".venvs/nemo is missing: run scripts/install.sh nemo")
-    if not TINY_MODEL.exists():
-        TINY_DIR.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=TINY_DIR.parent) as tmp:
-            subprocess.run([str(NEMO_PYTHON), "scripts/tiny_models/parakeet.py", "--out", tmp],
-                           cwd=ROOT, check=True, capture_output=True, timeout=300)
-            TINY_DIR.mkdir(exist_ok=True)
-            os.replace(Path(tmp) / TINY_MODEL.name, TINY_MODEL)
-    return TINY_MODEL
+    return build_tiny("parakeet")
 
 
 def run_nemo(args: list[str], env: dict[str, str] | None = None,

@@ -7,41 +7,26 @@ Python; the pure-Python helpers (sentence splitting, language codes) are tested 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import tempfile
 import wave
 from pathlib import Path
 
 import pytest
 
+from tests.procs import ROOT, SHARED_AUDIO
+from tests.tiny import tiny_model as build_tiny
 from workers.engines import xtts
 
-ROOT = Path(__file__).resolve().parents[1]
-AUDIO = ROOT.parent / "shared" / "audio"
+AUDIO = SHARED_AUDIO
 XTTS_PYTHON = ROOT / ".venvs" / "xtts" / "bin" / "python"
 TINY_DIR = ROOT / "models" / "tiny" / "xtts"
-TINY_FILES = ("config.json", "model.pth", "vocab.json", "speakers_xtts.pth")
 BUILTIN_SPEAKER = "Claribel Dervla"  # one of the speakers scripts/tiny_models/xtts.py writes
 
 
 @pytest.fixture(scope="module")
 def tiny_model() -> Path:
-    """The tiny checkpoint directory, built once into models/tiny/xtts (gitignored)."""
-    if not XTTS_PYTHON.exists():
-        pytest.skip(".venvs/xtts is missing: run scripts/install.sh xtts")
-    if not all((TINY_DIR / name).is_file() for name in TINY_FILES):
-        TINY_DIR.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=TINY_DIR.parent) as tmp:
-            build = Path(tmp) / "xtts"
-            subprocess.run([str(XTTS_PYTHON), "scripts/tiny_models/xtts.py", "--out", str(build)],
-                           cwd=ROOT, check=True, capture_output=True, timeout=300)
-            if TINY_DIR.exists():  # a partial build from an interrupted run
-                for leftover in TINY_DIR.iterdir():
-                    leftover.unlink()
-                TINY_DIR.rmdir()
-            os.replace(build, TINY_DIR)
-    return TINY_DIR
+    """The tiny checkpoint directory (scripts/make_tiny_models.py, cached in models/tiny)."""
+    return build_tiny("xtts")
 
 
 def run_xtts(args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:

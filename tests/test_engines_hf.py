@@ -1,54 +1,27 @@
 """Qwen3-ASR and VibeVoice-ASR engines: tiny checkpoints through the production load path.
 
 transformers lives in .venvs/hf, so the engines run in subprocesses of its Python. The tiny
-checkpoints are built once into models/tiny/ (gitignored) and rebuilt when a builder changes.
+checkpoints come from scripts/make_tiny_models.py (built once, rebuilt when a builder changes).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-AUDIO = ROOT.parent / "shared" / "audio"
-JFK = AUDIO / "jfk.flac"
+from tests.procs import ROOT, SHARED_AUDIO
+from tests.tiny import tiny_model
+
+JFK = SHARED_AUDIO / "jfk.flac"
 HF_PYTHON = ROOT / ".venvs" / "hf" / "bin" / "python"
-TINY = ROOT / "models" / "tiny"
-BUILDERS = ROOT / "scripts" / "tiny_models"
 # What the taught checkpoints answer for JFK's clip (scripts/tiny_models/hf_tiny.py).
 JFK_TEXT = ("And so, my fellow Americans, ask not what your country can do for you, "
             "ask what you can do for your country.")
-
-
-def build_tiny(builder: str, name: str, *args: str) -> Path:
-    """models/tiny/NAME from scripts/tiny_models/BUILDER.py, built once per builder version."""
-    if not HF_PYTHON.exists():
-        pytest.skip(".venvs/hf is missing: run scripts/install.sh hf")
-    sources = [BUILDERS / f"{builder}.py", BUILDERS / "hf_tiny.py"]
-    digest = hashlib.sha256(b"".join(path.read_bytes() for path in sources))
-    digest.update(" ".join(arg.replace(str(AUDIO), "AUDIO") for arg in args).encode())
-    stamp = digest.hexdigest()[:16]
-    target = TINY / name
-    if (target / ".stamp").is_file() and (target / ".stamp").read_text() == stamp:
-        return target
-    TINY.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=TINY, prefix=f".{name}-"))
-    try:
-        run_hf([str(BUILDERS / f"{builder}.py"), "--out", str(tmp), *args], timeout=600)
-        (tmp / ".stamp").write_text(stamp)
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def run_hf(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -84,12 +57,12 @@ def assert_well_formed(result: dict[str, Any], backend: str) -> None:
 
 @pytest.fixture(scope="module")
 def qwen3_model() -> Path:
-    return build_tiny("qwen3", "qwen3", "--teach", str(JFK))
+    return tiny_model("qwen3")
 
 
 @pytest.fixture(scope="module")
 def vibevoice_model() -> Path:
-    return build_tiny("vibevoice", "vibevoice", "--teach", str(JFK))
+    return tiny_model("vibevoice")
 
 
 def test_qwen3_end_to_end_and_deterministic(qwen3_model: Path) -> None:
@@ -113,7 +86,7 @@ def test_vibevoice_end_to_end_and_deterministic(vibevoice_model: Path) -> None:
 def test_vibevoice_random_weights_give_a_well_formed_deterministic_result() -> None:
     """An untrained model rambles until max_new_tokens: the answer is not JSON, yet the task
     succeeds, and without feature noise both decodes of the file agree."""
-    model = build_tiny("vibevoice", "vibevoice-random")
+    model = tiny_model("vibevoice-random")
     first, second = check("vibevoice", model)
     assert_well_formed(first, "vibevoice")
     assert len(first["segments"]) <= 1

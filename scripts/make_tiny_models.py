@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Build the tiny, randomly initialised checkpoints the tests (and a CPU demo) run on.
+
+    scripts/make_tiny_models.py                 # every model whose environment exists
+    scripts/make_tiny_models.py qwen3 parakeet  # just these
+
+Each checkpoint is made offline by scripts/tiny_models/NAME.py with the engine's own
+classes, in the real on-disk layout, under the engine's environment (.venvs/ENV), into
+models/tiny/NAME. A build is skipped when its builder and arguments are unchanged.
+Prints one `NAME PATH` line per model (PATH is what SPEECH_MODELS should name).
+Exit code 3: an environment a requested model needs is missing (scripts/install.sh ENV).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILDERS = ROOT / "scripts" / "tiny_models"
+JFK = ROOT.parent / "shared" / "audio" / "jfk.flac"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    env: str
+    builder: str
+    args: tuple[str, ...] = ()
+    helpers: tuple[str, ...] = ()
+    #: the file inside the output directory that SPEECH_MODELS names ("" = the directory)
+    entry: str = ""
+
+
+RECIPES: dict[str, Recipe] = {
+    # --teach: a few dozen steps so the model answers JFK's clip in the real output format
+    "qwen3": Recipe("hf", "qwen3.py", ("--teach", str(JFK)), ("hf_tiny.py",)),
+    "vibevoice": Recipe("hf", "vibevoice.py", ("--teach", str(JFK)), ("hf_tiny.py",)),
+    "vibevoice-random": Recipe("hf", "vibevoice.py", (), ("hf_tiny.py",)),
+    "parakeet": Recipe("nemo", "parakeet.py", entry="parakeet-tiny.nemo"),
+    "xtts": Recipe("xtts", "xtts.py"),
+}
+
+
+def python_of(env: str) -> Path:
+    return ROOT / ".venvs" / env / "bin" / "python"
+
+
+def stamp_of(recipe: Recipe) -> str:
+    digest = hashlib.sha256()
+    for name in (recipe.builder, *recipe.helpers):
+        digest.update((BUILDERS / name).read_bytes())
+    digest.update(" ".join(a.replace(str(JFK.parent), "AUDIO") for a in recipe.args).encode())
+    return digest.hexdigest()[:16]
+
+
+def build(name: str, out_root: Path) -> Path:
+    recipe = RECIPES[name]
+    target = out_root / name
+    stamp = stamp_of(recipe)
+    stamp_file = target / ".stamp"
+    if not (stamp_file.is_file() and stamp_file.read_text() == stamp):
+        out_root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out_root, prefix=f".{name}-"))
+        try:
+            subprocess.run([str(python_of(recipe.env)), str(BUILDERS / recipe.builder),
+                            "--out", str(tmp), *recipe.args], cwd=ROOT, check=True,
+                           env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            (tmp / ".stamp").write_text(stamp)
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(tmp, target)
+        except subprocess.CalledProcessError as exc:
+            sys.stderr.write(exc.stderr[-4000:])
+            raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target / recipe.entry if recipe.entry else target
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"models to build: {', '.join(RECIPES)} (default: all possible)")
+    parser.add_argument("--out", type=Path, default=ROOT / "models" / "tiny")
+    args = parser.parse_args()
+    if unknown := set(args.names) - set(RECIPES):
+        parser.error(f"unknown models: {', '.join(sorted(unknown))}")
+    names = args.names or [n for n, r in RECIPES.items() if python_of(r.env).exists()]
+    missing = sorted({RECIPES[n].env for n in names if not python_of(RECIPES[n].env).exists()})
+    if missing:
+        print(f"missing environments: {', '.join(missing)} (scripts/install.sh ENV)",
+              file=sys.stderr)
+        return 3
+    for name in names:
+        print(name, build(name, args.out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
