@@ -52,3 +52,13 @@ def breaker(backend: str, model: str) -> str:
 
 def breaker_pattern() -> str:
     return f"{PREFIX}breaker:*"
+
+
+def counters(backend: str) -> str:
+    """Hash: per-backend counters (tasks by outcome, load failures, worker starts)."""
+    return f"{PREFIX}stats:{backend}"
+
+
+def histogram(backend: str, metric: str) -> str:
+    """Hash: one latency histogram's cumulative buckets, sum and count."""
+    return f"{PREFIX}hist:{backend}:{metric}"

@@ -7,17 +7,35 @@ The README's settings table documents each field.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODELS: dict[str, dict[str, str]] = {
     "faster-whisper": {"tiny.en": "bundled"},
 }
+
+#: OpenAI's voice names -> XTTS v2 built-in speakers (the tiny test checkpoint has only
+#: "Claribel Dervla" and "Ana Florence", i.e. alloy and nova)
+DEFAULT_VOICES: dict[str, str] = {
+    "alloy": "speaker:Claribel Dervla",
+    "nova": "speaker:Ana Florence",
+    "ash": "speaker:Craig Gutsy",
+    "ballad": "speaker:Viktor Eka",
+    "coral": "speaker:Daisy Studious",
+    "echo": "speaker:Andrew Chipper",
+    "fable": "speaker:Damien Black",
+    "onyx": "speaker:Abrahan Mack",
+    "sage": "speaker:Gracie Wise",
+    "shimmer": "speaker:Sofia Hellen",
+    "verse": "speaker:Dionisio Schuyler",
+}
+VOICE_KINDS = ("speaker", "file")
 
 
 class Settings(BaseSettings):
@@ -35,6 +53,7 @@ class Settings(BaseSettings):
     max_deliveries: int = 3
     visibility_timeout_seconds: float = 60.0
     heartbeat_seconds: float = 2.0
+    log_level: str = "INFO"
 
     # --- gateway ---
     host: str = "127.0.0.1"
@@ -47,6 +66,13 @@ class Settings(BaseSettings):
     max_upload_mib: float = 200.0
     max_audio_seconds: float = 4 * 3600.0
     public_url: str = ""
+    #: public voice name -> "speaker:<XTTS built-in speaker>" or "file:<reference clip under
+    #: an allowed root>"; the first one is the default voice
+    voices: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_VOICES))
+    tts_max_characters: int = 4000
+    #: HMAC key of the signed audio URLs; every gateway replica needs the same one.
+    #: Empty: derived from `api_keys` (see `url_signing_key`).
+    url_secret: str = ""
 
     # --- worker ---
     backend: str = "faster-whisper"
@@ -63,6 +89,24 @@ class Settings(BaseSettings):
     stop_grace_seconds: float = 20.0
     breaker_failures: int = 3
     breaker_window_seconds: float = 600.0
+
+    @field_validator("voices")
+    @classmethod
+    def _check_voices(cls, voices: dict[str, str]) -> dict[str, str]:
+        for name, target in voices.items():
+            kind, _, value = target.partition(":")
+            if kind not in VOICE_KINDS or not value.strip():
+                raise ValueError(f"voice {name!r}: {target!r} must be 'speaker:NAME' or "
+                                 "'file:PATH'")
+        return {name.strip().lower(): target for name, target in voices.items()}
+
+    def url_signing_key(self) -> bytes:
+        """`url_secret`, else a key derived from the API key digests (order-free), so
+        replicas configured alike sign alike without another secret to distribute."""
+        if self.url_secret:
+            return self.url_secret.encode()
+        digests = sorted(d.removeprefix("sha256:").lower() for d in self.api_keys)
+        return hashlib.sha256("\n".join(["speech-gateway output urls", *digests]).encode()).digest()
 
     def backend_models(self, backend: str) -> dict[str, str]:
         return self.models.get(backend, {})

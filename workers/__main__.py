@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 
+from common import logs
 from common.settings import get_settings
 from workers import memory
 
 
 def main() -> None:
     settings = get_settings()
-    logging.basicConfig(level=os.environ.get("SPEECH_LOG_LEVEL", "INFO"),
-                        format=f"%(asctime)s %(levelname)s {settings.backend} %(name)s: "
-                               "%(message)s")
+    logs.configure(f"worker:{settings.backend}", settings.log_level)
     # CTranslate2 reads its allocator settings when it first touches the GPU.
     memory.configure_ctranslate2_allocator(settings.memory_cap_mib)
     from workers.engines import create_engine

@@ -29,6 +29,8 @@ class ModelSlot:
         self.handle: Any = None
         self.last_used: float | None = None
         self.loading: str | None = None
+        self.loads = 0  # successful loads so far
+        self.last_load_seconds = 0.0
 
     def acquire(self, name: str) -> Any:
         """The handle of model `name`, loading it (after unloading any other) if needed."""
@@ -50,8 +52,9 @@ class ModelSlot:
         self.loading = None
         if error is not None:
             raise LoadFailed(f"model {name!r} failed to load: {error}")
-        log.info("loaded model %s on %s in %.2f s", name, self.device,
-                 time.perf_counter() - started)
+        self.last_load_seconds = time.perf_counter() - started
+        self.loads += 1
+        log.info("loaded model %s on %s in %.2f s", name, self.device, self.last_load_seconds)
         self.name, self.handle, self.last_used = name, handle, time.time()
         return handle
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import signal
@@ -22,7 +23,7 @@ from typing import Any, TypeVar
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from common import keys
+from common import keys, logs, metrics
 from common.audio import AudioError
 from common.schemas import ErrorCode, Segment, TaskState
 from common.settings import Settings
@@ -81,6 +82,8 @@ class Worker:
             await asyncio.sleep(0)  # let it bind, so the first heartbeat carries its URL
         background += [asyncio.create_task(self._heartbeat_loop()),
                        asyncio.create_task(self._idle_unload_loop())]
+        with contextlib.suppress(RedisError):
+            await metrics.count(self.store.redis, self.backend, "worker_starts")
         if self.settings.preload:
             await self._preload_default()
         consumer = asyncio.create_task(self._consume_loop())
@@ -143,18 +146,23 @@ class Worker:
         if task is None or task.state.terminal:
             await self.queue.ack(delivery.entry_id)  # cancelled, finished or expired
             return
-        deliveries = await self.queue.deliveries(delivery.entry_id)
+        with logs.task_context(task.id):
+            await self._handle_task(task, delivery.entry_id)
+
+    async def _handle_task(self, task: Task, entry_id: str) -> None:
+        deliveries = await self.queue.deliveries(entry_id)
         if deliveries > self.settings.max_deliveries:
-            await self._give_up(task, delivery.entry_id, deliveries)
+            await self._give_up(task, entry_id, deliveries)
             return
         attempt = await self.store.start(task.id, self.consumer, deliveries)
         if attempt <= 0:
-            await self.queue.ack(delivery.entry_id)
+            await self.queue.ack(entry_id)
             return
-        log.info("task %s: attempt %d (delivery %d), model %s", task.id, attempt, deliveries,
-                 task.model)
+        started = time.time()
+        log.info("attempt %d (delivery %d), model %s", attempt, deliveries, task.model)
         self.current_task = task.id
-        lease = asyncio.create_task(self._keep_lease(delivery.entry_id))
+        lease = asyncio.create_task(self._keep_lease(entry_id))
+        loads_before = self.slot.loads
         try:
             outcome: Outcome | None = None
             error, code = "", ""
@@ -167,12 +175,32 @@ class Worker:
             self.current_task = None
         state = TaskState.SUCCEEDED if outcome else TaskState.FAILED
         stored = await self._retrying(lambda: self.store.finish(
-            task, state, attempt=attempt, entry_id=delivery.entry_id,
+            task, state, attempt=attempt, entry_id=entry_id,
             result=outcome.result if outcome else None, error=error, error_code=code,
             output=outcome.output if outcome else None))
-        log.info("task %s: %s%s", task.id, state.value if stored else "stale attempt, dropped",
+        log.info("%s%s", state.value if stored else "stale attempt, dropped",
                  f" ({error})" if error else "")
         self.tasks_done += 1
+        if stored:
+            load = self.slot.last_load_seconds if self.slot.loads > loads_before else None
+            await self._record(task, state, started, load)
+
+    async def _record(self, task: Task, state: TaskState, started: float,
+                      load_seconds: float | None) -> None:
+        """Metrics for one finished task; never allowed to fail the task."""
+        finished = time.time()
+        inference = finished - started - (load_seconds or 0.0)
+        observations = {"queue_wait_seconds": started - task.created_at,
+                        "end_to_end_seconds": finished - task.created_at,
+                        "inference_seconds": inference}
+        if load_seconds is not None:
+            observations["model_load_seconds"] = load_seconds
+        if state == TaskState.SUCCEEDED and task.audio_seconds:
+            observations["realtime_factor"] = inference / task.audio_seconds
+        with contextlib.suppress(RedisError):
+            await metrics.count(self.store.redis, self.backend, f"tasks_{state.value}")
+            for name, value in observations.items():
+                await metrics.observe(self.store.redis, self.backend, name, max(0.0, value))
 
     async def _run_task(self, task: Task) -> Outcome:
         breaker_error = await self._breaker_error(task.model)
@@ -204,10 +232,13 @@ class Worker:
         reason = f"gave up after {deliveries - 1} deliveries: the worker died running this task"
         if task.last_error:
             reason = f"{task.last_error} (gave up after {deliveries - 1} deliveries)"
-        log.error("task %s: %s", task.id, reason)
+        log.error("%s", reason)
         await self.queue.dead_letter(task.id, reason, deliveries)
         await self.store.finish(task, TaskState.FAILED, attempt=None, entry_id=entry_id,
                                 error=reason, error_code=ErrorCode.DELIVERY_LIMIT.value)
+        with contextlib.suppress(RedisError):
+            await metrics.count(self.store.redis, self.backend, "tasks_FAILED")
+            await metrics.count(self.store.redis, self.backend, "dead_lettered")
 
     async def _keep_lease(self, entry_id: str) -> None:
         while True:
@@ -263,6 +294,7 @@ class Worker:
         with contextlib.suppress(RedisError):
             if task is not None:
                 await self.store.note_error(task.id, error)
+            await metrics.count(self.store.redis, self.backend, "load_failures")
             opened = await self.store.record_load_failure(
                 self.backend, model, error, threshold=self.settings.breaker_failures,
                 window=self.settings.breaker_window_seconds)
@@ -289,8 +321,11 @@ class Worker:
         return await self.store.breaker_error(self.backend, model)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run on the engine thread, carrying the task id into its log lines."""
+        context = contextvars.copy_context()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+        return await loop.run_in_executor(self.executor,
+                                          lambda: context.run(fn, *args, **kwargs))
 
     async def _retrying(self, action: Callable[[], Any]) -> Any:
         """Retry a Redis write until it lands: a computed result is not thrown away."""

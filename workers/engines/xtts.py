@@ -2,7 +2,7 @@
 vocab.json, optional speakers_xtts.pth).
 
 Runs in its own environment (.venvs/xtts): torch and coqui-tts are imported only by
-`load`, so the gateway can import this module for `SUPPORTED_LANGUAGES`.
+`load`. The language list lives in common.catalog, where the gateway reads it.
 """
 
 from __future__ import annotations
@@ -17,31 +17,17 @@ from typing import Any
 
 import numpy as np
 
+from common.catalog import XTTS_LANGUAGES, XTTS_MIN_REFERENCE_SECONDS, xtts_language
 from common.schemas import Synthesis, SynthesisOptions
 from workers.engines.base import ModelRef
 
-#: languages XTTS v2 speaks, as its config names them
-SUPPORTED_LANGUAGES: tuple[str, ...] = (
-    "en", "es", "fr", "de", "it", "pt", "pl", "tr", "ru", "nl", "cs", "ar", "zh-cn", "hu",
-    "ko", "ja", "hi",
-)  # fmt: skip
+#: the gateway validates with the same list and rules (common.catalog); kept under these names
+SUPPORTED_LANGUAGES = XTTS_LANGUAGES
+normalize_language = xtts_language
 _CJK_STOPS = "\u3002\uff01\uff1f\uff1b"  # ideographic full stop, fullwidth ! ? ;
 _SENTENCE_END = re.compile(rf"(?<=[.!?;\u2026])\s+|(?<=[{_CJK_STOPS}])")
 _REQUIRED_FILES = ("config.json", "model.pth", "vocab.json")
 _LATENT_CACHE_SIZE = 16
-_MIN_REFERENCE_SECONDS = 0.5
-
-
-def normalize_language(language: str) -> str:
-    """The XTTS code for `language` ("EN" -> "en", "zh" -> "zh-cn"); ValueError if unsupported."""
-    code = language.strip().lower().replace("_", "-")
-    code = "zh-cn" if code in ("zh", "zh-hans") else code
-    if code not in SUPPORTED_LANGUAGES:
-        raise ValueError(
-            f"language {language!r} is not supported by XTTS; use one of "
-            + ", ".join(SUPPORTED_LANGUAGES)
-        )
-    return code
 
 
 def split_sentences(text: str, limit: int) -> list[str]:
@@ -160,10 +146,10 @@ class XttsEngine:
             return speaker["gpt_cond_latent"], speaker["speaker_embedding"]
 
         clip = np.ascontiguousarray(reference, dtype=np.float32).reshape(-1)
-        if clip.size < _MIN_REFERENCE_SECONDS * self.sample_rate:
+        if clip.size < XTTS_MIN_REFERENCE_SECONDS * self.sample_rate:
             raise ValueError(
                 f"the reference clip is too short ({clip.size / self.sample_rate:.2f} s; "
-                f"XTTS needs at least {_MIN_REFERENCE_SECONDS} s, 5-30 s works best)"
+                f"XTTS needs at least {XTTS_MIN_REFERENCE_SECONDS} s, 5-30 s works best)"
             )
         key = hashlib.blake2b(clip.tobytes(), digest_size=16).hexdigest()
         if key in handle.latents:
