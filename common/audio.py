@@ -111,3 +111,57 @@ def encode_wav(audio: np.ndarray, sample_rate: int) -> bytes:
         wav.setframerate(sample_rate)
         wav.writeframes(pcm)
     return buffer.getvalue()
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFormat:
+    container: str
+    codec: str
+    content_type: str
+    bit_rate: int = 0  # 0 = the encoder's default (lossless codecs)
+
+
+#: what `/v1/audio/speech` can answer with: container, encoder and content type per format
+OUTPUT_FORMATS: dict[str, OutputFormat] = {
+    "mp3": OutputFormat("mp3", "libmp3lame", "audio/mpeg", 64_000),
+    "opus": OutputFormat("ogg", "libopus", "audio/ogg; codecs=opus", 32_000),
+    "aac": OutputFormat("adts", "aac", "audio/aac", 64_000),
+    "flac": OutputFormat("flac", "flac", "audio/flac"),
+    "wav": OutputFormat("wav", "pcm_s16le", "audio/wav"),
+    "pcm": OutputFormat("s16le", "pcm_s16le", "audio/pcm"),  # + "; rate=N": it has no header
+}
+
+
+def transcode(wav: bytes, fmt: str) -> tuple[bytes, str]:
+    """Re-encode a mono WAV as `fmt` (a key of OUTPUT_FORMATS): (bytes, content type).
+
+    The sample rate is kept where the encoder supports it (XTTS's 24 kHz is valid for every
+    format here), else the nearest higher one it does; `pcm` is headerless 16-bit
+    little-endian mono at the WAV's rate, `opus` is Ogg Opus, `aac` is ADTS.
+    """
+    spec = OUTPUT_FORMATS[fmt]
+    if fmt == "wav":
+        return wav, spec.content_type
+    source = _open(wav)
+    buffer = io.BytesIO()
+    try:
+        rate = source.streams.audio[0].rate or 24000
+        rates = av.codec.Codec(spec.codec, "w").audio_rates
+        if rates and rate not in rates:
+            rate = min((r for r in rates if r >= rate), default=max(rates))
+        with av.open(buffer, mode="w", format=spec.container) as sink:
+            stream = sink.add_stream(spec.codec, rate=rate, layout="mono")
+            if spec.bit_rate:
+                stream.bit_rate = spec.bit_rate
+            # The encoder converts sample format, rate and frame size itself (PyAV resamples
+            # in `encode`), so decoded frames go in as they are.
+            for frame in source.decode(audio=0):
+                frame.pts = None
+                sink.mux(stream.encode(frame))
+            sink.mux(stream.encode(None))
+    except av.FFmpegError as exc:
+        raise AudioError(f"encoding {fmt} failed ({_reason(exc)})") from None
+    finally:
+        source.close()
+    content_type = f"{spec.content_type}; rate={rate}" if fmt == "pcm" else spec.content_type
+    return buffer.getvalue(), content_type

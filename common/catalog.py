@@ -20,8 +20,18 @@ class BackendInfo:
     translate: bool = False
     word_timestamps: bool = False
     speakers: bool = False
-    languages: str = "many"
+    #: "many", one code, or the exact codes a backend accepts (the gateway checks those)
+    languages: str | tuple[str, ...] = "many"
 
+
+#: languages XTTS v2 speaks, as its config names them. Kept here, not in the engine module,
+#: so the gateway can refuse a language before queueing without importing an engine.
+XTTS_LANGUAGES: tuple[str, ...] = (
+    "en", "es", "fr", "de", "it", "pt", "pl", "tr", "ru", "nl", "cs", "ar", "zh-cn", "hu",
+    "ko", "ja", "hi",
+)  # fmt: skip
+#: shortest reference clip XTTS clones from (5-30 s works best)
+XTTS_MIN_REFERENCE_SECONDS = 0.5
 
 BACKENDS: dict[str, BackendInfo] = {
     info.name: info
@@ -30,7 +40,7 @@ BACKENDS: dict[str, BackendInfo] = {
         BackendInfo("qwen3", "asr"),
         BackendInfo("vibevoice", "asr", speakers=True),
         BackendInfo("parakeet", "asr", word_timestamps=True, languages="en"),
-        BackendInfo("xtts", "tts"),
+        BackendInfo("xtts", "tts", languages=XTTS_LANGUAGES),
     )
 }
 
@@ -45,6 +55,18 @@ class UnknownBackend(LookupError):
 
 class UnknownModel(LookupError):
     pass
+
+
+def xtts_language(language: str) -> str:
+    """The XTTS code for `language` ("EN" -> "en", "zh" -> "zh-cn"); ValueError if unsupported."""
+    code = language.strip().lower().replace("_", "-")
+    code = "zh-cn" if code in ("zh", "zh-hans") else code
+    if code not in XTTS_LANGUAGES:
+        raise ValueError(
+            f"language {language!r} is not supported by XTTS; use one of "
+            + ", ".join(XTTS_LANGUAGES)
+        )
+    return code
 
 
 def enabled_backends(settings: Settings) -> list[str]:

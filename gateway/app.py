@@ -12,18 +12,20 @@ from fastapi.responses import JSONResponse
 from redis.asyncio import Redis
 from starlette.exceptions import HTTPException
 
+from common import logs
 from common.settings import Settings, get_settings
 from common.store import TaskStore
 from gateway.app_errors import openai_error, sage_error
 from gateway.inputs import RequestError
 from gateway.limits import BodyLimitMiddleware
-from gateway.routes import health, openai, sage, tasks
+from gateway.routes import health, metrics, openai, sage, speech, tasks
 
 log = logging.getLogger("gateway")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    logs.configure("gateway", settings.log_level)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -43,6 +45,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(sage.router)
     app.include_router(tasks.router)
     app.include_router(openai.router)
+    app.include_router(speech.router)
+    app.include_router(metrics.router)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
+from common.catalog import BACKENDS, backend_info
 from common.formats import fastwhisper_legacy
 from common.schemas import TaskState
 from common.store import Task
@@ -20,6 +21,7 @@ from gateway.auth import caller
 from gateway.inputs import RequestError, read_params
 from gateway.state import settings_of, store_of
 from gateway.submission import asr_params, enqueue, read_audio_input, resolve_backend_model
+from gateway.tts import output_url, tts_input
 
 router = APIRouter()
 BOTH = ["GET", "POST"]
@@ -55,8 +57,11 @@ async def _submit(request: Request, backend: str | None) -> JSONResponse:
         if not backend:
             raise RequestError(400, "missing 'backend'", param="backend")
         model = resolve_backend_model(settings, backend, params.get("model"))
-        options = asr_params(params, settings, backend)
-        audio = await read_audio_input(params, settings)
+        if backend_info(settings, backend).kind == "tts":
+            options, audio = await tts_input(params, settings)
+        else:
+            options = asr_params(params, settings, backend)
+            audio = await read_audio_input(params, settings)
         task = await enqueue(store_of(request), settings, backend=backend, model=model,
                              options=options, audio=audio, owner=owner)
     except RequestError as exc:
@@ -83,17 +88,29 @@ async def _status(request: Request) -> JSONResponse:
     if task is None or task.owner != owner:  # another key's task does not exist for you
         return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "FAILED",
                              "error": "unknown or expired task"})
-    return JSONResponse(sage_status(task, position, params.get("format")))
+    audio_url = None
+    if task.state == TaskState.SUCCEEDED and _is_tts(task):
+        audio_url = output_url(request, settings_of(request), task.id)
+    return JSONResponse(sage_status(task, position, params.get("format"), audio_url))
 
 
-def sage_status(task: Task, queue_position: int | None, fmt: str | None) -> dict[str, Any]:
+def _is_tts(task: Task) -> bool:
+    info = BACKENDS.get(task.backend)
+    return info is not None and info.kind == "tts"
+
+
+def sage_status(task: Task, queue_position: int | None, fmt: str | None,
+                audio_url: str | None = None) -> dict[str, Any]:
     reply: dict[str, Any] = {"task_id": task.id, "taskid": task.id, "status": task.state.value}
     if task.state == TaskState.PENDING and queue_position is not None:
         reply["queue_position"] = queue_position
     elif task.state == TaskState.SUCCEEDED and task.result is not None:
         result = task.result
         reply["usage"] = result.get("usage", {})
-        reply["result"] = fastwhisper_legacy(result) if fmt == "fastwhisper" else result
+        legacy = fmt == "fastwhisper" and not _is_tts(task)
+        reply["result"] = fastwhisper_legacy(result) if legacy else result
+        if audio_url:
+            reply["output_url"] = audio_url
     elif task.state == TaskState.FAILED:
         reply["error"] = task.error or "the task failed"
     elif task.state == TaskState.CANCELLED:

@@ -1,0 +1,131 @@
+"""Text-to-speech requests: validate text, language, voice and speed before anything is queued;
+sign the URLs that serve a finished task's audio.
+
+A voice is either a built-in XTTS speaker (sent to the worker by name) or a reference clip:
+an upload (stored as the task's input blob), a path under an allowed root, or a configured
+`file:` voice. Every clip is probed here, so an unreadable or too short one is a 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+
+from common.audio import AudioError, AudioInfo, probe_audio
+from common.catalog import XTTS_MIN_REFERENCE_SECONDS, xtts_language
+from common.settings import Settings
+from gateway.inputs import Params, RequestError, read_upload, resolve_allowed_path
+from gateway.submission import AudioInput
+
+MIN_SPEED, MAX_SPEED = 0.25, 4.0
+TOKEN_HEX_CHARS = 32  # 128 bits of HMAC-SHA256
+NO_REFERENCE = AudioInfo(0.0, 0, 0, "")
+
+
+async def tts_input(params: Params, settings: Settings,
+                    text_param: str = "text") -> tuple[dict[str, Any], AudioInput]:
+    """(the task params a TTS worker reads, its reference clip if any); RequestError if invalid."""
+    text = (params.get(text_param) or "").strip()
+    if not text:
+        raise RequestError(400, f"'{text_param}' is empty: give the text to speak",
+                           param=text_param)
+    if len(text) > settings.tts_max_characters:
+        raise RequestError(400, f"'{text_param}' has {len(text)} characters; the limit is "
+                                f"{settings.tts_max_characters}", param=text_param,
+                           code="text_too_long")
+    try:
+        language = xtts_language(params.get("language") or "en")
+    except ValueError as exc:
+        raise RequestError(400, str(exc), param="language", code="unsupported_language") from None
+    options: dict[str, Any] = {"text": text, "language": language, "speed": _speed(params)}
+    voice = params.get("voice")
+    upload = params.files.get("speaker_wav")
+    raw_path = params.get("speaker_wav")
+    if voice and (upload is not None or raw_path):
+        raise RequestError(400, "give either 'voice' or 'speaker_wav', not both", param="voice")
+    if upload is not None:
+        blob = await read_upload(upload, int(settings.max_upload_mib * 1024 * 1024))
+        return options, AudioInput(blob, None, await _probe(blob, settings))
+    if raw_path:
+        path = resolve_allowed_path(raw_path, settings.allowed_roots, "speaker_wav")
+        options["speaker_wav"] = str(path)
+        return options, AudioInput(None, path, await _probe(path, settings))
+    kind, target = _voice(settings, voice)
+    if kind == "speaker":
+        options["voice"] = target
+        return options, AudioInput(None, None, NO_REFERENCE)
+    try:
+        path = resolve_allowed_path(target, settings.allowed_roots, "voice")
+    except RequestError as exc:
+        raise RequestError(400, f"the reference clip of voice {voice!r} is unusable: "
+                                f"{exc.message}", param="voice") from None
+    options["speaker_wav"] = str(path)
+    return options, AudioInput(None, path, await _probe(path, settings))
+
+
+def _speed(params: Params) -> float:
+    raw = params.get("speed")
+    try:
+        speed = float(raw) if raw is not None else 1.0
+    except ValueError:
+        speed = float("nan")
+    if not MIN_SPEED <= speed <= MAX_SPEED:  # also refuses nan
+        raise RequestError(400, f"speed must be a number from {MIN_SPEED} to {MAX_SPEED}",
+                           param="speed")
+    return speed
+
+
+def _voice(settings: Settings, voice: str | None) -> tuple[str, str]:
+    """("speaker", name) or ("file", path) for a configured voice (the first one by default)."""
+    if not settings.voices:
+        raise RequestError(400, "no voices are configured: send a 'speaker_wav' reference clip",
+                           param="voice")
+    name = voice.strip().lower() if voice else next(iter(settings.voices))
+    if name not in settings.voices:
+        raise RequestError(400, f"unknown voice {voice!r}; configured voices: "
+                                f"{', '.join(settings.voices)} (or send a 'speaker_wav' clip)",
+                           param="voice", code="unknown_voice")
+    kind, _, target = settings.voices[name].partition(":")
+    return kind, target.strip()
+
+
+async def _probe(source: bytes | Path, settings: Settings) -> AudioInfo:
+    try:
+        info = await asyncio.to_thread(probe_audio, source)
+    except AudioError as exc:
+        raise RequestError(400, f"the reference clip (speaker_wav) is unusable: {exc}",
+                           param="speaker_wav", code="invalid_audio") from None
+    except OSError as exc:
+        raise RequestError(400, f"cannot read the reference clip ({exc.strerror})",
+                           param="speaker_wav") from None
+    if info.duration < XTTS_MIN_REFERENCE_SECONDS:
+        raise RequestError(400, f"the reference clip lasts {info.duration:.2f} s; XTTS needs at "
+                                f"least {XTTS_MIN_REFERENCE_SECONDS} s (5-30 s works best)",
+                           param="speaker_wav", code="invalid_audio")
+    if info.duration > settings.max_audio_seconds:
+        raise RequestError(413, f"the reference clip lasts {info.duration:.0f} s; the limit is "
+                                f"{settings.max_audio_seconds:.0f} s", param="speaker_wav")
+    return info
+
+
+# --- signed audio URLs ------------------------------------------------------------------------
+
+def audio_token(settings: Settings, task_id: str) -> str:
+    digest = hmac.new(settings.url_signing_key(), task_id.encode(), hashlib.sha256).hexdigest()
+    return digest[:TOKEN_HEX_CHARS]
+
+
+def token_valid(settings: Settings, task_id: str, token: str | None) -> bool:
+    expected = audio_token(settings, task_id).encode()
+    return bool(token) and hmac.compare_digest(expected, (token or "").encode())
+
+
+def output_url(request: Request, settings: Settings, task_id: str) -> str:
+    """Absolute URL of the task's audio: `public_url` if set, else the URL this request came to."""
+    base = (settings.public_url or str(request.base_url)).rstrip("/")
+    return f"{base}/v1/tasks/{task_id}/audio?token={audio_token(settings, task_id)}"

@@ -1,0 +1,254 @@
+"""Text to speech end to end: real redis-server, gateways and an XTTS worker (.venvs/xtts) on
+the tiny random checkpoint. Sage submit + poll + signed audio URL, `/v1/audio/speech` through
+the official `openai` SDK, refusals that queue nothing, idle unload and the load-failure exit.
+
+Each synthesis speaks one short sentence (the tiny model's GPT is capped at 48 audio tokens:
+about 1-2 s of CPU each); the worker-killing load failure runs last.
+"""
+
+from __future__ import annotations
+
+import time
+import wave
+from collections.abc import Iterator
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from common.audio import OUTPUT_FORMATS, decode_audio, encode_wav, probe_audio
+from gateway.auth import digest
+from tests import procs
+from tests.helpers import queue_counts, status, wait_done
+from tests.procs import SHARED_AUDIO, wait_until
+
+# The tiny checkpoint fixture (skips without .venvs/xtts; builds models/tiny/xtts if missing).
+from tests.test_engine_xtts import XTTS_PYTHON, tiny_model  # noqa: F401
+
+SENTENCE = "Hello there."
+CLIP = SHARED_AUDIO / "hotwords.mp3"  # 4 s: a short reference keeps cloning cheap
+RATE = 24000
+MAX_CHARACTERS = 200
+KEY_A, KEY_B = "tts-key-alpha-0123456789", "tts-key-bravo-9876543210"
+SYNTH_TIMEOUT = 180
+
+
+@pytest.fixture(scope="module")
+def tts(request: pytest.FixtureRequest,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    model_dir: Path = request.getfixturevalue("tiny_model")
+    workdir = tmp_path_factory.mktemp("tts")
+    allowed = workdir / "allowed"
+    broken = workdir / "broken-model"  # an empty directory: loading it must fail
+    allowed.mkdir()
+    broken.mkdir()
+    server = procs.RedisServer(workdir / "redis").start()
+    models = {"faster-whisper": {"tiny.en": "bundled"},
+              "xtts": {"tiny": str(model_dir), "broken": str(broken)}}
+    voices = {"alloy": "speaker:Claribel Dervla", "nova": "speaker:Ana Florence",
+              "clip": f"file:{CLIP}", "ghost": f"file:{allowed / 'missing.wav'}"}
+    settings = {"models": models, "default_models": {"xtts": "tiny"}, "voices": voices,
+                "allowed_roots": [str(SHARED_AUDIO), str(allowed)],
+                "tts_max_characters": str(MAX_CHARACTERS)}
+    services = [
+        procs.gateway(server.url, workdir, **settings),
+        procs.gateway(server.url, workdir, api_keys=[digest(KEY_A), digest(KEY_B)],
+                      request_timeout_seconds="0.2", **settings),
+        procs.worker(server.url, workdir, backend="xtts", python=XTTS_PYTHON, models=models,
+                     device="cpu", idle_unload_seconds="3"),
+    ]
+    try:
+        for service in services:
+            service.start()
+        plain, keyed, xtts_worker = services
+        yield {"url": plain.url, "keyed": keyed.url, "worker": xtts_worker,
+               "redis": server.client(), "allowed": allowed, "workdir": workdir}
+    finally:
+        for service in reversed(services):
+            service.stop()
+        server.stop()
+
+
+def submit(base: str, headers: dict[str, str] | None = None,
+           files: dict[str, Any] | None = None, **params: Any) -> httpx.Response:
+    return httpx.post(f"{base}/api/xtts-submit", data={k: str(v) for k, v in params.items()},
+                      files=files, headers=headers, timeout=60)
+
+
+def wav_seconds(data: bytes) -> float:
+    with wave.open(BytesIO(data), "rb") as wav:
+        assert (wav.getnchannels(), wav.getsampwidth(), wav.getframerate()) == (1, 2, RATE)
+        return wav.getnframes() / RATE
+
+
+def check_audio_url(reply: dict[str, Any], base: str) -> float:
+    """The SUCCEEDED reply's output_url serves a WAV as long as `usage` says; its seconds."""
+    assert reply["status"] == "SUCCEEDED", reply
+    usage = reply["usage"]
+    assert usage["characters"] == len(SENTENCE) and usage["audio_seconds"] > 0, usage
+    assert reply["result"]["format"] == "wav" and reply["result"]["backend"] == "xtts"
+    assert reply["output_url"].startswith(f"{base}/v1/tasks/{reply['task_id']}/audio?token=")
+    audio = httpx.get(reply["output_url"], timeout=30)
+    assert audio.status_code == 200 and audio.headers["content-type"] == "audio/wav"
+    seconds = len(decode_audio(audio.content, RATE)) / RATE
+    assert seconds == pytest.approx(usage["audio_seconds"], abs=0.05)
+    assert wav_seconds(audio.content) == pytest.approx(seconds, abs=0.01)
+    return seconds
+
+
+def loaded_models(service: procs.Service) -> list[str]:
+    return httpx.get(service.health_url, timeout=5).json()["loaded_models"]
+
+
+def test_voice_task_succeeds_its_audio_url_is_signed_and_the_worker_unloads_when_idle(
+        tts: dict[str, Any]) -> None:
+    reply = submit(tts["url"], text=SENTENCE, language="en", voice="alloy")
+    assert reply.status_code == 200, reply.text
+    task_id = reply.json()["taskid"]
+    final = wait_done(tts["url"], task_id, timeout=SYNTH_TIMEOUT)
+    assert loaded_models(tts["worker"]) == ["tiny"]
+    check_audio_url(final, tts["url"])
+    assert final["result"]["model"] == "tiny" and final["result"]["sample_rate"] == RATE
+
+    audio_url = f"{tts['url']}/v1/tasks/{task_id}/audio"
+    for params in ({}, {"token": "0" * 32}, {"token": final["output_url"][-31:]},
+                   {"token": "\u00e9"}):
+        assert httpx.get(audio_url, params=params, timeout=10).status_code == 404, params
+    token = final["output_url"].split("token=")[1]
+    other = f"{tts['url']}/v1/tasks/not-a-task/audio?token={token}"
+    assert httpx.get(other, timeout=10).status_code == 404
+    # every poll hands out the same URL
+    assert status(tts["url"], task_id)["output_url"] == final["output_url"]
+
+    # idle_unload_seconds=3: the model goes a few seconds after the task
+    wait_until(lambda: loaded_models(tts["worker"]) == [], 20, "idle unload", 0.2)
+
+
+def test_reference_clip_as_an_allowed_path(tts: dict[str, Any]) -> None:
+    reply = submit(tts["url"], text=SENTENCE, speaker_wav=str(CLIP))
+    assert reply.status_code == 200, reply.text
+    check_audio_url(wait_done(tts["url"], reply.json()["taskid"], SYNTH_TIMEOUT), tts["url"])
+
+
+def test_uploaded_reference_clip_and_key_owned_audio(tts: dict[str, Any]) -> None:
+    base, owner = tts["keyed"], {"authorization": f"Bearer {KEY_A}"}
+    reply = submit(base, headers=owner, files={"speaker_wav": ("ref.mp3", CLIP.read_bytes())},
+                   text=SENTENCE, language="EN")
+    assert reply.status_code == 200, reply.text
+    task_id = reply.json()["taskid"]
+    deadline = time.monotonic() + SYNTH_TIMEOUT
+    while (final := httpx.get(f"{base}/api/status", params={"taskid": task_id}, headers=owner,
+                              timeout=10).json())["status"] not in ("SUCCEEDED", "FAILED"):
+        assert time.monotonic() < deadline, final
+        time.sleep(0.1)
+    check_audio_url(final, base)  # the signed URL needs no key
+    unsigned = f"{base}/v1/tasks/{task_id}/audio"
+    assert httpx.get(unsigned, headers=owner, timeout=10).status_code == 200
+    other = {"authorization": f"Bearer {KEY_B}"}
+    assert httpx.get(unsigned, headers=other, timeout=10).status_code == 404
+    assert httpx.get(unsigned, timeout=10).status_code == 404
+    # the key-less gateway derives another signing key, and has no owner to match
+    assert httpx.get(f"{tts['url']}/v1/tasks/{task_id}/audio?{final['output_url'].split('?')[1]}",
+                     timeout=10).status_code == 404
+
+
+def test_speech_past_the_wait_is_504_and_its_audio_url_still_serves(
+        tts: dict[str, Any]) -> None:
+    base, owner = tts["keyed"], {"authorization": f"Bearer {KEY_A}"}
+    reply = httpx.post(f"{base}/v1/audio/speech", headers=owner, timeout=30,
+                       json={"model": "tts-1", "input": SENTENCE, "voice": "nova"})
+    assert reply.status_code == 504 and reply.json()["error"]["code"] == "task_timeout"
+    task_id, audio_url = reply.headers["x-task-id"], reply.headers["x-output-url"]
+    assert audio_url.startswith(f"{base}/v1/tasks/{task_id}/audio?token=")
+    wait_until(lambda: httpx.get(f"{base}/v1/tasks/{task_id}", headers=owner, timeout=10)
+               .json()["status"] == "SUCCEEDED", SYNTH_TIMEOUT, "the timed-out task", 0.1)
+    audio = httpx.get(audio_url, timeout=10)
+    assert audio.status_code == 200 and wav_seconds(audio.content) > 0
+
+
+def test_openai_speech_in_every_format(tts: dict[str, Any]) -> None:
+    client = openai.OpenAI(base_url=f"{tts['url']}/v1", api_key="unused", max_retries=0,
+                           timeout=SYNTH_TIMEOUT)
+    # a configured `file:` voice: seeded sampling gives the same audio on every call
+    raw = client.audio.speech.with_raw_response.create(
+        model="tts-1", voice="clip", input=SENTENCE, response_format="wav")
+    assert raw.headers["content-type"] == "audio/wav" and raw.headers["x-task-id"]
+    seconds = wav_seconds(raw.content)
+    assert seconds > 0
+    for fmt in ("mp3", "opus", "aac", "flac", "pcm"):
+        reply = client.audio.speech.create(model="xtts/tiny", voice="clip", input=SENTENCE,
+                                           response_format=fmt)
+        data, content_type = reply.content, reply.response.headers["content-type"]
+        if fmt == "pcm":
+            assert content_type == f"audio/pcm; rate={RATE}"
+            assert len(data) % 2 == 0 and len(data) == pytest.approx(seconds * RATE * 2, abs=4)
+            continue
+        assert content_type == OUTPUT_FORMATS[fmt].content_type, fmt
+        assert probe_audio(data).channels == 1
+        assert len(decode_audio(data, RATE)) / RATE == pytest.approx(seconds, abs=0.1), fmt
+    # default format mp3; a built-in speaker; speed reaches the engine
+    slow = client.audio.speech.create(model="tts-1-hd", voice="nova", input=SENTENCE)
+    fast = client.audio.speech.create(model="tts-1-hd", voice="nova", input=SENTENCE, speed=2.0)
+    assert slow.response.headers["content-type"] == "audio/mpeg"
+    assert 0 < len(decode_audio(fast.content, RATE)) < len(decode_audio(slow.content, RATE))
+
+
+def test_bad_requests_are_clear_4xx_and_queue_nothing(tts: dict[str, Any]) -> None:
+    redis, base, allowed = tts["redis"], tts["url"], tts["allowed"]
+    (allowed / "garbage.wav").write_bytes(b"RIFF not really a wav file" * 40)
+    outside = tts["workdir"] / "outside.mp3"
+    outside.write_bytes(CLIP.read_bytes())
+    short = encode_wav(np.zeros(RATE // 5, dtype=np.float32), RATE)  # 0.2 s
+    garbage = ("ref.wav", b"\x00\x01garbage" * 100)
+    before = queue_counts(redis, "xtts")
+    cases: list[tuple[dict[str, Any], dict[str, Any] | None, str]] = [
+        ({"text": "   ", "voice": "alloy"}, None, "'text' is empty"),
+        ({"voice": "alloy"}, None, "'text' is empty"),
+        ({"text": "a" * (MAX_CHARACTERS + 1)}, None, f"the limit is {MAX_CHARACTERS}"),
+        ({"text": SENTENCE, "language": "klingon"}, None, "use one of en, es"),
+        ({"text": SENTENCE, "voice": "nobody"}, None, "configured voices: alloy, nova, clip"),
+        ({"text": SENTENCE, "speaker_wav": "missing.wav"}, None, "no such file"),
+        ({"text": SENTENCE, "voice": "ghost"}, None, "reference clip of voice 'ghost'"),
+        ({"text": SENTENCE, "speaker_wav": str(outside)}, None, "outside the allowed roots"),
+        ({"text": SENTENCE, "speaker_wav": "garbage.wav"}, None, "reference clip"),
+        ({"text": SENTENCE}, {"speaker_wav": garbage}, "reference clip (speaker_wav)"),
+        ({"text": SENTENCE}, {"speaker_wav": ("s.wav", short)}, "needs at least 0.5 s"),
+        ({"text": SENTENCE, "speed": "9"}, None, "speed must be"),
+        ({"text": SENTENCE, "voice": "alloy", "speaker_wav": str(CLIP)}, None, "not both"),
+    ]
+    for params, files, expected in cases:
+        reply = submit(base, files=files, **params)
+        assert reply.status_code == 400, (params, reply.text)
+        body = reply.json()
+        assert body["status"] == "FAILED" and expected in body["error"], (params, body)
+
+    speech = f"{base}/v1/audio/speech"
+    openai_cases = [
+        ({"model": "tts-1", "input": "", "voice": "alloy"}, 400, "input"),
+        ({"model": "tts-1", "input": SENTENCE, "voice": "nobody"}, 400, "voice"),
+        ({"model": "tts-1", "input": SENTENCE, "response_format": "ogg"}, 400, "response_format"),
+        ({"model": "tts-9", "input": SENTENCE}, 404, "model"),
+        ({"model": "whisper-1", "input": SENTENCE}, 404, "model"),
+    ]
+    for body, code, param in openai_cases:
+        reply = httpx.post(speech, json=body, timeout=30)
+        assert reply.status_code == code, (body, reply.text)
+        assert reply.json()["error"]["param"] == param, reply.text
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="unknown voice"):
+        client.audio.speech.create(model="tts-1", voice="nobody", input=SENTENCE)
+    assert queue_counts(redis, "xtts") == before
+
+
+def test_broken_model_ends_the_worker_with_exit_code_1(tts: dict[str, Any]) -> None:
+    """Last: the worker does not come back (no supervisord here)."""
+    reply = submit(tts["url"], text=SENTENCE, voice="alloy", model="broken")
+    assert reply.status_code == 200, reply.text
+    worker: procs.Service = tts["worker"]
+    assert worker.proc is not None
+    assert worker.proc.wait(timeout=120) == 1
+    assert "is not an XTTS model directory" in worker.log()
