@@ -100,6 +100,13 @@ class Settings(BaseSettings):
                                  "'file:PATH'")
         return {name.strip().lower(): target for name, target in voices.items()}
 
+    def voice(self, name: str | None) -> tuple[str, str]:
+        """("speaker", built-in name) or ("file", clip path) of a configured voice (the first
+        configured one when `name` is empty); KeyError if there is no such voice."""
+        key = name.strip().lower() if name else next(iter(self.voices), "")
+        kind, _, target = self.voices[key].partition(":")
+        return kind, target.strip()
+
     def url_signing_key(self) -> bytes:
         """`url_secret`, else a key derived from the API key digests (order-free), so
         replicas configured alike sign alike without another secret to distribute."""

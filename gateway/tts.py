@@ -85,13 +85,12 @@ def _voice(settings: Settings, voice: str | None) -> tuple[str, str]:
     if not settings.voices:
         raise RequestError(400, "no voices are configured: send a 'speaker_wav' reference clip",
                            param="voice")
-    name = voice.strip().lower() if voice else next(iter(settings.voices))
-    if name not in settings.voices:
+    try:
+        return settings.voice(voice)
+    except KeyError:
         raise RequestError(400, f"unknown voice {voice!r}; configured voices: "
                                 f"{', '.join(settings.voices)} (or send a 'speaker_wav' clip)",
-                           param="voice", code="unknown_voice")
-    kind, _, target = settings.voices[name].partition(":")
-    return kind, target.strip()
+                           param="voice", code="unknown_voice") from None
 
 
 async def _probe(source: bytes | Path, settings: Settings) -> AudioInfo:

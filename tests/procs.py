@@ -169,7 +169,7 @@ def worker(redis_url: str, workdir: Path, backend: str = "faster-whisper",
 
 
 class Supervisor:
-    """supervisord running deploy/supervisord.conf, with its programs' env overridden."""
+    """scripts/run_stack.sh (supervisord with deploy/supervisord.conf) in a test's env."""
 
     def __init__(self, workdir: Path, env: dict[str, str]) -> None:
         self.workdir = workdir
@@ -178,11 +178,10 @@ class Supervisor:
         self.conf = ROOT / "deploy" / "supervisord.conf"
 
     def start(self) -> Supervisor:
-        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            [str(VENVS / "core" / "bin" / "supervisord"), "-n", "-c", str(self.conf)],
-            env=self.env, cwd=ROOT, stdout=(self.workdir / "supervisord.out").open("ab"),
-            stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(  # the same entry the README and the container use
+            [str(ROOT / "scripts" / "run_stack.sh")], env=self.env, cwd=ROOT,
+            stdout=(self.workdir / "supervisord.out").open("ab"), stderr=subprocess.STDOUT,
+            start_new_session=True)
         wait_until(lambda: (self.workdir / "supervisor.sock").exists(), 20, "supervisord")
         return self
 

@@ -196,14 +196,16 @@ def test_redis_restart_mid_run_loses_no_task(stack: Stack, speech_clip: Path) ->
     assert pending_count(stack.redis.client()) == 0
 
 
-def test_two_replicas_share_forty_tasks_each_once(tmp_path_factory: pytest.TempPathFactory,
-                                                  speech_clip: Path) -> None:
+def test_two_gateways_and_two_replicas_share_forty_tasks_each_once(
+        tmp_path_factory: pytest.TempPathFactory, speech_clip: Path) -> None:
     workdir = tmp_path_factory.mktemp("replicas")
     redis = procs.RedisServer(workdir / "redis").start()
     stack = Stack(workdir, redis, replicas=2).start()
+    second = procs.gateway(redis.url, workdir).start()  # a second, stateless gateway
     try:
-        task_ids = [submit_file(stack.url, speech_clip).json()["taskid"] for _ in range(40)]
-        finals = [wait_done(stack.url, t, timeout=300) for t in task_ids]
+        gateways = [stack.url, second.url]
+        task_ids = [submit_file(gateways[i % 2], speech_clip).json()["taskid"] for i in range(40)]
+        finals = [wait_done(gateways[(i + 1) % 2], t, timeout=300) for i, t in enumerate(task_ids)]
         assert all(f["status"] == "SUCCEEDED" for f in finals)
         views = [stack.task(t) for t in task_ids]
         assert all(v["attempts"] == 1 for v in views)
@@ -212,5 +214,6 @@ def test_two_replicas_share_forty_tasks_each_once(tmp_path_factory: pytest.TempP
         assert sum(httpx.get(f"{w['url']}/health").json()["tasks_done"] for w in live) == 40
         assert pending_count(redis.client()) == 0
     finally:
+        second.stop()
         stack.supervisor.stop()
         redis.stop()

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Generator
+from pathlib import Path
 from typing import Annotated, Any
 
 import uvicorn
@@ -66,7 +67,12 @@ def create_worker_app(worker: Worker) -> FastAPI:
     ) -> Response:
         if worker.engine_kind() != "tts":
             return JSONResponse({"error": "this worker transcribes; use /transcribe"}, 400)
-        reference = await speaker_wav.read() if speaker_wav is not None else None
+        reference: bytes | Path | None = None
+        if speaker_wav is not None:
+            reference = await speaker_wav.read()
+        elif voice and voice.strip().lower() in worker.settings.voices:
+            kind, target = worker.settings.voice(voice)  # a configured public voice name
+            voice, reference = (target, None) if kind == "speaker" else (None, Path(target))
         params = {"text": text, "language": language, "voice": voice, "speed": speed}
         try:
             outcome = await worker.execute(model_or_default(model), params, reference or None,

@@ -1,0 +1,77 @@
+"""The whole product as an operator runs it: supervisord with Redis, the gateway and all
+five workers (each in its own environment, tiny checkpoints), checked by the post-deploy
+smoke test, which must also name a worker that is down (issue 8)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests import procs
+from tests.procs import ROOT, SHARED_AUDIO, wait_until
+from tests.tiny import env_python, tiny_model
+
+ENGINES = {"qwen3": "hf", "vibevoice": "hf", "parakeet": "nemo", "xtts": "xtts"}
+PREFIX = {"faster-whisper": "FW", "qwen3": "QWEN3", "vibevoice": "VIBEVOICE",
+          "parakeet": "PARAKEET", "xtts": "XTTS"}
+
+
+@pytest.fixture(scope="module")
+def full_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    missing = [env for env in set(ENGINES.values()) if not env_python(env).exists()]
+    if missing:
+        pytest.skip(f"environments missing: {', '.join(missing)} (scripts/install.sh all)")
+    models = {"faster-whisper": {"tiny.en": "bundled"}}
+    models |= {backend: {"tiny": str(tiny_model(backend))} for backend in ENGINES}
+    workdir = tmp_path_factory.mktemp("full")
+    port, redis_port = procs.free_port(), procs.free_port()
+    overrides = {f"{prefix}_ENABLED": "true" for prefix in PREFIX.values()}
+    env = procs.stack_env(
+        SPEECH_RUN_DIR=str(workdir), SPEECH_PORT=str(port), SPEECH_LOCAL_REDIS="true",
+        SPEECH_REDIS_PORT=str(redis_port), SPEECH_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
+        SPEECH_MODELS=models, SPEECH_ALLOWED_ROOTS=[str(SHARED_AUDIO)], HF_HUB_OFFLINE="1",
+        SPEECH_HEARTBEAT_SECONDS="0.5", SPEECH_PARAKEET_WARMUP_SECONDS="1",
+        **overrides)
+    supervisor = procs.Supervisor(workdir, env).start()
+    url = f"http://127.0.0.1:{port}"
+
+    def live_backends() -> set[str]:
+        try:
+            ready = httpx.get(f"{url}/ready", timeout=5).json()
+        except (httpx.HTTPError, ValueError):
+            return set()
+        return {name for name, entry in ready.get("backends", {}).items() if entry["live"]}
+
+    wait_until(lambda: live_backends() == set(PREFIX), 180, "all five workers live", 0.5)
+    yield {"url": url, "supervisor": supervisor, "live": live_backends}
+    supervisor.stop()
+
+
+def smoke(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(ROOT / "scripts" / "smoke_test.sh"), "--url", url, *args],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_smoke_test_passes_on_the_full_stack(full_stack: dict) -> None:
+    result = smoke(full_stack["url"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert not [line for line in lines if line.startswith("FAIL")]
+    for backend in PREFIX:
+        for check in ("sage", "openai"):
+            assert f"OK {backend} {check}:" in result.stdout, (backend, check)
+        assert any(line.startswith(f"OK {backend} worker ") for line in lines), backend
+
+
+def test_smoke_test_names_a_broken_worker(full_stack: dict) -> None:
+    supervisor: procs.Supervisor = full_stack["supervisor"]
+    supervisor.ctl("stop", "parakeet:*")
+    wait_until(lambda: "parakeet" not in full_stack["live"](), 30, "parakeet down", 0.2)
+    result = smoke(full_stack["url"], "--backends", "faster-whisper,parakeet")
+    assert result.returncode == 1
+    assert "FAIL parakeet: no live worker" in result.stdout
+    assert "OK faster-whisper sage:" in result.stdout
+    supervisor.ctl("start", "parakeet:*")
