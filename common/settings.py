@@ -87,6 +87,12 @@ class Settings(BaseSettings):
     memory_cap_mib: int = 0  # 0 = no cap
     preload: bool = False
     stop_grace_seconds: float = 20.0
+    # --- engine options (read by the engine modules) ---
+    parakeet_window_seconds: float = 360.0  # longer audio is decoded in windows this long
+    parakeet_warmup_seconds: list[float] = Field(default_factory=lambda: [1.0, 8.0, 60.0])
+    parakeet_cuda_graphs: bool = True  # NeMo's CUDA-graph greedy decoder on GPU
+    parakeet_dtype: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | bfloat16 | float32
+
     breaker_failures: int = 3
     breaker_window_seconds: float = 600.0
 

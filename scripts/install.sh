@@ -40,7 +40,8 @@ for name in "${envs[@]}"; do
     echo "install: building $venv from $req (first time can take minutes)"
     rm -rf "$venv"
     python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --upgrade pip
-    "$venv/bin/pip" install -q -r "$req" -e .
+    # (sed drops this machine's notes about absent local package mirrors; pip's status stands)
+    "$venv/bin/pip" install -q --upgrade pip 2>&1 | sed '/^WARNING: Location .* is ignored/d'
+    "$venv/bin/pip" install -q -r "$req" -e . 2>&1 | sed '/^WARNING: Location .* is ignored/d
     echo "$stamp" > "$venv/.stamp"
 done

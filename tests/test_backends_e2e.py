@@ -56,7 +56,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             redis.url, workdir, backend=backend, python=env_python(env), models=models,
             idle_unload_seconds=str(IDLE_UNLOAD_SECONDS),
             parakeet_window_seconds=str(PARAKEET_WINDOW_SECONDS),
-            parakeet_warmup_seconds="1").start()
+            parakeet_warmup_seconds=[1]).start()
     yield {"gateway": gateway.url, "workers": workers, "redis": redis}
     for worker in workers.values():
         worker.stop()

@@ -99,7 +99,7 @@ print(json.dumps({"windows": windows,
 def test_long_audio_is_decoded_in_windows(tiny_model: Path) -> None:
     proc = run_nemo(["-c", WINDOWS_SCRIPT, str(tiny_model), str(AUDIO / "multilingual.mp3")],
                     env={"SPEECH_PARAKEET_WINDOW_SECONDS": "20",
-                         "SPEECH_PARAKEET_WARMUP_SECONDS": ""})
+                         "SPEECH_PARAKEET_WARMUP_SECONDS": "[]"})
     answer = last_json(proc.stdout)
     windows, result = answer["windows"], answer["result"]
     assert len(windows) >= 3

@@ -33,7 +33,7 @@ def full_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         SPEECH_RUN_DIR=str(workdir), SPEECH_PORT=str(port), SPEECH_LOCAL_REDIS="true",
         SPEECH_REDIS_PORT=str(redis_port), SPEECH_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
         SPEECH_MODELS=models, SPEECH_ALLOWED_ROOTS=[str(SHARED_AUDIO)], HF_HUB_OFFLINE="1",
-        SPEECH_HEARTBEAT_SECONDS="0.5", SPEECH_PARAKEET_WARMUP_SECONDS="1",
+        SPEECH_HEARTBEAT_SECONDS="0.5", SPEECH_PARAKEET_WARMUP_SECONDS="[1]",
         **overrides)
     supervisor = procs.Supervisor(workdir, env).start()
     url = f"http://127.0.0.1:{port}"

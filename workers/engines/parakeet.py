@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import os
 import tarfile
 import time
 from bisect import bisect_right
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from common.schemas import Segment, Transcription, TranscriptionOptions, Word
+from common.settings import get_settings
 from workers.engines.base import ModelRef
 
 if TYPE_CHECKING:
@@ -39,21 +39,10 @@ class ParakeetHandle:
     dtype: torch.dtype
 
 
-def _env_floats(name: str, default: Sequence[float]) -> list[float]:
-    raw = os.environ.get(name)
-    return list(default) if raw is None else [float(v) for v in raw.split(",") if v.strip()]
-
-
 class ParakeetEngine:
-    """Settings come from the arguments, else from the environment:
-
-    SPEECH_PARAKEET_WINDOW_SECONDS (360): longer audio is decoded in windows of at most this;
-    SPEECH_PARAKEET_WARMUP_SECONDS ("1,8,60"): silent warm-up clips, "" for none;
-    SPEECH_PARAKEET_CUDA_GRAPHS ("1"): NeMo's CUDA-graph greedy decoder on GPU;
-    SPEECH_PARAKEET_DTYPE (unset): "bfloat16" or "float32" for encoder/decoder/joint,
-    unset meaning bf16 on CUDA and fp32 on CPU (bf16 on a CPU without bf16 units is 3-5x
-    slower).
-    """
+    """Options come from the arguments, else from the settings (SPEECH_PARAKEET_*): window
+    length, warm-up clips, CUDA graphs, and the dtype of encoder/decoder/joint ("auto" is bf16
+    on CUDA and fp32 on CPU: bf16 on a CPU without bf16 units is 3-5x slower)."""
 
     sample_rate = 16000
     uses_torch = True
@@ -61,13 +50,13 @@ class ParakeetEngine:
     def __init__(self, window_seconds: float | None = None,
                  warmup_seconds: Sequence[float] | None = None,
                  cuda_graphs: bool | None = None, dtype: str | None = None) -> None:
-        env = os.environ.get
-        self.window_seconds = window_seconds or float(env("SPEECH_PARAKEET_WINDOW_SECONDS", 360))
-        self.warmup_seconds = (list(warmup_seconds) if warmup_seconds is not None
-                               else _env_floats("SPEECH_PARAKEET_WARMUP_SECONDS", (1, 8, 60)))
-        self.cuda_graphs = (cuda_graphs if cuda_graphs is not None
-                            else env("SPEECH_PARAKEET_CUDA_GRAPHS", "1") not in ("0", "false"))
-        self.dtype = dtype or env("SPEECH_PARAKEET_DTYPE") or None
+        settings = get_settings()
+        self.window_seconds = window_seconds or settings.parakeet_window_seconds
+        self.warmup_seconds = list(warmup_seconds if warmup_seconds is not None
+                                   else settings.parakeet_warmup_seconds)
+        self.cuda_graphs = settings.parakeet_cuda_graphs if cuda_graphs is None else cuda_graphs
+        dtype = dtype or settings.parakeet_dtype
+        self.dtype = None if dtype == "auto" else dtype
         if self.dtype not in (None, "bfloat16", "float32"):
             raise ValueError(f"unsupported parakeet dtype {self.dtype!r}")
 
