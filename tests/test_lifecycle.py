@@ -182,6 +182,8 @@ def test_broken_model_exits_worker_trips_breaker_and_default_still_serves(
     # the breaker is open: new submits for the broken model are refused up front
     refused = submit_file(stack.url, JFK, model="broken")
     assert refused.status_code == 503 and "unavailable" in refused.json()["error"]
+    breakers = httpx.get(f"{worker['url']}/health", timeout=5).json()["breakers"]
+    assert list(breakers) == ["broken"] and "failed to load" in breakers["broken"]
     ok = submit_file(stack.url, JFK).json()["taskid"]
     assert wait_done(stack.url, ok)["status"] == "SUCCEEDED"
     assert pending_count(stack.redis.client()) == 0

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import uvicorn
 from fastapi import FastAPI, File, Form, UploadFile
 from fastapi.responses import JSONResponse, Response
+from redis.exceptions import RedisError
 
 from common.schemas import TranscriptionOptions
 from workers.runtime import TaskError, Worker
@@ -25,7 +26,12 @@ def create_worker_app(worker: Worker) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return worker.health()
+        snapshot = worker.health()
+        try:
+            snapshot["breakers"] = await worker.open_breakers()
+        except RedisError:
+            snapshot["breakers"] = None  # unknown while Redis is unreachable
+        return snapshot
 
     def model_or_default(model: str | None) -> str:
         return model or worker.settings.default_model(worker.backend) or ""

@@ -260,11 +260,14 @@ class Worker:
         """Load `model` if needed and run one engine call, serialised with every other."""
         async with self.engine_lock:
             self.running_calls += 1
-            handle = await self._acquire(model, task)
             try:
+                handle = await self._acquire(model, task)
+                await self._call(self._refuse_over_cap)
                 return await self._call(
                     run_engine, self.engine, handle, backend=self.backend, model=model,
                     params=params, source=source, on_segment=on_segment)
+            except TaskError:
+                raise
             except AudioError as exc:
                 raise TaskError(str(exc), ErrorCode.INVALID_AUDIO) from None
             except ValueError as exc:
@@ -277,6 +280,25 @@ class Worker:
                 handle = None
                 await self._call(self._after_engine_call)
                 self.running_calls -= 1
+
+    def _memory_over_cap(self) -> float | None:
+        """MiB in use if over `memory_cap_mib` (GPU memory on cuda, RSS on cpu), else None."""
+        cap = self.settings.memory_cap_mib
+        if cap <= 0:
+            return None
+        used = memory.used_mib(memory.snapshot(self.engine.uses_torch, self.device), self.device)
+        return used if used > cap else None
+
+    def _refuse_over_cap(self) -> None:
+        """With its model loaded the worker is already over its cap: running would only grow
+        it, so the task is refused (and the model dropped) rather than the cap broken."""
+        used = self._memory_over_cap()
+        if used is not None:
+            self.slot.unload()
+            raise TaskError(f"this worker's memory cap is {self.settings.memory_cap_mib} MiB and "
+                            f"it uses {used:.0f} MiB with the model loaded: raise "
+                            "SPEECH_MEMORY_CAP_MIB or use a smaller model",
+                            ErrorCode.OUT_OF_MEMORY)
 
     async def _acquire(self, model: str, task: Task | None) -> Any:
         try:
@@ -308,17 +330,18 @@ class Worker:
         memory.release(self.engine.uses_torch)
         if self.settings.idle_unload_seconds == 0:
             self.slot.unload()
-            return
-        cap = self.settings.memory_cap_mib
-        if cap > 0:
-            used = memory.used_mib(memory.snapshot(self.engine.uses_torch, self.device),
-                                   self.device)
-            if used > cap:
-                log.warning("memory %.0f MiB over the %d MiB cap: unloading", used, cap)
-                self.slot.unload()
+        elif (used := self._memory_over_cap()) is not None:
+            log.warning("memory %.0f MiB over the %d MiB cap: unloading", used,
+                        self.settings.memory_cap_mib)
+            self.slot.unload()
 
     async def _breaker_error(self, model: str) -> str | None:
         return await self.store.breaker_error(self.backend, model)
+
+    async def open_breakers(self) -> dict[str, str]:
+        """Models of this backend marked unavailable, with their load errors."""
+        errors = {model: await self._breaker_error(model) for model in self.slot.sources}
+        return {model: error for model, error in errors.items() if error}
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run on the engine thread, carrying the task id into its log lines."""

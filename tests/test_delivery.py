@@ -1,0 +1,80 @@
+"""Delivery details without supervisord: preload, lease extension, the janitor that takes
+over a dead worker's task, and the memory cap that refuses work (issue 3)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests import procs
+from tests.helpers import JFK, pending_count, submit_file, wait_done
+from tests.procs import SHARED_AUDIO, wait_until
+
+LONG = SHARED_AUDIO / "multilingual.mp3"  # ~5 s of work: longer than the visibility timeout
+VISIBILITY = 3.0
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[dict]:
+    """A gateway and two preloading workers with a short visibility timeout."""
+    redis = procs.RedisServer(tmp_path / "redis").start()
+    settings = {"visibility_timeout_seconds": str(VISIBILITY), "preload": "true",
+                "idle_unload_seconds": "-1"}
+    gateway = procs.gateway(redis.url, tmp_path).start()
+    workers = [procs.worker(redis.url, tmp_path, **settings).start() for _ in range(2)]
+    yield {"gateway": gateway.url, "workers": workers, "redis": redis}
+    for service in (*workers, gateway):
+        service.stop()
+    redis.stop()
+
+
+def health(worker: procs.Service) -> dict:
+    return httpx.get(f"{worker.url}/health", timeout=5).json()
+
+
+def test_preload_lease_and_janitor(pair: dict) -> None:
+    gateway, workers = pair["gateway"], pair["workers"]
+    # preload: the default model is resident before any task
+    for worker in workers:
+        wait_until(lambda w=worker: health(w)["loaded_models"] == ["tiny.en"], 30, "preload")
+    # lease: a task longer than the visibility timeout is not stolen from its live worker
+    task_id = submit_file(gateway, LONG).json()["taskid"]
+    assert wait_done(gateway, task_id, timeout=120)["status"] == "SUCCEEDED"
+    view = httpx.get(f"{gateway}/v1/tasks/{task_id}").json()
+    assert view["attempts"] == 1 and view["deliveries"] == 1
+    # janitor: a worker killed for good; the other claims its task after the timeout
+    task_id = submit_file(gateway, LONG).json()["taskid"]
+    running = wait_until(lambda: (v := httpx.get(f"{gateway}/v1/tasks/{task_id}").json())
+                         ["status"] == "RUNNING" and v, 30, "RUNNING", 0.02)
+    victim = next(w for w in workers if health(w)["consumer"] == running["worker"])
+    survivor = next(w for w in workers if w is not victim)
+    os.kill(victim.pid, signal.SIGKILL)
+    final = wait_done(gateway, task_id, timeout=120)
+    assert final["status"] == "SUCCEEDED"
+    view = httpx.get(f"{gateway}/v1/tasks/{task_id}").json()
+    assert view["deliveries"] == 2 and view["worker"] == health(survivor)["consumer"]
+    assert pending_count(pair["redis"].client()) == 0
+
+
+def test_memory_cap_refuses_work_and_the_worker_keeps_serving(tmp_path: Path) -> None:
+    redis = procs.RedisServer(tmp_path / "redis").start()
+    gateway = procs.gateway(redis.url, tmp_path).start()
+    worker = procs.worker(redis.url, tmp_path, memory_cap_mib="1").start()  # below any RSS
+    try:
+        final = wait_done(gateway.url, submit_file(gateway.url, JFK).json()["taskid"])
+        assert final["status"] == "FAILED" and "memory cap is 1 MiB" in final["error"]
+        reply = httpx.post(f"{gateway.url}/v1/audio/transcriptions",
+                           files={"file": JFK.open("rb")}, timeout=60)
+        assert reply.status_code == 413 and reply.json()["error"]["code"] == "out_of_memory"
+        state = health(worker)
+        assert state["loaded_models"] == [] and state["memory_cap_mib"] == 1
+        assert worker.proc is not None and worker.proc.poll() is None
+    finally:
+        worker.stop()
+        gateway.stop()
+        redis.stop()
