@@ -105,8 +105,63 @@ sys.exit(1 if failed else 0)
 PY
 }
 
+# faster-whisper: device auto picks cuda, compute type auto picks float16, the CTranslate2
+# allocator bound is set before the model exists, and jfk.flac still transcribes.
+check_faster_whisper() {
+    local py
+    py=$(python_for core)
+    echo "== faster-whisper ($py)"
+    SPEECH_MEMORY_CAP_MIB=${SPEECH_MEMORY_CAP_MIB:-2048} "$py" - ../shared/audio/jfk.flac <<'PY'
+import os, sys
+from common.settings import get_settings
+from workers import memory
+memory.configure_ctranslate2_allocator(get_settings().memory_cap_mib)
+from common.audio import decode_audio
+from common.schemas import TranscriptionOptions
+from workers.engines.base import ModelRef
+from workers.engines.faster_whisper import FasterWhisperEngine
+engine = FasterWhisperEngine()
+ok = engine.cuda_available()
+print(("PASS" if ok else "FAIL"), "CTranslate2 sees a CUDA device")
+handle = engine.load(ModelRef("tiny.en", "bundled"), "cuda")
+ok &= handle.model.compute_type == "float16"
+print(("PASS" if handle.model.compute_type == "float16" else "FAIL"), "float16 on cuda")
+ok &= os.environ.get("CT2_CUDA_CACHING_ALLOCATOR_CONFIG", "").count(",") == 3
+text = engine.transcribe(handle, decode_audio(sys.argv[1]), TranscriptionOptions(), print).text
+ok &= "country" in text
+print(("PASS" if "country" in text else "FAIL"), "transcribes:", text)
+sys.exit(0 if ok else 1)
+PY
+}
+
+# The runtime's torch cap (qwen3, vibevoice, parakeet, xtts): past the fraction torch raises,
+# the runtime classifies it as the memory-limit error, and the cache is handed back.
+check_torch_cap() {
+    local py
+    py=$(python_for hf)
+    echo "== torch memory cap ($py)"
+    "$py" - <<'PY'
+import sys
+import torch
+from workers import memory
+memory.apply_torch_cap(512)
+failed = False
+try:
+    torch.empty(1024 * 2**20, dtype=torch.uint8, device="cuda")  # 1 GiB > the 512 MiB cap
+    print("FAIL allocation past the cap succeeded"); failed = True
+except Exception as exc:  # torch.OutOfMemoryError
+    ok = memory.is_out_of_memory(exc)
+    print(("PASS" if ok else "FAIL"), "over-cap allocation refused:", type(exc).__name__)
+    failed |= not ok
+memory.release(True)
+reserved = torch.cuda.memory_reserved() / 2**20
+print(("PASS" if reserved < 64 else "FAIL"), f"cache returned ({reserved:.0f} MiB reserved)")
+sys.exit(1 if failed or reserved >= 64 else 0)
+PY
+}
+
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(parakeet)
+[ ${#sections[@]} -eq 0 ] && sections=(faster_whisper torch_cap parakeet)
 status=0
 for section in "${sections[@]}"; do
     "check_$section" || status=1
