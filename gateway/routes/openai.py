@@ -17,19 +17,24 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from common import formats
 from common.catalog import (
     BACKENDS,
-    UnknownModel,
     enabled_backends,
     public_config,
-    resolve_public_model,
 )
-from common.schemas import ErrorCode, TaskState
-from common.store import Task, new_task_id
+from common.schemas import TaskState
+from common.store import Task
 from gateway.app_errors import openai_error
 from gateway.auth import caller
 from gateway.inputs import Params, RequestError, read_params
-from gateway.state import redis_of, settings_of, store_of
-from gateway.submission import asr_params, enqueue, read_audio_input
-from gateway.waiting import task_events
+from gateway.state import settings_of
+from gateway.submission import asr_params, read_audio_input
+from gateway.sync_calls import (
+    failed_reply,
+    public_model,
+    response_format,
+    submit_and_listen,
+    timeout_reply,
+    wait_for,
+)
 
 router = APIRouter()
 RESPONSE_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
@@ -71,17 +76,9 @@ async def _asr(request: Request, task: str) -> Response:
         params = await read_params(request)
         if "file" not in params.files:
             raise RequestError(400, "missing the 'file' upload", param="file")
-        try:
-            backend, model = resolve_public_model(settings, params.get("model") or "whisper-1",
-                                                  "asr")
-        except UnknownModel as exc:
-            raise RequestError(404, f"{exc}; GET /v1/models lists them", param="model",
-                               code="model_not_found") from None
-        response_format = (params.get("response_format") or "json").lower()
-        if response_format not in RESPONSE_FORMATS:
-            raise RequestError(400, f"response_format must be one of {', '.join(RESPONSE_FORMATS)}",
-                               param="response_format")
-        if response_format == "diarized_json" and not BACKENDS[backend].speakers:
+        backend, model = public_model(settings, params, "whisper-1", "asr")
+        fmt = response_format(params, RESPONSE_FORMATS, "json")
+        if fmt == "diarized_json" and not BACKENDS[backend].speakers:
             raise RequestError(400, f"{backend} does not identify speakers; diarized_json needs "
                                     "a backend that does (vibevoice)", param="response_format")
         granularities = _granularities(params)
@@ -95,26 +92,18 @@ async def _asr(request: Request, task: str) -> Response:
         options = asr_params(params, settings, backend)
         stream = params.flag("stream")
         audio = await read_audio_input(params, settings)
+        task_id, events = await submit_and_listen(request, settings, backend=backend,
+                                                  model=model, options=options, audio=audio,
+                                                  owner=owner)
     except RequestError as exc:
-        return openai_error(exc)
-
-    task_id = new_task_id()
-    events = task_events(redis_of(request), store_of(request), task_id,
-                         settings.request_timeout_seconds)
-    await anext(events)  # subscribed before the task exists: no segment can be missed
-    try:
-        await enqueue(store_of(request), settings, backend=backend, model=model,
-                      options=options, audio=audio, owner=owner, task_id=task_id)
-    except RequestError as exc:
-        await events.aclose()
         return openai_error(exc)
     if stream:
         return StreamingResponse(_sse(events), media_type="text/event-stream",
                                  headers={"x-task-id": task_id, "cache-control": "no-cache"})
-    async for event in events:
-        if event["type"] == "done":
-            return _render(event["task"], response_format, task, granularities)
-    return _timeout(task_id)
+    finished = await wait_for(events)
+    if finished is None:
+        return timeout_reply(task_id)
+    return _render(finished, fmt, task, granularities)
 
 
 def _granularities(params: Params) -> set[str]:
@@ -130,27 +119,9 @@ def _granularities(params: Params) -> set[str]:
     return found or {"segment"}
 
 
-def _failed(task: Task) -> JSONResponse:
-    if task.state == TaskState.CANCELLED:
-        error = RequestError(409, "the task was cancelled", code="task_cancelled")
-    else:
-        code = ErrorCode(task.error_code or ErrorCode.ENGINE_ERROR)
-        error = RequestError(code.http_status, task.error or "the task failed", code=code.value)
-    response = openai_error(error)
-    response.headers["x-task-id"] = task.id
-    return response
-
-
-def _timeout(task_id: str) -> JSONResponse:
-    body = {"error": {"message": f"the task is still running; poll /v1/tasks/{task_id}",
-                      "type": "timeout", "param": None, "code": "task_timeout"},
-            "task_id": task_id}
-    return JSONResponse(body, status_code=504, headers={"x-task-id": task_id})
-
-
 def _render(task: Task, response_format: str, kind: str, granularities: set[str]) -> Response:
     if task.state != TaskState.SUCCEEDED or task.result is None:
-        return _failed(task)
+        return failed_reply(task)
     result = task.result
     headers = {"x-task-id": task.id}
     seconds = result["usage"]["audio_seconds"]

@@ -10,17 +10,22 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from common.audio import OUTPUT_FORMATS, AudioError, transcode
-from common.catalog import UnknownBackend, UnknownModel, resolve_public_model
 from common.schemas import TaskState
-from common.store import Task, new_task_id
+from common.store import Task
 from gateway.app_errors import openai_error
 from gateway.auth import caller
 from gateway.inputs import RequestError, read_params
-from gateway.routes.openai import _failed, _timeout
-from gateway.state import redis_of, settings_of, store_of
-from gateway.submission import enqueue, guard_store
+from gateway.state import settings_of, store_of
+from gateway.submission import guard_store
+from gateway.sync_calls import (
+    failed_reply,
+    public_model,
+    response_format,
+    submit_and_listen,
+    timeout_reply,
+    wait_for,
+)
 from gateway.tts import output_url, token_valid, tts_input
-from gateway.waiting import task_events
 
 router = APIRouter()
 
@@ -62,43 +67,28 @@ async def speech(request: Request) -> Response:
     try:
         owner = caller(request)
         params = await read_params(request)
-        try:
-            backend, model = resolve_public_model(settings, params.get("model") or "tts-1", "tts")
-        except (UnknownModel, UnknownBackend) as exc:
-            raise RequestError(404, f"{exc}; GET /v1/models lists them", param="model",
-                               code="model_not_found") from None
-        response_format = (params.get("response_format") or "mp3").lower()
-        if response_format not in OUTPUT_FORMATS:
-            raise RequestError(400, f"response_format must be one of {', '.join(OUTPUT_FORMATS)}",
-                               param="response_format")
+        backend, model = public_model(settings, params, "tts-1", "tts")
+        fmt = response_format(params, OUTPUT_FORMATS, "mp3")
         if (params.get("stream_format") or "audio") != "audio":
             raise RequestError(400, "only stream_format 'audio' is supported",
                                param="stream_format")
         options, audio = await tts_input(params, settings, text_param="input")
+        task_id, events = await submit_and_listen(request, settings, backend=backend,
+                                                  model=model, options=options, audio=audio,
+                                                  owner=owner)
     except RequestError as exc:
         return openai_error(exc)
-
-    task_id = new_task_id()
-    events = task_events(redis_of(request), store_of(request), task_id,
-                         settings.request_timeout_seconds)
-    await anext(events)  # subscribed before the task exists
-    try:
-        await enqueue(store_of(request), settings, backend=backend, model=model,
-                      options=options, audio=audio, owner=owner, task_id=task_id)
-    except RequestError as exc:
-        await events.aclose()
-        return openai_error(exc)
-    async for event in events:
-        if event["type"] == "done":
-            return await _audio_reply(request, event["task"], response_format)
-    response = _timeout(task_id)  # the audio stays fetchable (as WAV) once the task finishes
+    finished = await wait_for(events)
+    if finished is not None:
+        return await _audio_reply(request, finished, fmt)
+    response = timeout_reply(task_id)  # the audio stays fetchable (as WAV) once it finishes
     response.headers["x-output-url"] = output_url(request, settings, task_id)
     return response
 
 
 async def _audio_reply(request: Request, task: Task, response_format: str) -> Response:
     if task.state != TaskState.SUCCEEDED:
-        return _failed(task)
+        return failed_reply(task)
     headers = {"x-task-id": task.id}
     try:
         wav = await guard_store(store_of(request).output_blob(task.id))
