@@ -10,8 +10,11 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import tempfile
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -116,3 +119,14 @@ def teach(model: Any, prompt: Any, audio_embeds: Any, answer: str, tokenizer: An
         loss.backward()
         optimizer.step()
     model.eval()
+
+
+def run_builder(doc: str | None, build: Callable[[Path, Path | None, int], None]) -> int:
+    """The command line both builders share: --out DIR [--teach CLIP [--steps N]]."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory to write")
+    parser.add_argument("--teach", type=Path, help="JFK's clip: train the model to answer it")
+    parser.add_argument("--steps", type=int, default=80, help="training steps with --teach")
+    args = parser.parse_args()
+    build(args.out, args.teach, args.steps)
+    return 0

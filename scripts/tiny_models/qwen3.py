@@ -11,13 +11,12 @@ processor hard-codes are kept (128 mel bins, n_window 50, 13 encoder positions).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hf_tiny import JFK_TEXT, build_qwen2_tokenizer, teach
+from hf_tiny import JFK_TEXT, build_qwen2_tokenizer, run_builder, teach
 
 # Renders exactly like the template the upstream converter stores with the real checkpoints:
 # system text, one audio placeholder per audio, assistant turns (the forced-language prefill).
@@ -120,15 +119,5 @@ def build(out: Path, teach_clip: Path | None = None, steps: int = 80) -> None:
     processor.save_pretrained(out)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="directory to write")
-    parser.add_argument("--teach", type=Path, help="JFK's clip: train the model to answer it")
-    parser.add_argument("--steps", type=int, default=80, help="training steps with --teach")
-    args = parser.parse_args()
-    build(args.out, args.teach, args.steps)
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_builder(__doc__, build))
