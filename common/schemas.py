@@ -30,12 +30,14 @@ class ErrorCode(StrEnum):
     OUT_OF_MEMORY = "out_of_memory"  # over the worker's memory cap for this file
     MODEL_UNAVAILABLE = "model_unavailable"  # the model's breaker is open
     DELIVERY_LIMIT = "delivery_limit"  # its worker died on every delivery
+    NO_WORKER = "no_worker"  # no worker took it within max_queue_seconds
     ENGINE_ERROR = "engine_error"
 
     @property
     def http_status(self) -> int:
         return {ErrorCode.INVALID_AUDIO: 400, ErrorCode.INVALID_REQUEST: 400,
-                ErrorCode.OUT_OF_MEMORY: 413, ErrorCode.MODEL_UNAVAILABLE: 503}.get(self, 500)
+                ErrorCode.OUT_OF_MEMORY: 413, ErrorCode.MODEL_UNAVAILABLE: 503,
+                ErrorCode.NO_WORKER: 503}.get(self, 500)
 
 
 @dataclass(slots=True)

@@ -51,6 +51,8 @@ class Settings(BaseSettings):
     aliases: dict[str, str] = Field(default_factory=dict)
     retention_seconds: int = 24 * 3600
     max_deliveries: int = 3
+    #: a PENDING task no worker started within this long is FAILED (0 = wait forever)
+    max_queue_seconds: float = 6 * 3600.0
     visibility_timeout_seconds: float = 60.0
     heartbeat_seconds: float = 2.0
     log_level: str = "INFO"

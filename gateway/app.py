@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +20,7 @@ from gateway.app_errors import openai_error, sage_error
 from gateway.inputs import RequestError
 from gateway.limits import BodyLimitMiddleware
 from gateway.routes import health, metrics, openai, sage, speech, tasks
+from gateway.sweeper import sweep_forever
 
 log = logging.getLogger("gateway")
 
@@ -34,7 +36,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.settings = settings
         app.state.redis = redis
         app.state.store = TaskStore(redis, settings.retention_seconds)
+        sweeper = asyncio.create_task(sweep_forever(app.state.store, settings))
         yield
+        sweeper.cancel()
         await redis.aclose()
 
     app = FastAPI(title="speech-gateway", lifespan=lifespan)

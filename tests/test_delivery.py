@@ -78,3 +78,19 @@ def test_memory_cap_refuses_work_and_the_worker_keeps_serving(tmp_path: Path) ->
         worker.stop()
         gateway.stop()
         redis.stop()
+
+
+def test_a_task_no_worker_takes_fails_after_max_queue_seconds(tmp_path: Path) -> None:
+    redis = procs.RedisServer(tmp_path / "redis").start()
+    models = {"faster-whisper": {"tiny.en": "bundled"}, "parakeet": {"tiny": "/models/p.nemo"}}
+    gateway = procs.gateway(redis.url, tmp_path, models=models, max_queue_seconds="2").start()
+    try:  # no parakeet worker runs at all
+        task_id = submit_file(gateway.url, JFK, backend="parakeet").json()["taskid"]
+        final = wait_done(gateway.url, task_id, timeout=30)
+        assert final["status"] == "FAILED" and "no parakeet worker" in final["error"]
+        reply = httpx.post(f"{gateway.url}/v1/audio/transcriptions", timeout=30,
+                           files={"file": JFK.open("rb")}, data={"model": "parakeet/tiny"})
+        assert reply.status_code == 503 and reply.json()["error"]["code"] == "no_worker"
+    finally:
+        gateway.stop()
+        redis.stop()
