@@ -260,26 +260,27 @@ class Worker:
         """Load `model` if needed and run one engine call, serialised with every other."""
         async with self.engine_lock:
             self.running_calls += 1
+            outcome: Outcome | None = None
+            failure: TaskError | None = None
             try:
                 handle = await self._acquire(model, task)
                 await self._call(self._refuse_over_cap)
-                return await self._call(
+                outcome = await self._call(
                     run_engine, self.engine, handle, backend=self.backend, model=model,
                     params=params, source=source, on_segment=on_segment)
-            except TaskError:
-                raise
-            except AudioError as exc:
-                raise TaskError(str(exc), ErrorCode.INVALID_AUDIO) from None
-            except ValueError as exc:
-                raise TaskError(str(exc), ErrorCode.INVALID_REQUEST) from None
             except Exception as exc:
-                if memory.is_out_of_memory(exc):
-                    raise TaskError(MEMORY_LIMIT_ERROR, ErrorCode.OUT_OF_MEMORY) from None
-                raise TaskError(f"{type(exc).__name__}: {exc}") from None
-            finally:
-                handle = None
+                failure = _task_error(exc)
+            # Past the except block the engine's exception is gone, and with its traceback
+            # the tensors its frames held: only now can releasing memory return them.
+            handle = None
+            try:
                 await self._call(self._after_engine_call)
+            finally:
                 self.running_calls -= 1
+            if failure is not None:
+                raise failure
+            assert outcome is not None
+            return outcome
 
     def _memory_over_cap(self) -> float | None:
         """MiB in use if over `memory_cap_mib` (GPU memory on cuda, RSS on cpu), else None."""
@@ -408,6 +409,19 @@ class Worker:
             "current_task": self.current_task,
             "started_at": self.started_at,
         }
+
+
+def _task_error(exc: Exception) -> TaskError:
+    """A fresh, traceback-free TaskError saying why an engine call failed."""
+    if isinstance(exc, TaskError):
+        return TaskError(str(exc), exc.code)
+    if isinstance(exc, AudioError):
+        return TaskError(str(exc), ErrorCode.INVALID_AUDIO)
+    if memory.is_out_of_memory(exc):
+        return TaskError(MEMORY_LIMIT_ERROR, ErrorCode.OUT_OF_MEMORY)
+    if isinstance(exc, ValueError):
+        return TaskError(str(exc), ErrorCode.INVALID_REQUEST)
+    return TaskError(f"{type(exc).__name__}: {exc}")
 
 
 def _resolve_device(setting: str, engine: Engine) -> str:

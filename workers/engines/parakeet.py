@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-OOM_MESSAGE = "GPU memory limit reached for this file"
 LOCAL_ATTENTION = ("rel_pos_local_attn", [128, 128])
 
 
@@ -111,7 +110,7 @@ class ParakeetEngine:
 
     def warm_up(self, handle: ParakeetHandle) -> None:
         for seconds in sorted(self.warmup_seconds):
-            _decode(handle, np.zeros(int(seconds * self.sample_rate), dtype=np.float32))
+            _forward(handle, np.zeros(int(seconds * self.sample_rate), dtype=np.float32))
 
     def unload(self, handle: ParakeetHandle) -> None:
         pass
@@ -130,7 +129,7 @@ class ParakeetEngine:
         for start, end in pairwise(bounds):
             if end - start < self.sample_rate // 100:  # shorter than one feature frame
                 continue
-            hypothesis = _decode(handle, audio[start:end])
+            hypothesis = _forward(handle, audio[start:end])
             offset, limit = start / self.sample_rate, end / self.sample_rate
             texts.append(hypothesis.text.strip())
             for segment in _segments(hypothesis, offset, limit, options.word_timestamps):
@@ -139,17 +138,6 @@ class ParakeetEngine:
                 on_segment(segment)
         return Transcription(text=" ".join(t for t in texts if t), language=options.language,
                              duration=total / self.sample_rate, segments=segments)
-
-
-def _decode(handle: ParakeetHandle, audio: np.ndarray) -> Any:
-    try:
-        return _forward(handle, audio)
-    except RuntimeError as exc:  # torch.OutOfMemoryError is one
-        if "out of memory" not in str(exc):
-            raise
-    # Raised outside the except block: the OOM's traceback (and the tensors its frames hold)
-    # must not stay attached to this error while the runtime releases the cache.
-    raise MemoryError(OOM_MESSAGE)
 
 
 def _forward(handle: ParakeetHandle, audio: np.ndarray) -> Any:

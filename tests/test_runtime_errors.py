@@ -1,0 +1,56 @@
+"""How the runtime turns an engine's failure into a task error, on the real faster-whisper
+engine with a GPU out-of-memory injected (this machine has no GPU to exhaust)."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from common.schemas import ErrorCode, Segment, Transcription, TranscriptionOptions
+from common.settings import Settings
+from tests.helpers import JFK, JFK_TEXT, wer
+from workers.engines.faster_whisper import FasterWhisperEngine
+from workers.runtime import MEMORY_LIMIT_ERROR, TaskError, Worker
+
+held: list[weakref.ref] = []
+
+
+class ExhaustedOnce(FasterWhisperEngine):
+    """The real engine; its first transcription dies the way CUDA does when memory runs out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def transcribe(self, handle: Any, audio: np.ndarray, options: TranscriptionOptions,
+                   on_segment: Callable[[Segment], None]) -> Transcription:
+        if not self.failed:
+            self.failed = True
+            activations = np.ones(4_000_000, dtype=np.float32)  # what a traceback would pin
+            held.append(weakref.ref(activations))
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().transcribe(handle, audio, options, on_segment)
+
+
+def test_out_of_memory_is_a_clear_error_that_frees_the_call_and_keeps_serving() -> None:
+    settings = Settings(redis_url="redis://127.0.0.1:1/0", idle_unload_seconds=-1)
+    worker = Worker(settings, ExhaustedOnce())
+
+    async def run() -> Any:
+        return await worker.execute("tiny.en", {}, JFK.read_bytes(), lambda s: None)
+
+    with pytest.raises(TaskError) as failure:
+        asyncio.run(run())
+    error = failure.value
+    assert str(error) == MEMORY_LIMIT_ERROR and error.code == ErrorCode.OUT_OF_MEMORY
+    assert error.code.http_status == 413
+    assert error.__context__ is None and error.__cause__ is None
+    assert held[0]() is None, "the failed call's tensors outlived it"
+    assert worker.running_calls == 0 and worker.slot.loaded_models == ["tiny.en"]
+    outcome = asyncio.run(run())  # the worker goes on with the next task
+    assert wer(JFK_TEXT, outcome.result["text"]) <= 0.10
