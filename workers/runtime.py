@@ -107,7 +107,11 @@ class Worker:
         model = self.settings.default_model(self.backend)
         if not model:
             return
-        if await self._breaker_error(model):
+        try:
+            breaker_open = bool(await self._breaker_error(model))
+        except RedisError:
+            breaker_open = False  # Redis is not up yet: try the load
+        if breaker_open:
             log.warning("not preloading %s: its breaker is open", model)
             return
         async with self.engine_lock:
