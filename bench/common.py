@@ -296,10 +296,14 @@ class Stack:
                                python=python or self.python,
                                **{**self.worker_settings, **settings})
         self.workers.append(service)
-        service.start()
-        consumer = service.env["SPEECH_CONSUMER"]
-        procs.wait_until(lambda: consumer in self.consumers(backend), 60,
-                         f"worker {consumer} in /ready", 0.05)
+        try:
+            service.start()
+            consumer = service.env["SPEECH_CONSUMER"]
+            procs.wait_until(lambda: consumer in self.consumers(backend), 60,
+                             f"worker {consumer} in /ready", 0.05)
+        except BaseException:
+            self.stop_worker(service)
+            raise
         return service
 
     def stop_worker(self, service: procs.Service) -> None:

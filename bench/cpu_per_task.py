@@ -14,6 +14,8 @@ task when the previous one returned (closed loop), via POST /v1/audio/transcript
   calls, with one worker (target >= 1.0) and with two worker replicas (target >= 1.5 on
   two cores); shown too, not judged: two replicas with SPEECH_CPU_THREADS=1 each (by
   default each CTranslate2 replica takes every core).
+Diagnostic (1 worker, 1 client rounds): the direct batch again with the worker's
+after-call `workers.memory.release()` (gc.collect + malloc_trim) after every call.
 A configuration that does not fit in what is left of --budget is skipped (and says so).
 """
 
@@ -48,15 +50,25 @@ CONFIGS = (("1 worker, 1 client", 1, None, 1, None),
            ("2 workers (cpu_threads=1), 4 clients", 2, "1", 4, None))
 
 
-def direct_batch(direct: bc.Direct, audio: bytes, tasks: int) -> dict[str, float]:
+def direct_batch(direct: bc.Direct, audio: bytes, tasks: int,
+                 release: bool = False) -> dict[str, float]:
+    """`tasks` in-process calls; with `release`, each followed by what the worker runs after
+    every engine call (workers.memory.release: gc.collect() + malloc_trim(0))."""
+    from workers import memory
+
+    release_s = 0.0
     cpu = time.process_time()
     start = time.perf_counter()
     for _ in range(tasks):
         direct.transcribe(audio)
+        if release:
+            mark = time.perf_counter()
+            memory.release(False)
+            release_s += time.perf_counter() - mark
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu
     return {"tasks": tasks, "wall_s": wall, "cpu_per_task_s": cpu / tasks,
-            "tasks_per_s": tasks / wall}
+            "tasks_per_s": tasks / wall, "release_wall_per_task_s": release_s / tasks}
 
 
 def service_batch(stack: bc.Stack, audio: bytes, clients: int, tasks: int) -> dict[str, Any]:
@@ -114,7 +126,12 @@ def main() -> None:
     audio = bc.JFK.read_bytes()
     direct = bc.Direct()
     direct.transcribe(audio)  # warm-up
+    # what the worker holds in memory, so that gc.collect() below walks a similar heap
+    import workers.http
+    import workers.runtime  # noqa: F401
+
     results: dict[str, dict[str, Any]] = {}
+    release_rounds: list[dict[str, Any]] = []
     with bc.Stack(NAME, workers=0) as stack:
         for label, replicas, threads, clients, target in CONFIGS:
             # a round: the direct batch plus the service batch at no better than direct speed
@@ -127,6 +144,9 @@ def main() -> None:
             rounds = []
             for _ in range(args.rounds):
                 base = direct_batch(direct, audio, args.direct_tasks)
+                if replicas == clients == 1:  # diagnostic: the worker's per-task release
+                    released = direct_batch(direct, audio, args.direct_tasks, release=True)
+                    release_rounds.append({"plain": base, "release": released})
                 service = service_batch(stack, audio, clients, args.tasks)
                 rounds.append({"direct": base, "service": service,
                                "cpu_ratio": service["cpu_per_task_s"] / base["cpu_per_task_s"],
@@ -167,6 +187,19 @@ def main() -> None:
                       for name in single["rounds"][0]["service"]["cpu_per_task_by_process_s"]}
         print("service CPU per task by process (s): "
               + ", ".join(f"{name} {used:.3f}" for name, used in by_process.items()))
+    release: dict[str, float] = {}
+    if release_rounds:
+        release = {
+            "plain_cpu_per_task_s": bc.median([r["plain"]["cpu_per_task_s"]
+                                               for r in release_rounds]),
+            "with_release_cpu_per_task_s": bc.median([r["release"]["cpu_per_task_s"]
+                                                      for r in release_rounds]),
+            "release_wall_per_task_s": bc.median([r["release"]["release_wall_per_task_s"]
+                                                  for r in release_rounds])}
+        print(f"diagnostic, in process: workers.memory.release() after each call takes "
+              f"{release['release_wall_per_task_s'] * 1000:.0f} ms; CPU per task "
+              f"{release['plain_cpu_per_task_s']:.3f} s -> "
+              f"{release['with_release_cpu_per_task_s']:.3f} s with it")
     print(f"CPU-seconds per task, service / direct: {cpu_ratio:.3f}  target <= {TARGET_CPU}: "
           f"{bc.verdict(cpu_ratio, TARGET_CPU, at_most=True)}")
     targets = {"cpu_ratio": {"value": cpu_ratio, "target": TARGET_CPU,
@@ -177,6 +210,7 @@ def main() -> None:
                               "met": r["throughput_ratio"] >= r["target"]}
     bc.write_json(NAME, {"rounds": args.rounds, "direct_tasks": args.direct_tasks,
                          "tasks": args.tasks, "configs": results, "cpu_ratio": cpu_ratio,
+                         "release_diagnostic": release,
                          "targets": targets}, started)
 
 

@@ -46,7 +46,8 @@ OTHER_BACKENDS = {"qwen3": ("hf", "qwen3"), "vibevoice": ("hf", "vibevoice"),
                   "parakeet": ("nemo", "parakeet")}
 MISSING_ENVIRONMENT = 3
 STOP_RESERVE_SECONDS = 20.0  # stopping workers, gateway and Redis; writing results
-SAFETY = 1.3  # estimates are scaled by this before comparing with the time left
+SAFETY = 1.3
+LONG = "long"  # estimates are scaled by this before comparing with the time left
 
 
 def tiny_model(name: str, timeout: float) -> tuple[Path | None, str]:
@@ -63,6 +64,9 @@ def tiny_model(name: str, timeout: float) -> tuple[Path | None, str]:
         proc.communicate()
         return None, (f"building the tiny {name} model takes over {timeout:.0f} s: run "
                       f"scripts/make_tiny_models.py {name} first")
+    except BaseException:  # SIGTERM or Ctrl-C: the build goes too
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     if proc.returncode == MISSING_ENVIRONMENT:
         return None, err.strip().splitlines()[-1] if err.strip() else "no environment"
     if proc.returncode != 0 or not out.split():
@@ -157,10 +161,11 @@ def main() -> None:
             models[backend] = {"tiny": str(path)}
     tmp = tempfile.TemporaryDirectory(prefix="sg-bench-audio-")
     long_path = bc.make_long(args.long_seconds, Path(tmp.name) / "long.flac")
+    long_label = f"{args.long_seconds / 60:g} min"
     lengths = {"11 s": (bc.JFK, bc.duration(bc.JFK)),
                "60 s": (bc.MULTILINGUAL, bc.duration(bc.MULTILINGUAL)),
-               "10 min": (long_path, bc.duration(long_path))}
-    worker_extra = {"parakeet": {"parakeet_warmup_seconds": "1"}}
+               LONG: (long_path, bc.duration(long_path))}
+    worker_extra: dict[str, dict[str, Any]] = {"parakeet": {"parakeet_warmup_seconds": [1]}}
     try:
         with bc.Stack(NAME, workers=0, models=models) as stack, httpx.Client() as client:
             runner = Runner(stack, client, budget)
@@ -180,11 +185,18 @@ def main() -> None:
                     continue
                 env = OTHER_BACKENDS[backend][0]
                 python = procs.VENVS / env / "bin" / "python"
-                started_workers = [stack.add_worker(backend=backend, python=python,
-                                                    **worker_extra.get(backend, {}))
-                                   for _ in range(args.replicas)]
+                started_workers: list[procs.Service] = []
                 model = f"{backend}/tiny"
                 try:
+                    try:
+                        for _ in range(args.replicas):
+                            started_workers.append(stack.add_worker(
+                                backend=backend, python=python, **worker_extra.get(backend, {})))
+                    except (RuntimeError, TimeoutError) as exc:
+                        last = [line for line in str(exc).splitlines() if line.strip()][-3:]
+                        skipped_backends[backend] = "worker did not start: " + " | ".join(last)
+                        print(f"{backend}: {skipped_backends[backend]}", flush=True)
+                        continue
                     runner.warm_up(backend, model)
                     for label in ("11 s", "60 s"):
                         path, seconds = lengths[label]
@@ -194,9 +206,9 @@ def main() -> None:
                 finally:
                     for service in started_workers:
                         stack.stop_worker(service)
-            path, seconds = lengths["10 min"]
-            runner.case(bc.FW, fw_model, "10 min", path, seconds, "serial", 1)
-            runner.case(bc.FW, fw_model, "10 min", path, seconds, "2 concurrent", 2)
+            path, seconds = lengths[LONG]
+            runner.case(bc.FW, fw_model, long_label, path, seconds, "serial", 1)
+            runner.case(bc.FW, fw_model, long_label, path, seconds, "2 concurrent", 2)
     finally:
         tmp.cleanup()
     rows = runner.rows

@@ -19,9 +19,16 @@ from common import keys
 from common.schemas import TERMINAL_STATES, TaskState
 
 # KEYS: task, queue, input blob | ARGV: task_id, blob_ttl, blob ("" = none), field, value, ...
+# The entry's place in the stream's add order ("entries-added" right after XADD) makes the
+# queue position one subtraction from the group's "entries-read" (see queue_position).
 _SUBMIT = """
 local entry = redis.call('XADD', KEYS[2], '*', 'task_id', ARGV[1])
-redis.call('HSET', KEYS[1], 'entry_id', entry, unpack(ARGV, 4))
+local info = redis.call('XINFO', 'STREAM', KEYS[2])
+local seq = 0
+for i = 1, #info, 2 do
+  if info[i] == 'entries-added' then seq = info[i + 1] end
+end
+redis.call('HSET', KEYS[1], 'entry_id', entry, 'queue_seq', seq, unpack(ARGV, 4))
 if ARGV[3] ~= '' then
   redis.call('SET', KEYS[3], ARGV[3], 'EX', ARGV[2])
 end
@@ -110,6 +117,7 @@ class Task:
     attempt: int = 0
     deliveries: int = 0
     entry_id: str = ""
+    queue_seq: int = 0  # this entry's number in its stream's add order
     worker: str = ""
     result: dict[str, Any] | None = None
     error: str = ""
@@ -138,6 +146,7 @@ class Task:
             attempt=int(data.get("attempt", 0)),
             deliveries=int(data.get("deliveries", 0)),
             entry_id=data.get("entry_id", ""),
+            queue_seq=int(data.get("queue_seq") or 0),
             worker=data.get("worker", ""),
             result=json.loads(data["result"]) if data.get("result") else None,
             error=data.get("error", ""),
@@ -264,19 +273,19 @@ class TaskStore:
         return await self.redis.get(keys.output_blob(task_id))
 
     async def queue_position(self, task: Task) -> int | None:
-        """Entries ahead of this one not yet handed to a worker (0 = next), capped at 1000."""
+        """Entries ahead of this one not yet handed to a worker (0 = next), in O(1)."""
         if not task.entry_id:
             return None
         groups = await self.redis.xinfo_groups(keys.queue(task.backend))
         group = next((g for g in groups if g["name"] == keys.WORKER_GROUP.encode()), None)
         if group is None:
             return None
-        last = group["last-delivered-id"].decode()
-        if _stream_id(task.entry_id) <= _stream_id(last):
+        if _stream_id(task.entry_id) <= _stream_id(group["last-delivered-id"].decode()):
             return 0  # delivered; waiting for its worker to pick it up
-        ahead = await self.redis.xrange(keys.queue(task.backend), f"({last}", f"({task.entry_id}",
-                                        count=1000)
-        return len(ahead)
+        read = group.get("entries-read")
+        if read is None or not task.queue_seq:
+            return None  # Redis cannot tell (see XINFO GROUPS): better none than a guess
+        return max(0, task.queue_seq - int(read) - 1)
 
     # --- breaker ---
     async def record_load_failure(self, backend: str, model: str, error: str, *,

@@ -187,8 +187,9 @@ def test_pending_reply_has_queue_position(stack: dict, speech_clip: Path) -> Non
     gateway = stack["gateway"]
     ids = [submit_file(gateway, SHARED_AUDIO / "multilingual.mp3").json()["taskid"]]
     ids += [submit_file(gateway, speech_clip).json()["taskid"] for _ in range(3)]
-    last = status(gateway, ids[-1])
-    assert last["status"] == "PENDING" and last["queue_position"] >= 1, last
+    replies = [status(gateway, task_id) for task_id in ids[1:]]  # the first one is running
+    assert [r["status"] for r in replies] == ["PENDING"] * 3, replies
+    assert [r["queue_position"] for r in replies] == [0, 1, 2]
     for task_id in ids:
         wait_done(gateway, task_id, timeout=180)
 

@@ -35,14 +35,34 @@ def apply_torch_cap(cap_mib: int) -> None:
 
 
 def release(uses_torch: bool) -> None:
-    """Collect garbage and return cached memory to the OS / driver."""
+    """After each task: collect the task's garbage and hand torch's cache back to the GPU.
+
+    Cheap, because `keep_resident` took the long-lived objects out of the collector's scans.
+    """
     gc.collect()
-    torch = sys.modules.get("torch") if uses_torch else None
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    _empty_torch_cache(uses_torch)
+
+
+def keep_resident() -> None:
+    """After a load: the imports and the model stay, so stop scanning them on every collect
+    (a full collect over ~80 k objects costs ~45 ms a task; over the rest, microseconds)."""
+    gc.freeze()
+
+
+def release_all(uses_torch: bool) -> None:
+    """After an unload: everything the model held goes back to the OS / driver."""
+    gc.unfreeze()
+    gc.collect()
+    _empty_torch_cache(uses_torch)
     # glibc keeps freed arenas; without this RSS does not fall after an unload
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _empty_torch_cache(uses_torch: bool) -> None:
+    torch = sys.modules.get("torch") if uses_torch else None
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def snapshot(uses_torch: bool, device: str) -> dict[str, Any]:

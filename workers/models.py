@@ -54,6 +54,7 @@ class ModelSlot:
             raise LoadFailed(f"model {name!r} failed to load: {error}")
         self.last_load_seconds = time.perf_counter() - started
         self.loads += 1
+        memory.keep_resident()
         log.info("loaded model %s on %s in %.2f s", name, self.device, self.last_load_seconds)
         self.name, self.handle, self.last_used = name, handle, time.time()
         return handle
@@ -65,7 +66,7 @@ class ModelSlot:
         self.name = self.handle = None
         self.engine.unload(handle)
         del handle
-        memory.release(self.engine.uses_torch)
+        memory.release_all(self.engine.uses_torch)
         log.info("unloaded model %s", name)
 
     def idle_for(self) -> float:
