@@ -87,6 +87,10 @@ def test_unknown_task_is_200_failed(stack: dict) -> None:
                                 "status": "FAILED", "error": "unknown or expired task"}
     reply = httpx.get(stack["gateway"] + "/api/status")
     assert reply.status_code == 200 and reply.json()["status"] == "FAILED"
+    for body in (b"{not json", b"[1, 2]"):  # a broken body is still a 200 with a status
+        reply = httpx.post(stack["gateway"] + "/api/status", content=body,
+                           headers={"content-type": "application/json"})
+        assert reply.status_code == 200 and reply.json()["status"] == "FAILED", body
 
 
 def _bad_inputs(tmp: Path, allowed: Path) -> list[tuple[str, dict]]:

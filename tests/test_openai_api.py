@@ -158,6 +158,10 @@ def test_api_keys(keyed: str, redis_server: procs.RedisServer) -> None:
     theirs = httpx.get(f"{keyed}/api/status", params={"taskid": task_id},
                        headers={"Authorization": f"Bearer {KEY_B}"})
     assert theirs.status_code == 200 and theirs.json()["error"] == "unknown or expired task"
+    keyless = httpx.get(f"{keyed}/api/status", params={"taskid": task_id})
+    assert keyless.status_code == 200  # the status endpoint answers 200 whatever happens
+    assert keyless.json() == {"status": "FAILED",
+                              "error": "missing API key: send 'Authorization: Bearer KEY'"}
     assert httpx.get(f"{keyed}/v1/tasks/{task_id}",
                      headers={"x-api-key": KEY_B}).status_code == 404
     assert httpx.delete(f"{keyed}/v1/tasks/{task_id}",

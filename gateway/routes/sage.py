@@ -73,8 +73,8 @@ async def _status(request: Request) -> JSONResponse:
     try:
         owner = caller(request)
         params = await read_params(request)
-    except RequestError as exc:
-        return sage_error(exc)
+    except RequestError as exc:  # a bad key or body: still HTTP 200, as Sage expects
+        return JSONResponse({"status": "FAILED", "error": exc.message})
     task_id = params.get("task_id", "taskid")
     if not task_id:
         return JSONResponse({"status": "FAILED", "error": "missing task_id"})
