@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     request_timeout_seconds: float = 600.0
     allowed_roots: list[Path] = Field(default_factory=list)
     max_upload_mib: float = 200.0
+    #: hosts `audio_url` may be fetched from ("*" = any); empty = audio_url is refused
+    audio_url_hosts: list[str] = Field(default_factory=list)
     max_audio_seconds: float = 4 * 3600.0
     public_url: str = ""
     #: public voice name -> "speaker:<XTTS built-in speaker>" or "file:<reference clip under

@@ -15,6 +15,7 @@ from common.catalog import UnknownBackend, UnknownModel, backend_info, resolve_m
 from common.schemas import TaskState
 from common.settings import Settings
 from common.store import Task, TaskStore, new_task_id
+from gateway.fetch import fetch_audio_url
 from gateway.inputs import Params, RequestError, read_upload, resolve_allowed_path
 
 ASR_TASKS = ("transcribe", "translate")
@@ -40,9 +41,9 @@ async def read_audio_input(params: Params, settings: Settings) -> AudioInput:
         path = resolve_allowed_path(raw_path, settings.allowed_roots,
                                     "audio_file" if params.get("audio_file") else "audio_path")
         blob, source = None, path
-    elif params.get("audio_url"):
-        raise RequestError(400, "audio_url inputs are not enabled on this server",
-                           param="audio_url")
+    elif audio_url := params.get("audio_url"):
+        blob = await fetch_audio_url(audio_url, settings)
+        source, path = blob, None
     else:
         raise RequestError(400, "no audio given: send a 'file' upload or an 'audio_path'",
                            param="file")
