@@ -42,6 +42,6 @@ for name in "${envs[@]}"; do
     python3 -m venv "$venv"
     # (sed drops this machine's notes about absent local package mirrors; pip's status stands)
     "$venv/bin/pip" install -q --upgrade pip 2>&1 | sed '/^WARNING: Location .* is ignored/d'
-    "$venv/bin/pip" install -q -r "$req" -e . 2>&1 | sed '/^WARNING: Location .* is ignored/d
+    "$venv/bin/pip" install -q -r "$req" -e . 2>&1 | sed '/^WARNING: Location .* is ignored/d'
     echo "$stamp" > "$venv/.stamp"
 done
