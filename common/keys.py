@@ -54,6 +54,12 @@ def breaker_pattern() -> str:
     return f"{PREFIX}breaker:*"
 
 
+def breaker_parts(key: str) -> tuple[str, str]:
+    """(backend, model) of a breaker key."""
+    backend, _, model = key.removeprefix(f"{PREFIX}breaker:").partition(":")
+    return backend, model
+
+
 def counters(backend: str) -> str:
     """Hash: per-backend counters (tasks by outcome, load failures, worker starts)."""
     return f"{PREFIX}stats:{backend}"

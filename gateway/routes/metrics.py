@@ -104,7 +104,7 @@ async def _families(redis: Redis, backends: list[str]) -> list[Metric]:
     breaker = GaugeMetricFamily("speech_breaker_open", "1 while a model is marked unavailable",
                                 labels=["backend", "model"])
     async for key in redis.scan_iter(match=keys.breaker_pattern(), count=200):
-        _, _, backend, model = key.decode().split(":", 3)
+        backend, model = keys.breaker_parts(key.decode())
         breaker.add_metric([backend, model], float(await redis.hget(key, "open") == b"1"))
     return [up, waiting, running, tasks, *counters.values(), *histograms.values(), live, rss,
             gpu, loaded, breaker]
