@@ -1,0 +1,35 @@
+"""The gateway while Redis is down: clear answers, Sage-safe polls, and it recovers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from tests import procs
+from tests.helpers import JFK, status, submit_file, wait_done
+
+
+def test_gateway_answers_clearly_while_redis_is_down(tmp_path: Path) -> None:
+    redis = procs.RedisServer(tmp_path / "redis").start()
+    gateway = procs.gateway(redis.url, tmp_path).start()
+    worker = procs.worker(redis.url, tmp_path).start()
+    try:
+        task_id = submit_file(gateway.url, JFK).json()["taskid"]
+        assert wait_done(gateway.url, task_id)["status"] == "SUCCEEDED"
+        redis.stop()
+        refused = submit_file(gateway.url, JFK)
+        assert refused.status_code == 503
+        assert refused.json()["status"] == "FAILED" and "unavailable" in refused.json()["error"]
+        poll = status(gateway.url, task_id)  # 200, and not FAILED: Sage would give up for good
+        assert poll["status"] == "PENDING" and "unavailable" in poll["detail"]
+        assert httpx.get(f"{gateway.url}/ready").status_code == 503
+        assert httpx.get(f"{gateway.url}/health").status_code == 200
+        redis.start()  # same port and data directory: the AOF brings the task back
+        assert status(gateway.url, task_id)["status"] == "SUCCEEDED"
+        again = submit_file(gateway.url, JFK).json()["taskid"]
+        assert wait_done(gateway.url, again, timeout=60)["status"] == "SUCCEEDED"
+    finally:
+        worker.stop()
+        gateway.stop()
+        redis.stop()
