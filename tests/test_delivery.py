@@ -94,3 +94,23 @@ def test_a_task_no_worker_takes_fails_after_max_queue_seconds(tmp_path: Path) ->
     finally:
         gateway.stop()
         redis.stop()
+
+
+def test_a_worker_whose_loop_cannot_run_exits_instead_of_looking_alive(tmp_path: Path) -> None:
+    """Its HTTP port is taken: the server loop dies, so the whole process exits 1."""
+    import socket
+
+    redis = procs.RedisServer(tmp_path / "redis").start()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        worker = procs.worker(redis.url, tmp_path)
+        worker.env["SPEECH_WORKER_PORT"] = str(port)
+        worker.start(wait=False)
+        try:
+            assert worker.proc is not None and worker.proc.wait(timeout=60) == 1
+            assert "exiting" in worker.log() and "Address already in use" in worker.log()
+        finally:
+            worker.stop()
+            redis.stop()

@@ -29,6 +29,9 @@ def test_gateway_answers_clearly_while_redis_is_down(tmp_path: Path) -> None:
         assert status(gateway.url, task_id)["status"] == "SUCCEEDED"
         again = submit_file(gateway.url, JFK).json()["taskid"]
         assert wait_done(gateway.url, again, timeout=60)["status"] == "SUCCEEDED"
+        redis.client().flushall()  # a Redis that lost everything (no AOF): the worker's
+        lost = submit_file(gateway.url, JFK).json()["taskid"]  # consumer group is gone too
+        assert wait_done(gateway.url, lost, timeout=60)["status"] == "SUCCEEDED"
     finally:
         worker.stop()
         gateway.stop()

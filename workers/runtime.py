@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from common import keys, logs, metrics
 from common.audio import AudioError
@@ -80,14 +80,23 @@ class Worker:
         if serve_http is not None:
             background.append(asyncio.create_task(serve_http(self)))
             await asyncio.sleep(0)  # let it bind, so the first heartbeat carries its URL
-        background += [asyncio.create_task(self._heartbeat_loop()),
-                       asyncio.create_task(self._idle_unload_loop())]
+        background.append(asyncio.create_task(self._heartbeat_loop()))
+        if self.settings.idle_unload_seconds > 0:
+            background.append(asyncio.create_task(self._idle_unload_loop()))
         with contextlib.suppress(RedisError):
             await metrics.count(self.store.redis, self.backend, "worker_starts")
         if self.settings.preload:
             await self._preload_default()
         consumer = asyncio.create_task(self._consume_loop())
-        await self.stopping.wait()
+        stop_requested = asyncio.create_task(self.stopping.wait())
+        await asyncio.wait({consumer, stop_requested, *background},
+                           return_when=asyncio.FIRST_COMPLETED)
+        if not self.stopping.is_set():
+            # A loop died (a bug, a port in use …): a worker that no longer consumes, beats or
+            # unloads must not look alive. Exit, and let supervisord start a whole one.
+            ended = next(t for t in (consumer, *background) if t.done())
+            log.critical("%s ended: %r; exiting", ended.get_coro().__name__, ended.exception())
+            os._exit(1)
         done: set[asyncio.Task] = set()
         if self.current_task is None and not self.engine_lock.locked():
             consumer.cancel()  # idle: nothing to finish (a task it just took stays pending)
@@ -141,6 +150,12 @@ class Worker:
                         deliveries = await self.queue.read(block_ms=1000)
                 for delivery in deliveries:
                     await self._handle(delivery)
+            except ResponseError as exc:
+                if not str(exc).startswith(("NOGROUP", "UNBLOCKED")):
+                    raise
+                # Redis came back without our stream (no AOF, or flushed): make it again.
+                log.warning("the queue's consumer group is gone; recreating it")
+                await self._retrying(lambda: self.store.ensure_queue(self.backend))
             except RedisError as exc:
                 log.warning("redis unavailable (%s); retrying", exc)
                 await asyncio.sleep(1.0)
@@ -370,7 +385,7 @@ class Worker:
 
     async def _idle_unload_loop(self) -> None:
         idle_limit = self.settings.idle_unload_seconds
-        while idle_limit > 0:
+        while True:
             await asyncio.sleep(min(1.0, idle_limit / 4))
             if self.slot.handle is None or self.engine_lock.locked():
                 continue
