@@ -70,14 +70,14 @@ return 1
 """
 
 # KEYS: task, queue, events, input blob | ARGV: now, retention -> the state after the call
+# The stream entry stays: a worker that reads it finds the task terminal and acks it. (An
+# XDEL would leave a tombstone that breaks the group's entries-read count, see queue_position.)
 _CANCEL = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return '' end
 if state ~= 'PENDING' then return state end
 redis.call('HSET', KEYS[1], 'state', 'CANCELLED', 'finished_at', ARGV[1],
            'error', 'task was cancelled before it started')
-local entry = redis.call('HGET', KEYS[1], 'entry_id')
-if entry then redis.call('XDEL', KEYS[2], entry) end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('DEL', KEYS[4])
 redis.call('PUBLISH', KEYS[3], '{"type":"state","status":"CANCELLED"}')

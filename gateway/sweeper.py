@@ -1,6 +1,7 @@
-"""Bounds how long a task may wait for a worker: the one fault a worker cannot fix is that
-no worker of its backend runs at all. Every gateway replica sweeps; the terminal write is
-atomic and idempotent, so two sweeps never conflict."""
+"""Queue upkeep by every gateway replica: a task no worker started within
+`max_queue_seconds` is FAILED (the one fault a worker cannot fix is that no worker of its
+backend runs at all), and stream entries past every retention are trimmed. The terminal
+write is atomic and idempotent, so two sweeping replicas never conflict."""
 
 from __future__ import annotations
 
@@ -23,13 +24,21 @@ BATCH = 200
 
 async def sweep_forever(store: TaskStore, settings: Settings) -> None:
     limit = settings.max_queue_seconds
-    if limit <= 0:
-        return
+    period = min(30.0, limit / 4) if limit > 0 else 30.0
     while True:
-        await asyncio.sleep(min(30.0, limit / 4))
+        await asyncio.sleep(period)
         with contextlib.suppress(RedisError):
             for backend in enabled_backends(settings):
-                await sweep(store, backend, limit)
+                if limit > 0:
+                    await sweep(store, backend, limit)
+                await trim(store, backend, max(settings.retention_seconds, limit))
+
+
+async def trim(store: TaskStore, backend: str, older_than: float) -> None:
+    """Drop stream entries older than any task they could still serve: streams stay small."""
+    min_id = str(int((time.time() - older_than) * 1000))
+    for stream in (keys.queue(backend), keys.dead_letter(backend)):
+        await store.redis.xtrim(stream, minid=min_id, approximate=False)
 
 
 async def sweep(store: TaskStore, backend: str, limit: float) -> int:

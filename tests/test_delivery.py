@@ -114,3 +114,38 @@ def test_a_worker_whose_loop_cannot_run_exits_instead_of_looking_alive(tmp_path:
         finally:
             worker.stop()
             redis.stop()
+
+
+def test_streams_are_trimmed_past_retention(tmp_path: Path) -> None:
+    import asyncio
+
+    from redis.asyncio import Redis
+
+    from common import keys
+    from common.store import TaskStore
+    from gateway.sweeper import trim
+
+    redis = procs.RedisServer(tmp_path / "redis").start()
+    try:
+        gateway = procs.gateway(redis.url, tmp_path).start()
+        worker = procs.worker(redis.url, tmp_path).start()
+        ids = [submit_file(gateway.url, JFK).json()["taskid"] for _ in range(2)]
+        assert all(wait_done(gateway.url, t)["status"] == "SUCCEEDED" for t in ids)
+        assert redis.client().xlen(keys.queue("faster-whisper")) == 2
+
+        async def trim_now(older_than: float) -> None:
+            client = Redis.from_url(redis.url)
+            await trim(TaskStore(client, 60), "faster-whisper", older_than)
+            await client.aclose()
+
+        asyncio.run(trim_now(3600))  # nothing is an hour old
+        assert redis.client().xlen(keys.queue("faster-whisper")) == 2
+        asyncio.run(trim_now(0))
+        assert redis.client().xlen(keys.queue("faster-whisper")) == 0
+        # the queue still works after a trim
+        again = submit_file(gateway.url, JFK).json()["taskid"]
+        assert wait_done(gateway.url, again)["status"] == "SUCCEEDED"
+        worker.stop()
+        gateway.stop()
+    finally:
+        redis.stop()
