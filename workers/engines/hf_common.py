@@ -13,10 +13,24 @@ class HfHandle:
     model: Any
 
 
-def cuda_available() -> bool:
-    import torch
+class HfAsrEngine:
+    """What qwen3 and vibevoice share; each adds `sample_rate`, `load`, `warm_up` and
+    `transcribe`."""
 
-    return torch.cuda.is_available()
+    name = ""
+    uses_torch = True
+
+    def cuda_available(self) -> bool:
+        import torch
+
+        return torch.cuda.is_available()
+
+    def unload(self, handle: HfHandle) -> None:
+        """Nothing engine-specific: the runtime drops the handle and frees torch's cache."""
+
+    def check_task(self, task: str) -> None:
+        if task != "transcribe":
+            raise ValueError(f"{self.name} does not support task={task!r}")
 
 
 def check_source(source: str) -> None:

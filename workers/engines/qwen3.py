@@ -17,12 +17,9 @@ MIN_NEW_TOKENS = 512
 NEW_TOKENS_PER_SECOND = 12
 
 
-class Qwen3Engine:
+class Qwen3Engine(hf_common.HfAsrEngine):
+    name = "qwen3"
     sample_rate = 16000
-    uses_torch = True
-
-    def cuda_available(self) -> bool:
-        return hf_common.cuda_available()
 
     def load(self, model: ModelRef, device: str) -> hf_common.HfHandle:
         from transformers import Qwen3ASRForConditionalGeneration
@@ -34,9 +31,6 @@ class Qwen3Engine:
         request = handle.processor.apply_transcription_request(audio=silence, language="English")
         hf_common.generate(handle, request, max_new_tokens=2)
 
-    def unload(self, handle: hf_common.HfHandle) -> None:
-        """Nothing engine-specific: the runtime drops the handle and frees torch's cache."""
-
     def transcribe(
         self,
         handle: hf_common.HfHandle,
@@ -44,8 +38,7 @@ class Qwen3Engine:
         options: TranscriptionOptions,
         on_segment: Callable[[Segment], None],
     ) -> Transcription:
-        if options.task != "transcribe":
-            raise ValueError(f"qwen3 does not support task={options.task!r}")
+        self.check_task(options.task)
         duration = len(audio) / self.sample_rate
         language = model_language(options.language)
         max_new_tokens = max(MIN_NEW_TOKENS, int(duration * NEW_TOKENS_PER_SECOND))

@@ -21,12 +21,9 @@ NEW_TOKENS_PER_SECOND = 20
 MAX_NEW_TOKENS = 32768
 
 
-class VibeVoiceEngine:
+class VibeVoiceEngine(hf_common.HfAsrEngine):
+    name = "vibevoice"
     sample_rate = 24000
-    uses_torch = True
-
-    def cuda_available(self) -> bool:
-        return hf_common.cuda_available()
 
     def load(self, model: ModelRef, device: str) -> hf_common.HfHandle:
         from transformers import VibeVoiceAsrForConditionalGeneration
@@ -40,9 +37,6 @@ class VibeVoiceEngine:
         request = handle.processor.apply_transcription_request(audio=silence)
         hf_common.generate(handle, request, max_new_tokens=2, sample=False)
 
-    def unload(self, handle: hf_common.HfHandle) -> None:
-        """Nothing engine-specific: the runtime drops the handle and frees torch's cache."""
-
     def transcribe(
         self,
         handle: hf_common.HfHandle,
@@ -50,8 +44,7 @@ class VibeVoiceEngine:
         options: TranscriptionOptions,
         on_segment: Callable[[Segment], None],
     ) -> Transcription:
-        if options.task != "transcribe":
-            raise ValueError(f"vibevoice does not support task={options.task!r}")
+        self.check_task(options.task)
         duration = len(audio) / self.sample_rate
         max_new_tokens = min(
             MAX_NEW_TOKENS, MIN_NEW_TOKENS + int(duration * NEW_TOKENS_PER_SECOND)
