@@ -19,17 +19,18 @@ BUCKETS: dict[str, tuple[float, ...]] = {
 }
 
 
-async def observe(redis: Redis, backend: str, metric: str, value: float) -> None:
-    key = keys.histogram(backend, metric)
+async def record(redis: Redis, backend: str, counters: tuple[str, ...] = (),
+                 observations: dict[str, float] | None = None) -> None:
+    """Increment `counters` (tasks_SUCCEEDED, load_failures, worker_starts …) and add
+    `observations` to their histograms, in one round trip."""
     pipe = redis.pipeline(transaction=False)
-    for bound in BUCKETS[metric]:
-        if value <= bound:
-            pipe.hincrby(key, repr(float(bound)), 1)
-    pipe.hincrbyfloat(key, "sum", value)
-    pipe.hincrby(key, "count", 1)
+    for counter in counters:
+        pipe.hincrby(keys.counters(backend), counter, 1)
+    for metric, value in (observations or {}).items():
+        key = keys.histogram(backend, metric)
+        for bound in BUCKETS[metric]:
+            if value <= bound:
+                pipe.hincrby(key, repr(float(bound)), 1)
+        pipe.hincrbyfloat(key, "sum", value)
+        pipe.hincrby(key, "count", 1)
     await pipe.execute()
-
-
-async def count(redis: Redis, backend: str, counter: str, amount: int = 1) -> None:
-    """Counters per backend: tasks_SUCCEEDED, tasks_FAILED, load_failures, worker_starts …"""
-    await redis.hincrby(keys.counters(backend), counter, amount)

@@ -84,7 +84,7 @@ class Worker:
         if self.settings.idle_unload_seconds > 0:
             background.append(asyncio.create_task(self._idle_unload_loop()))
         with contextlib.suppress(RedisError):
-            await metrics.count(self.store.redis, self.backend, "worker_starts")
+            await metrics.record(self.store.redis, self.backend, ("worker_starts",))
         if self.settings.preload:
             await self._preload_default()
         consumer = asyncio.create_task(self._consume_loop())
@@ -217,9 +217,8 @@ class Worker:
         if state == TaskState.SUCCEEDED and task.audio_seconds:
             observations["realtime_factor"] = inference / task.audio_seconds
         with contextlib.suppress(RedisError):
-            await metrics.count(self.store.redis, self.backend, f"tasks_{state.value}")
-            for name, value in observations.items():
-                await metrics.observe(self.store.redis, self.backend, name, max(0.0, value))
+            await metrics.record(self.store.redis, self.backend, (f"tasks_{state.value}",),
+                                 {name: max(0.0, value) for name, value in observations.items()})
 
     async def _run_task(self, task: Task) -> Outcome:
         breaker_error = await self._breaker_error(task.model)
@@ -256,8 +255,7 @@ class Worker:
         await self.store.finish(task, TaskState.FAILED, attempt=None, entry_id=entry_id,
                                 error=reason, error_code=ErrorCode.DELIVERY_LIMIT.value)
         with contextlib.suppress(RedisError):
-            await metrics.count(self.store.redis, self.backend, "tasks_FAILED")
-            await metrics.count(self.store.redis, self.backend, "dead_lettered")
+            await metrics.record(self.store.redis, self.backend, ("tasks_FAILED", "dead_lettered"))
 
     async def _keep_lease(self, entry_id: str) -> None:
         while True:
@@ -336,7 +334,7 @@ class Worker:
         with contextlib.suppress(RedisError):
             if task is not None:
                 await self.store.note_error(task.id, error)
-            await metrics.count(self.store.redis, self.backend, "load_failures")
+            await metrics.record(self.store.redis, self.backend, ("load_failures",))
             opened = await self.store.record_load_failure(
                 self.backend, model, error, threshold=self.settings.breaker_failures,
                 window=self.settings.breaker_window_seconds)
