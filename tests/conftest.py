@@ -9,6 +9,13 @@ import pytest
 from tests import procs
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _stop_leftover_processes() -> Iterator[None]:
+    """A fixture that failed half-way leaves no server running after the session."""
+    yield
+    procs.stop_leftovers()
+
+
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("stack")

@@ -44,7 +44,25 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
         time.sleep(interval)
 
 
+#: every process these helpers started and have not stopped yet (see stop_leftovers)
+STARTED: list[subprocess.Popen] = []
+
+
+def _spawn(args: list[str], **kwargs: Any) -> subprocess.Popen:
+    proc = subprocess.Popen(args, start_new_session=True, **kwargs)
+    STARTED.append(proc)
+    return proc
+
+
+def stop_leftovers() -> None:
+    """Stop what a failed fixture or test left running: only our own processes, by pid."""
+    for proc in list(STARTED):
+        _stop(proc)
+
+
 def _stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    if proc in STARTED:
+        STARTED.remove(proc)
     if proc.poll() is not None:
         return
     with _suppress():
@@ -79,7 +97,7 @@ class RedisServer:
                 "--dir", str(self.workdir), "--save", "",
                 "--appendonly", "yes" if self.appendonly else "no",
                 "--appendfsync", "everysec", "--logfile", str(self.workdir / "redis.log")]
-        self.proc = subprocess.Popen(args, start_new_session=True)
+        self.proc = _spawn(args)
         wait_until(self._pings, 10, "redis-server")
         return self
 
@@ -122,8 +140,8 @@ class Service:
 
     def start(self, wait: bool = True) -> Service:
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(self.args, env=self.env, cwd=ROOT, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = _spawn(self.args, env=self.env, cwd=ROOT, stdout=log,
+                           stderr=subprocess.STDOUT)
         if wait:
             wait_until(self.healthy, 120, f"{self.args[-1]} health ({self.log_path})", 0.1)
         return self
@@ -178,10 +196,9 @@ class Supervisor:
         self.conf = ROOT / "deploy" / "supervisord.conf"
 
     def start(self) -> Supervisor:
-        self.proc = subprocess.Popen(  # the same entry the README and the container use
+        self.proc = _spawn(  # the same entry the README and the container use
             [str(ROOT / "scripts" / "run_stack.sh")], env=self.env, cwd=ROOT,
-            stdout=(self.workdir / "supervisord.out").open("ab"), stderr=subprocess.STDOUT,
-            start_new_session=True)
+            stdout=(self.workdir / "supervisord.out").open("ab"), stderr=subprocess.STDOUT)
         wait_until(lambda: (self.workdir / "supervisor.sock").exists(), 20, "supervisord")
         return self
 

@@ -45,9 +45,11 @@ def full_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             return set()
         return {name for name, entry in ready.get("backends", {}).items() if entry["live"]}
 
-    wait_until(lambda: live_backends() == set(PREFIX), 180, "all five workers live", 0.5)
-    yield {"url": url, "supervisor": supervisor, "live": live_backends}
-    supervisor.stop()
+    try:
+        wait_until(lambda: live_backends() == set(PREFIX), 180, "all five workers live", 0.5)
+        yield {"url": url, "supervisor": supervisor, "live": live_backends}
+    finally:
+        supervisor.stop()
 
 
 def smoke(url: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -50,7 +50,11 @@ class Stack:
 
     def start(self) -> Stack:
         self.supervisor.start()
-        wait_until(lambda: len(self.live()) == self.replicas(), 60, "workers live", 0.2)
+        try:
+            wait_until(lambda: len(self.live()) == self.replicas(), 60, "workers live", 0.2)
+        except BaseException:
+            self.supervisor.stop()  # a stack that failed to come up still goes away
+            raise
         return self
 
     def replicas(self) -> int:
