@@ -149,3 +149,25 @@ def test_streams_are_trimmed_past_retention(tmp_path: Path) -> None:
         gateway.stop()
     finally:
         redis.stop()
+
+
+def test_a_successful_load_closes_the_breaker(tmp_path: Path) -> None:
+    from common import keys
+
+    redis = procs.RedisServer(tmp_path / "redis").start()
+    gateway = procs.gateway(redis.url, tmp_path).start()
+    worker = procs.worker(redis.url, tmp_path).start()
+    try:  # earlier failures left tiny.en's breaker open (say the files were being replaced)
+        redis.client().hset(keys.breaker("faster-whisper", "tiny.en"),
+                            mapping={"open": 1, "failures": 3, "error": "model was broken"})
+        assert submit_file(gateway.url, JFK).status_code == 503
+        with JFK.open("rb") as handle:  # the files are fine again: a direct call loads them
+            assert httpx.post(f"{worker.url}/transcribe", files={"file": handle},
+                              timeout=60).status_code == 200
+        assert not redis.client().exists(keys.breaker("faster-whisper", "tiny.en"))
+        task_id = submit_file(gateway.url, JFK).json()["taskid"]
+        assert wait_done(gateway.url, task_id)["status"] == "SUCCEEDED"
+    finally:
+        worker.stop()
+        gateway.stop()
+        redis.stop()

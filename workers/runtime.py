@@ -319,8 +319,14 @@ class Worker:
                             ErrorCode.OUT_OF_MEMORY)
 
     async def _acquire(self, model: str, task: Task | None) -> Any:
+        loads_before = self.slot.loads
         try:
-            return await self._call(self.slot.acquire, model)
+            handle = await self._call(self.slot.acquire, model)
+            if self.slot.loads > loads_before:
+                # A load that works ends the run of consecutive failures (and an open breaker).
+                with contextlib.suppress(RedisError):
+                    await self.store.clear_breaker(self.backend, model)
+            return handle
         except KeyError as exc:
             raise TaskError(str(exc.args[0]), ErrorCode.INVALID_REQUEST) from None
         except LoadFailed as exc:
