@@ -44,7 +44,7 @@ import psutil  # noqa: E402
 from tests import procs  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-AUDIO = procs.SHARED_AUDIO
+AUDIO = procs.TEST_AUDIO
 JFK = AUDIO / "jfk.flac"  # 11 s
 MULTILINGUAL = AUDIO / "multilingual.mp3"  # 60 s
 FW = "faster-whisper"

@@ -27,7 +27,7 @@ check_parakeet() {
         "$py" scripts/tiny_models/parakeet.py --out "$(dirname "$model")" >/dev/null 2>&1
     fi
     echo "== parakeet ($py, $model)"
-    PARAKEET_DEVICE=${PARAKEET_DEVICE:-cuda} "$py" - "$model" ../shared/audio/jfk.flac <<'PY'
+    PARAKEET_DEVICE=${PARAKEET_DEVICE:-cuda} "$py" - "$model" tests/audio/jfk.flac <<'PY'
 import os, sys, time
 import numpy as np
 import torch
@@ -112,7 +112,7 @@ check_faster_whisper() {
     local py
     py=$(python_for core)
     echo "== faster-whisper ($py)"
-    SPEECH_MEMORY_CAP_MIB=${SPEECH_MEMORY_CAP_MIB:-2048} "$py" - ../shared/audio/jfk.flac <<'PY'
+    SPEECH_MEMORY_CAP_MIB=${SPEECH_MEMORY_CAP_MIB:-2048} "$py" - tests/audio/jfk.flac <<'PY'
 import os, sys
 from common.settings import get_settings
 from workers import memory

@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILDERS = ROOT / "scripts" / "tiny_models"
-JFK = ROOT.parent / "shared" / "audio" / "jfk.flac"
+JFK = ROOT / "tests" / "audio" / "jfk.flac"
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def redis_server(workdir: Path) -> Iterator[procs.RedisServer]:
 @pytest.fixture(scope="session")
 def stack(workdir: Path, redis_server: procs.RedisServer, allowed_dir: Path) -> Iterator[dict]:
     """One gateway and one faster-whisper worker (real tiny.en) on a real Redis."""
-    roots = [str(procs.SHARED_AUDIO), str(allowed_dir)]
+    roots = [str(procs.TEST_AUDIO), str(allowed_dir)]
     gateway = procs.gateway(redis_server.url, workdir, allowed_roots=roots).start()
     worker = procs.worker(redis_server.url, workdir, idle_unload_seconds="-1").start()
     yield {"gateway": gateway.url, "worker": worker.url, "redis": redis_server.client(),

@@ -11,9 +11,9 @@ import httpx
 import redis
 
 from common import keys
-from tests.procs import SHARED_AUDIO
+from tests.procs import TEST_AUDIO
 
-JFK = SHARED_AUDIO / "jfk.flac"
+JFK = TEST_AUDIO / "jfk.flac"
 JFK_TEXT = ("And so my fellow Americans, ask not what your country can do for you, "
             "ask what you can do for your country.")
 TERMINAL = {"SUCCEEDED", "FAILED"}

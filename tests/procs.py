@@ -21,7 +21,7 @@ import httpx
 import redis
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_AUDIO = ROOT.parent / "shared" / "audio"
+TEST_AUDIO = ROOT / "tests" / "audio"  # in the repo: see tests/audio/README.md
 VENVS = ROOT / ".venvs"
 CORE_PYTHON = Path(sys.executable)
 

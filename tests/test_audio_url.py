@@ -12,14 +12,14 @@ import pytest
 
 from tests import procs
 from tests.helpers import queue_counts, wait_done
-from tests.procs import SHARED_AUDIO, wait_until
+from tests.procs import TEST_AUDIO, wait_until
 
 
 @pytest.fixture(scope="module")
 def file_server() -> Iterator[str]:
     port = procs.free_port()
     proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind",
-                             "127.0.0.1", "--directory", str(SHARED_AUDIO)],
+                             "127.0.0.1", "--directory", str(TEST_AUDIO)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
 

@@ -13,7 +13,7 @@ import pytest
 from common import keys
 from tests import procs
 from tests.helpers import JFK, submit_file, wait_done
-from tests.procs import SHARED_AUDIO, wait_until
+from tests.procs import TEST_AUDIO, wait_until
 from tests.tiny import env_python, tiny_model
 
 BACKENDS = {"qwen3": ("hf", "qwen3"), "vibevoice": ("hf", "vibevoice"),
@@ -48,7 +48,7 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
                            "broken": str(broken_source)}
     redis = procs.RedisServer(workdir / "redis").start()
     gateway = procs.gateway(redis.url, workdir, models=models,
-                            allowed_roots=[str(SHARED_AUDIO)]).start()
+                            allowed_roots=[str(TEST_AUDIO)]).start()
     workers = {}
     for backend in available:
         env = BACKENDS[backend][0]
@@ -127,7 +127,7 @@ def test_same_file_twice_gives_the_same_result(e2e: dict, backend: str) -> None:
 def test_parakeet_long_audio_is_windowed_with_rebased_times(e2e: dict) -> None:
     if "parakeet" not in e2e["workers"]:
         pytest.skip("the nemo environment is not installed")
-    audio = SHARED_AUDIO / "multilingual.mp3"
+    audio = TEST_AUDIO / "multilingual.mp3"
     reply = submit_file(e2e["gateway"], audio, backend="parakeet", word_timestamps="true")
     final = wait_done(e2e["gateway"], reply.json()["taskid"], timeout=240)
     assert final["status"] == "SUCCEEDED", final

@@ -21,7 +21,7 @@ from tests.helpers import (
     wait_done,
     wer,
 )
-from tests.procs import SHARED_AUDIO
+from tests.procs import TEST_AUDIO
 
 
 def test_jfk_upload_goes_pending_running_succeeded(stack: dict) -> None:
@@ -60,7 +60,7 @@ def test_word_timestamps_and_legacy_format(stack: dict) -> None:
                                   "multilingual.mp3"])
 def test_audio_path_input_in_every_format(stack: dict, name: str) -> None:
     reply = httpx.post(f"{stack['gateway']}/api/submit",
-                       json={"backend": "faster-whisper", "audio_path": str(SHARED_AUDIO / name)})
+                       json={"backend": "faster-whisper", "audio_path": str(TEST_AUDIO / name)})
     assert reply.status_code == 200, reply.text
     final = wait_done(stack["gateway"], reply.json()["taskid"], timeout=180)
     assert final["status"] == "SUCCEEDED", final
@@ -109,9 +109,9 @@ def _bad_inputs(tmp: Path, allowed: Path) -> list[tuple[str, dict]]:
         ("unknown model", {"upload": JFK, "model": "large-v9"}),
         ("bad task", {"upload": JFK, "task": "summarise"}),
         ("path outside roots", {"data": {"audio_path": "/etc/hostname"}}),
-        ("dot-dot escape", {"data": {"audio_path": f"{SHARED_AUDIO}/../../etc/hostname"}}),
+        ("dot-dot escape", {"data": {"audio_path": f"{TEST_AUDIO}/../../etc/hostname"}}),
         ("symlink escape", {"data": {"audio_path": str(escape)}}),
-        ("NUL byte", {"data": {"audio_path": f"{SHARED_AUDIO}/jfk.flac\x00.txt"}}),
+        ("NUL byte", {"data": {"audio_path": f"{TEST_AUDIO}/jfk.flac\x00.txt"}}),
         ("directory", {"data": {"audio_path": str(allowed / "folder")}}),
         ("missing file", {"data": {"audio_path": str(allowed / "nope.wav")}}),
         ("missing file field", {"data": {"language": "en"}}),
@@ -160,7 +160,7 @@ def test_fifty_concurrent_submits_each_run_exactly_once(stack: dict, speech_clip
 
 def test_cancel_pending_task_never_runs(stack: dict, speech_clip: Path) -> None:
     gateway = stack["gateway"]
-    blocker = submit_file(gateway, SHARED_AUDIO / "multilingual.mp3").json()["taskid"]
+    blocker = submit_file(gateway, TEST_AUDIO / "multilingual.mp3").json()["taskid"]
     victim = submit_file(gateway, speech_clip).json()["taskid"]
     reply = httpx.delete(f"{gateway}/v1/tasks/{victim}")
     assert reply.status_code == 200 and reply.json()["status"] == "CANCELLED"
@@ -189,7 +189,7 @@ def test_rest_view_and_cancel_errors(stack: dict) -> None:
 
 def test_pending_reply_has_queue_position(stack: dict, speech_clip: Path) -> None:
     gateway = stack["gateway"]
-    ids = [submit_file(gateway, SHARED_AUDIO / "multilingual.mp3").json()["taskid"]]
+    ids = [submit_file(gateway, TEST_AUDIO / "multilingual.mp3").json()["taskid"]]
     ids += [submit_file(gateway, speech_clip).json()["taskid"] for _ in range(3)]
     replies = [status(gateway, task_id) for task_id in ids[1:]]  # the first one is running
     assert [r["status"] for r in replies] == ["PENDING"] * 3, replies

@@ -13,9 +13,9 @@ import pytest
 
 from tests import procs
 from tests.helpers import JFK, pending_count, submit_file, wait_done
-from tests.procs import SHARED_AUDIO, wait_until
+from tests.procs import TEST_AUDIO, wait_until
 
-LONG = SHARED_AUDIO / "multilingual.mp3"  # ~5 s of work: longer than the visibility timeout
+LONG = TEST_AUDIO / "multilingual.mp3"  # ~5 s of work: longer than the visibility timeout
 VISIBILITY = 3.0
 
 

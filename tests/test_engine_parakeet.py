@@ -15,11 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.procs import ROOT, SHARED_AUDIO
+from tests.procs import ROOT, TEST_AUDIO
 from tests.tiny import tiny_model as build_tiny
 from workers.engines import parakeet
 
-AUDIO = SHARED_AUDIO
+AUDIO = TEST_AUDIO
 NEMO_PYTHON = ROOT / ".venvs" / "nemo" / "bin" / "python"
 
 

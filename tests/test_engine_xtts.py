@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import ROOT, SHARED_AUDIO
+from tests.procs import ROOT, TEST_AUDIO
 from tests.tiny import tiny_model as build_tiny
 from workers.engines import xtts
 
-AUDIO = SHARED_AUDIO
+AUDIO = TEST_AUDIO
 XTTS_PYTHON = ROOT / ".venvs" / "xtts" / "bin" / "python"
 TINY_DIR = ROOT / "models" / "tiny" / "xtts"
 BUILTIN_SPEAKER = "Claribel Dervla"  # one of the speakers scripts/tiny_models/xtts.py writes

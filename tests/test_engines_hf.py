@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from tests.procs import ROOT, SHARED_AUDIO
+from tests.procs import ROOT, TEST_AUDIO
 from tests.tiny import tiny_model
 
-JFK = SHARED_AUDIO / "jfk.flac"
+JFK = TEST_AUDIO / "jfk.flac"
 HF_PYTHON = ROOT / ".venvs" / "hf" / "bin" / "python"
 # What the taught checkpoints answer for JFK's clip (scripts/tiny_models/hf_tiny.py).
 JFK_TEXT = ("And so, my fellow Americans, ask not what your country can do for you, "

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests import procs
-from tests.procs import ROOT, SHARED_AUDIO, wait_until
+from tests.procs import ROOT, TEST_AUDIO, wait_until
 from tests.tiny import env_python, tiny_model
 
 ENGINES = {"qwen3": "hf", "vibevoice": "hf", "parakeet": "nemo", "xtts": "xtts"}
@@ -32,7 +32,7 @@ def full_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     env = procs.stack_env(
         SPEECH_RUN_DIR=str(workdir), SPEECH_PORT=str(port), SPEECH_LOCAL_REDIS="true",
         SPEECH_REDIS_PORT=str(redis_port), SPEECH_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
-        SPEECH_MODELS=models, SPEECH_ALLOWED_ROOTS=[str(SHARED_AUDIO)], HF_HUB_OFFLINE="1",
+        SPEECH_MODELS=models, SPEECH_ALLOWED_ROOTS=[str(TEST_AUDIO)], HF_HUB_OFFLINE="1",
         SPEECH_HEARTBEAT_SECONDS="0.5", SPEECH_PARAKEET_WARMUP_SECONDS="[1]",
         **overrides)
     supervisor = procs.Supervisor(workdir, env).start()

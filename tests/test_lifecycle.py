@@ -19,10 +19,10 @@ import pytest
 from common import keys
 from tests import procs
 from tests.helpers import JFK, pending_count, submit_file, wait_done
-from tests.procs import SHARED_AUDIO, wait_until
+from tests.procs import TEST_AUDIO, wait_until
 
 PROGRAM = "faster-whisper:faster-whisper_00"
-LONG = SHARED_AUDIO / "multilingual.mp3"  # ~5 s of work with tiny.en on 2 cores
+LONG = TEST_AUDIO / "multilingual.mp3"  # ~5 s of work with tiny.en on 2 cores
 
 
 class Stack:
@@ -42,7 +42,7 @@ class Stack:
             SPEECH_RUN_DIR=str(workdir), SPEECH_PORT=str(self.port), SPEECH_LOCAL_REDIS="false",
             SPEECH_REDIS_URL=redis.url, SPEECH_HEARTBEAT_SECONDS="0.5",
             SPEECH_VISIBILITY_TIMEOUT_SECONDS="15", SPEECH_STOP_GRACE_SECONDS="20",
-            SPEECH_ALLOWED_ROOTS=[str(SHARED_AUDIO)], FW_IDLE_UNLOAD_SECONDS="2",
+            SPEECH_ALLOWED_ROOTS=[str(TEST_AUDIO)], FW_IDLE_UNLOAD_SECONDS="2",
             FW_REPLICAS=str(replicas),
             SPEECH_MODELS={"faster-whisper": {"tiny.en": "bundled", "tiny-copy": str(bundled),
                                               "broken": str(broken)}})

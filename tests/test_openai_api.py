@@ -15,7 +15,7 @@ import pytest
 from gateway.auth import digest
 from tests import procs
 from tests.helpers import JFK, JFK_TEXT, queue_counts, status, wait_done, wer
-from tests.procs import SHARED_AUDIO, wait_until
+from tests.procs import TEST_AUDIO, wait_until
 
 KEY_A, KEY_B = "key-alpha-0123456789", "key-bravo-9876543210"
 
@@ -31,7 +31,7 @@ def keyed(stack: dict, redis_server: procs.RedisServer, workdir: Path) -> Iterat
     service = procs.gateway(
         redis_server.url, workdir, api_keys=[f"sha256:{digest(KEY_A)}", digest(KEY_B)],
         max_upload_mib="2", max_audio_seconds="30", request_timeout_seconds="0.3",
-        allowed_roots=[str(SHARED_AUDIO)]).start()
+        allowed_roots=[str(TEST_AUDIO)]).start()
     yield service.url
     service.stop()
 
@@ -93,7 +93,7 @@ def test_translation_and_models(client: openai.OpenAI) -> None:
 
 
 def test_streaming_deltas_then_done(client: openai.OpenAI) -> None:
-    with (SHARED_AUDIO / "multilingual.mp3").open("rb") as handle:
+    with (TEST_AUDIO / "multilingual.mp3").open("rb") as handle:
         events = list(client.audio.transcriptions.create(model="whisper-1", file=handle,
                                                          stream=True))
     deltas = [e for e in events if e.type == "transcript.text.delta"]
@@ -251,11 +251,11 @@ def test_oversized_bodies_are_413_without_reading_them(keyed: str,
 def test_too_long_audio_is_413(keyed: str, redis_server: procs.RedisServer) -> None:
     before = queue_counts(redis_server.client())
     reply = httpx.post(f"{keyed}/v1/audio/transcriptions", headers={"x-api-key": KEY_A},
-                       files={"file": (SHARED_AUDIO / "multilingual.mp3").open("rb")})
+                       files={"file": (TEST_AUDIO / "multilingual.mp3").open("rb")})
     assert "30 s" in _openai_error(reply, 413)["message"]
     reply = httpx.post(f"{keyed}/api/submit", headers={"x-api-key": KEY_A},
                        data={"backend": "faster-whisper",
-                             "audio_path": str(SHARED_AUDIO / "multilingual.mp3")})
+                             "audio_path": str(TEST_AUDIO / "multilingual.mp3")})
     assert reply.status_code == 413 and reply.json()["status"] == "FAILED"
     assert queue_counts(redis_server.client()) == before
 
@@ -266,7 +266,7 @@ def test_client_disconnect_loses_and_duplicates_nothing(stack: dict) -> None:
     before = set(redis.scan_iter(match="sg:task:*"))
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{stack['gateway']}/v1/audio/transcriptions",
-                   files={"file": (SHARED_AUDIO / "multilingual.mp3").open("rb")}, timeout=1.5)
+                   files={"file": (TEST_AUDIO / "multilingual.mp3").open("rb")}, timeout=1.5)
     new = wait_until(lambda: set(redis.scan_iter(match="sg:task:*")) - before, 10, "the task")
     (key,) = new
     task_id = key.decode().split(":", 2)[2]

@@ -14,7 +14,7 @@ import jinja2
 import pytest
 
 from tests.helpers import JFK, status, submit_file, wait_done
-from tests.procs import ROOT, SHARED_AUDIO, wait_until
+from tests.procs import ROOT, TEST_AUDIO, wait_until
 
 SAGE = ROOT / "deploy" / "sage"
 ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(SAGE), autoescape=False,
@@ -39,7 +39,7 @@ def test_llm_api_map_names_existing_templates() -> None:
 def test_asr_templates_render_every_state_to_valid_json(stack: dict, allowed_dir: Path) -> None:
     gateway = stack["gateway"]
     request = render("asr_submit_request.json.j2",
-                     {"audio_path": str(SHARED_AUDIO / "multilingual.mp3"), "language": "en"})
+                     {"audio_path": str(TEST_AUDIO / "multilingual.mp3"), "language": "en"})
     blocker = httpx.post(f"{gateway}/api/faster-whisper-submit", json=request).json()["taskid"]
     doomed_path = allowed_dir / "soon-gone \"quoted\" <b>.flac"
     shutil.copy(JFK, doomed_path)

@@ -24,13 +24,13 @@ from common.audio import OUTPUT_FORMATS, decode_audio, encode_wav, probe_audio
 from gateway.auth import digest
 from tests import procs
 from tests.helpers import queue_counts, status, wait_done
-from tests.procs import SHARED_AUDIO, wait_until
+from tests.procs import TEST_AUDIO, wait_until
 
 # The tiny checkpoint fixture (skips without .venvs/xtts; builds models/tiny/xtts if missing).
 from tests.test_engine_xtts import XTTS_PYTHON, tiny_model  # noqa: F401
 
 SENTENCE = "Hello there."
-CLIP = SHARED_AUDIO / "hotwords.mp3"  # 4 s: a short reference keeps cloning cheap
+CLIP = TEST_AUDIO / "hotwords.mp3"  # 4 s: a short reference keeps cloning cheap
 RATE = 24000
 MAX_CHARACTERS = 200
 KEY_A, KEY_B = "tts-key-alpha-0123456789", "tts-key-bravo-9876543210"
@@ -52,7 +52,7 @@ def tts(request: pytest.FixtureRequest,
     voices = {"alloy": "speaker:Claribel Dervla", "nova": "speaker:Ana Florence",
               "clip": f"file:{CLIP}", "ghost": f"file:{allowed / 'missing.wav'}"}
     settings = {"models": models, "default_models": {"xtts": "tiny"}, "voices": voices,
-                "allowed_roots": [str(SHARED_AUDIO), str(allowed)],
+                "allowed_roots": [str(TEST_AUDIO), str(allowed)],
                 "tts_max_characters": str(MAX_CHARACTERS)}
     services = [
         procs.gateway(server.url, workdir, **settings),
