@@ -7,17 +7,30 @@ holding many objects that single call costs more than the decode itself.
 from __future__ import annotations
 
 import io
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import av
 import numpy as np
 
-SourceType = bytes | str | Path
+SourceType = bytes | str | Path | BinaryIO
+
+#: decoded audio may run this far past `max_seconds` (codec padding, resampler delay) before
+#: it counts as too long
+LIMIT_MARGIN_SECONDS = 1.0
+#: packets the probe tries to decode before it calls a file undecodable: a probe stays cheap
+#: whatever the file holds
+PROBE_DECODE_PACKETS = 32
 
 
 class AudioError(ValueError):
     """The input is not audio we can decode (empty, garbage, no audio stream)."""
+
+
+class AudioTooLong(AudioError):
+    """More samples decoded than the limit allows, whatever the container's timestamps claim."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +46,10 @@ def _open(source: SourceType) -> av.container.InputContainer:
         if not source:
             raise AudioError("the audio file is empty")
         source = io.BytesIO(source)
-    elif Path(source).stat().st_size == 0:
+    elif isinstance(source, str | Path):
+        if Path(source).stat().st_size == 0:
+            raise AudioError("the audio file is empty")
+    elif os.fstat(source.fileno()).st_size == 0:
         raise AudioError("the audio file is empty")
     try:
         container = av.open(source, mode="r", metadata_errors="ignore")
@@ -50,18 +66,26 @@ def _reason(exc: Exception) -> str:
 
 
 def probe_audio(source: SourceType) -> AudioInfo:
-    """Check that `source` decodes and measure its duration, demuxing without a full decode."""
+    """Check that `source` decodes and measure its duration, demuxing without a full decode.
+
+    The duration comes from packet timestamps, which a crafted file can fake: it is a cheap
+    first filter only. `decode_audio(…, max_seconds=…)` counts the samples themselves.
+    """
     container = _open(source)
     try:
         stream = container.streams.audio[0]
         decoded_any = False
+        decode_tries = 0
         last_end = 0.0
         for packet in container.demux(stream):
             if packet.pts is not None and packet.time_base is not None:
                 end = float((packet.pts + (packet.duration or 0)) * packet.time_base)
                 last_end = max(last_end, end)
-            if not decoded_any and packet.size:
+            if not decoded_any and packet.size and decode_tries < PROBE_DECODE_PACKETS:
+                decode_tries += 1
                 decoded_any = bool(packet.decode())
+        if not decoded_any and decode_tries:
+            decoded_any = bool(stream.codec_context.decode(None))  # frames held back (delay)
         if not decoded_any:
             raise AudioError("the file holds no decodable audio")
         start = float(stream.start_time * stream.time_base) if stream.start_time else 0.0
@@ -76,27 +100,72 @@ def probe_audio(source: SourceType) -> AudioInfo:
         container.close()
 
 
-def decode_audio(source: SourceType, sample_rate: int = 16000) -> np.ndarray:
-    """Decode to a 1-D float32 array, mixed to mono and resampled to `sample_rate`."""
+def decode_audio(source: SourceType, sample_rate: int = 16000,
+                 max_seconds: float | None = None) -> np.ndarray:
+    """Decode to a 1-D float32 array, mixed to mono and resampled to `sample_rate`.
+
+    With `max_seconds`, decoding stops with AudioTooLong as soon as the samples decoded so
+    far (not the container's timestamps) pass it by more than LIMIT_MARGIN_SECONDS.
+    """
+    limit = (None if max_seconds is None
+             else max(0, int((max_seconds + LIMIT_MARGIN_SECONDS) * sample_rate)))
     container = _open(source)
     resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
-    chunks: list[np.ndarray] = []
+    samples = _Samples(limit)
     try:
         for frame in container.decode(audio=0):
             for out in resampler.resample(frame):
-                chunks.append(out.to_ndarray().reshape(-1))
+                samples.append(out.to_ndarray().reshape(-1))
         for out in resampler.resample(None):
-            chunks.append(out.to_ndarray().reshape(-1))
+            samples.append(out.to_ndarray().reshape(-1))
+    except _OverLimit:
+        samples.release()
+        raise AudioTooLong(f"the audio is longer than the limit of {max_seconds:.0f} s "
+                           f"(decoding stopped after {limit / sample_rate:.0f} s)") from None
     except av.FFmpegError as exc:
         raise AudioError(f"audio decoding failed ({_reason(exc)})") from None
     finally:
         container.close()
-    if not chunks:
+    if samples.size == 0:
         raise AudioError("the file holds no decodable audio")
-    audio = np.concatenate(chunks).astype(np.float32, copy=False)
-    if audio.size == 0:
-        raise AudioError("the file holds no audio samples")
-    return audio
+    return samples.take()
+
+
+class _OverLimit(Exception):
+    pass
+
+
+class _Samples:
+    """A float32 buffer decoded frames are copied into.
+
+    With a limit it is one array sized to the limit, trimmed in place at the end. That peaks
+    at the audio's own size: `np.empty` of that size is an anonymous mapping whose pages are
+    committed only when samples land in them, so resident memory follows what was decoded,
+    and the trim (`ndarray.resize`, a realloc: mremap for a mapping this large) copies
+    nothing. A list of chunks joined at the end would hold every sample twice while joining.
+    Without a limit it starts small and grows the same way (realloc, doubling).
+    """
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.data = np.empty(limit if limit is not None else 1 << 20, dtype=np.float32)
+        self.size = 0
+
+    def append(self, chunk: np.ndarray) -> None:
+        end = self.size + chunk.size
+        if end > self.data.size:
+            if self.limit is not None:
+                raise _OverLimit
+            self.data.resize(max(end, 2 * self.data.size), refcheck=False)
+        self.data[self.size:end] = chunk
+        self.size = end
+
+    def take(self) -> np.ndarray:
+        self.data.resize(self.size, refcheck=False)
+        return self.data
+
+    def release(self) -> None:
+        self.data = np.empty(0, dtype=np.float32)
 
 
 def encode_wav(audio: np.ndarray, sample_rate: int) -> bytes:

@@ -7,9 +7,11 @@ must know about a backend to validate a request is written here once.
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from common.schemas import MAX_SPEED, MIN_SPEED
 from common.settings import Settings
 
 
@@ -20,8 +22,8 @@ class BackendInfo:
     translate: bool = False
     word_timestamps: bool = False
     speakers: bool = False
-    #: "many", one code, or the exact codes a backend accepts (the gateway checks those)
-    languages: str | tuple[str, ...] = "many"
+    #: the language codes a backend accepts; the gateway refuses any other before queueing
+    languages: tuple[str, ...] = ()
 
 
 #: languages XTTS v2 speaks, as its config names them. Kept here, not in the engine module,
@@ -30,16 +32,38 @@ XTTS_LANGUAGES: tuple[str, ...] = (
     "en", "es", "fr", "de", "it", "pt", "pl", "tr", "ru", "nl", "cs", "ar", "zh-cn", "hu",
     "ko", "ja", "hi",
 )  # fmt: skip
+#: Whisper's language codes (faster_whisper.tokenizer._LANGUAGE_CODES)
+WHISPER_LANGUAGES: tuple[str, ...] = (
+    "af", "am", "ar", "as", "az", "ba", "be", "bg", "bn", "bo", "br", "bs", "ca", "cs", "cy",
+    "da", "de", "el", "en", "es", "et", "eu", "fa", "fi", "fo", "fr", "gl", "gu", "ha", "haw",
+    "he", "hi", "hr", "ht", "hu", "hy", "id", "is", "it", "ja", "jw", "ka", "kk", "km", "kn",
+    "ko", "la", "lb", "ln", "lo", "lt", "lv", "mg", "mi", "mk", "ml", "mn", "mr", "ms", "mt",
+    "my", "ne", "nl", "nn", "no", "oc", "pa", "pl", "ps", "pt", "ro", "ru", "sa", "sd", "si",
+    "sk", "sl", "sn", "so", "sq", "sr", "su", "sv", "sw", "ta", "te", "tg", "th", "tk", "tl",
+    "tr", "tt", "uk", "ur", "uz", "vi", "yi", "yo", "zh", "yue",
+)  # fmt: skip
+#: Qwen3-ASR's languages (workers/engines/qwen3_text.py LANGUAGE_NAMES, and its aliases)
+QWEN3_LANGUAGES: tuple[str, ...] = (
+    "ar", "yue", "zh", "cs", "da", "nl", "en", "fil", "fi", "fr", "de", "el", "hi", "hu", "id",
+    "it", "ja", "ko", "mk", "ms", "fa", "pl", "pt", "ro", "ru", "es", "sv", "th", "tr", "vi",
+    "tl", "cmn", "zh-cn", "zh-tw", "pt-br",
+)  # fmt: skip
+#: a language value meaning "detect it" (the same as giving none)
+AUTO_LANGUAGE = "auto"
+_REGIONAL = re.compile(r"[a-z]{2,3}(-[a-z0-9]{2,8})+")  # BCP 47 style: en-us, zh-hant-tw
 #: shortest reference clip XTTS clones from (5-30 s works best)
 XTTS_MIN_REFERENCE_SECONDS = 0.5
 
 BACKENDS: dict[str, BackendInfo] = {
     info.name: info
     for info in (
-        BackendInfo("faster-whisper", "asr", translate=True, word_timestamps=True),
-        BackendInfo("qwen3", "asr"),
-        BackendInfo("vibevoice", "asr", speakers=True),
-        BackendInfo("parakeet", "asr", word_timestamps=True, languages="en"),
+        BackendInfo("faster-whisper", "asr", translate=True, word_timestamps=True,
+                    languages=WHISPER_LANGUAGES),
+        BackendInfo("qwen3", "asr", languages=QWEN3_LANGUAGES),
+        # VibeVoice-ASR publishes no language list ("over 50"), detects the language itself
+        # and only echoes a given one: Whisper's codes stand in for "a real language"
+        BackendInfo("vibevoice", "asr", speakers=True, languages=WHISPER_LANGUAGES),
+        BackendInfo("parakeet", "asr", word_timestamps=True, languages=("en",)),
         BackendInfo("xtts", "tts", languages=XTTS_LANGUAGES),
     )
 }
@@ -66,6 +90,22 @@ def xtts_language(language: str) -> str:
             f"language {language!r} is not supported by XTTS; use one of "
             + ", ".join(XTTS_LANGUAGES)
         )
+    return code
+
+
+def asr_language(backend: str, language: str) -> str | None:
+    """The code `backend` is given for `language` ("EN" -> "en", "en-US" -> "en"), None for
+    "auto"; ValueError if the backend does not list it."""
+    code = language.strip().lower().replace("_", "-")
+    if code == AUTO_LANGUAGE:
+        return None
+    table = BACKENDS[backend].languages
+    if code not in table and _REGIONAL.fullmatch(code) and code.split("-", 1)[0] in table:
+        code = code.split("-", 1)[0]
+    if code not in table:
+        shown = language if len(language) <= 40 else language[:40] + "…"
+        raise ValueError(f"language {shown!r} is not supported by {backend}; use one of "
+                         + ", ".join(table))
     return code
 
 
@@ -143,4 +183,17 @@ def public_config(settings: Settings) -> dict[str, Any]:
             "max_audio_seconds": settings.max_audio_seconds,
         },
         "retention_seconds": settings.retention_seconds,
+        "tts": tts_config(settings),
+    }
+
+
+def tts_config(settings: Settings) -> dict[str, Any]:
+    """What a speech client may choose (the try-it page builds its Speak form from this):
+    voice names only (their targets are private paths and speaker names), and the limits."""
+    return {
+        "voices": list(settings.voices),
+        "default_voice": next(iter(settings.voices), None),
+        "max_characters": settings.tts_max_characters,
+        "speed": {"min": MIN_SPEED, "max": MAX_SPEED, "default": 1.0},
+        "min_reference_seconds": XTTS_MIN_REFERENCE_SECONDS,
     }

@@ -1,5 +1,7 @@
 """Every Redis key and stream name the service uses. Nothing else builds key strings."""
 
+import hashlib
+
 PREFIX = "sg:"
 WORKER_GROUP = "workers"
 
@@ -16,6 +18,17 @@ def task_pattern() -> str:
 def queue(backend: str) -> str:
     """Stream of task ids for one backend, consumed by the group WORKER_GROUP."""
     return f"{PREFIX}queue:{backend}"
+
+
+def queue_counter(backend: str) -> str:
+    """Integer: how many entries were ever added to the backend's stream (each entry's number)."""
+    return f"{PREFIX}queue-seq:{backend}"
+
+
+def idempotency(owner: str, key: str) -> str:
+    """String: the task id a submit with this owner's Idempotency-Key created."""
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return f"{PREFIX}idem:{owner or '-'}:{digest}"
 
 
 def dead_letter(backend: str) -> str:
@@ -46,7 +59,8 @@ def heartbeat_pattern() -> str:
 
 
 def breaker(backend: str, model: str) -> str:
-    """Hash: consecutive load failures of one model, and whether it is marked unavailable."""
+    """Hash: one model's load failures, the source they were for, its state (open, when it
+    half-opens, trips so far) and the probe let through (holder, until when)."""
     return f"{PREFIX}breaker:{backend}:{model}"
 
 
@@ -58,6 +72,11 @@ def breaker_parts(key: str) -> tuple[str, str]:
     """(backend, model) of a breaker key."""
     backend, _, model = key.removeprefix(f"{PREFIX}breaker:").partition(":")
     return backend, model
+
+
+def no_worker_since(backend: str) -> str:
+    """String: when a sweeping gateway first saw the backend without a live worker."""
+    return f"{PREFIX}no-worker:{backend}"
 
 
 def counters(backend: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -26,18 +27,28 @@ class ErrorCode(StrEnum):
     """Why a task FAILED; the HTTP status a synchronous caller gets for it."""
 
     INVALID_AUDIO = "invalid_audio"  # undecodable or expired input
+    AUDIO_TOO_LONG = "audio_too_long"  # more decoded samples than max_audio_seconds
     INVALID_REQUEST = "invalid_request"  # options the engine refused (ValueError)
-    OUT_OF_MEMORY = "out_of_memory"  # over the worker's memory cap for this file
+    # over the worker's memory cap for this file: the server is short of memory (503), not
+    # the upload too large (413); a retry may land on a worker with room
+    OUT_OF_MEMORY = "out_of_memory"
     MODEL_UNAVAILABLE = "model_unavailable"  # the model's breaker is open
+    MODEL_LOAD_FAILED = "model_load_failed"  # its model failed to load for this task
     DELIVERY_LIMIT = "delivery_limit"  # its worker died on every delivery
-    NO_WORKER = "no_worker"  # no worker took it within max_queue_seconds
+    NO_WORKER = "no_worker"  # no worker took it in time, or its backend has no live worker
     ENGINE_ERROR = "engine_error"
 
     @property
     def http_status(self) -> int:
         return {ErrorCode.INVALID_AUDIO: 400, ErrorCode.INVALID_REQUEST: 400,
-                ErrorCode.OUT_OF_MEMORY: 413, ErrorCode.MODEL_UNAVAILABLE: 503,
+                ErrorCode.AUDIO_TOO_LONG: 413, ErrorCode.OUT_OF_MEMORY: 503,
+                ErrorCode.MODEL_UNAVAILABLE: 503, ErrorCode.MODEL_LOAD_FAILED: 503,
                 ErrorCode.NO_WORKER: 503}.get(self, 500)
+
+
+#: the widest beam an engine is asked for: each beam costs decoder memory and time
+MAX_BEAM_SIZE = 16
+ASR_TASKS = ("transcribe", "translate")
 
 
 @dataclass(slots=True)
@@ -52,8 +63,27 @@ class TranscriptionOptions:
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> TranscriptionOptions:
+        """Options from a task's params, checked again here (whatever queued them):
+        ValueError for a value out of range."""
         known = {k: params[k] for k in cls.__dataclass_fields__ if params.get(k) is not None}
-        return cls(**known)
+        options = cls(**known)
+        options.validate()
+        return options
+
+    def validate(self) -> None:
+        if isinstance(self.beam_size, bool) or not isinstance(self.beam_size, int) \
+                or not 1 <= self.beam_size <= MAX_BEAM_SIZE:
+            raise ValueError(f"beam_size must be an integer from 1 to {MAX_BEAM_SIZE}, "
+                             f"not {self.beam_size!r}")
+        if self.task not in ASR_TASKS:
+            raise ValueError(f"task must be 'transcribe' or 'translate', not {self.task!r}")
+        if not isinstance(self.temperature, int | float) or not math.isfinite(self.temperature) \
+                or not 0.0 <= self.temperature <= 1.0:
+            raise ValueError(f"temperature must be from 0 to 1, not {self.temperature!r}")
+
+
+#: the speech rates XTTS is asked for (1 = its natural rate)
+MIN_SPEED, MAX_SPEED = 0.25, 4.0
 
 
 @dataclass(slots=True)

@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     visibility_timeout_seconds: float = 60.0
     heartbeat_seconds: float = 2.0
     log_level: str = "INFO"
+    #: a directory every host mounts: input/output audio at least `blob_dir_min_kib` large
+    #: lives there instead of in Redis (same lifetimes); None = everything in Redis
+    blob_dir: Path | None = None
+    blob_dir_min_kib: float = 256.0
 
     # --- gateway ---
     host: str = "127.0.0.1"
@@ -78,6 +82,24 @@ class Settings(BaseSettings):
     #: Empty: derived from `api_keys` (see `url_signing_key`).
     url_secret: str = ""
 
+    # --- gateway limits (hostile input) ---
+    #: Redis connections one gateway process may hold (plus one shared pub/sub connection);
+    #: past it a call waits up to `redis_pool_timeout_seconds` for a free one
+    redis_max_connections: int = Field(default=64, ge=2)
+    redis_pool_timeout_seconds: float = Field(default=5.0, gt=0)
+    #: OpenAI-style calls one gateway process keeps waiting at once; more get a 503
+    max_waiting_requests: int = Field(default=500, ge=0)
+    #: bearer token a Prometheus scraper sends to /metrics (plain, or "sha256:<hex>")
+    metrics_token: str = ""
+    #: a whole `audio_url` download must finish within this
+    audio_url_timeout_seconds: float = Field(default=30.0, gt=0)
+    #: a client must send its request line and headers within this
+    header_timeout_seconds: float = Field(default=10.0, gt=0)
+    #: the longest pause while a request body streams in
+    body_timeout_seconds: float = Field(default=60.0, gt=0)
+    #: a whole request body must arrive within this
+    body_deadline_seconds: float = Field(default=900.0, gt=0)
+
     # --- worker ---
     backend: str = "faster-whisper"
     worker_host: str = "127.0.0.1"
@@ -91,14 +113,31 @@ class Settings(BaseSettings):
     memory_cap_mib: int = 0  # 0 = no cap
     preload: bool = False
     stop_grace_seconds: float = 20.0
+    # --- worker limits ---
+    #: bearer token the worker's own HTTP server requires on /transcribe and /synthesize
+    #: (and /health, off loopback); it refuses to start on a non-loopback `worker_host`
+    #: without one. Its uploads obey `max_upload_mib`, its decodes `max_audio_seconds`.
+    worker_secret: str = ""
     # --- engine options (read by the engine modules) ---
     parakeet_window_seconds: float = 360.0  # longer audio is decoded in windows this long
     parakeet_warmup_seconds: list[float] = Field(default_factory=lambda: [1.0, 8.0, 60.0])
     parakeet_cuda_graphs: bool = True  # NeMo's CUDA-graph greedy decoder on GPU
     parakeet_dtype: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | bfloat16 | float32
 
+    # --- breakers and liveness ---
+    #: load failures of one model within the window that open its breaker
     breaker_failures: int = 3
     breaker_window_seconds: float = 600.0
+    #: an open breaker half-opens (lets one probe task load the model) after this long;
+    #: each failed probe doubles the wait, up to `breaker_cooldown_max_seconds`
+    breaker_cooldown_seconds: float = 60.0
+    breaker_cooldown_max_seconds: float = 3600.0
+    #: a worker whose model load failed exits only once it has run this long: longer than
+    #: supervisord's `startsecs` (3), so the exit is a restart and never a failed start
+    min_uptime_seconds: float = 5.0
+    #: a backend without a live worker this long has its PENDING tasks, and its RUNNING
+    #: tasks whose worker is gone, FAILED (`no_worker`); 0 = never
+    no_worker_seconds: float = 120.0
 
     @field_validator("voices")
     @classmethod

@@ -6,6 +6,7 @@ state + ack, cancel + dequeue) is one Lua call, so no crash can leave half of it
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
@@ -16,23 +17,27 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from common import keys
+from common.blobs import BlobDir
 from common.schemas import TERMINAL_STATES, TaskState
+from common.settings import Settings
 
-# KEYS: task, queue, input blob | ARGV: task_id, blob_ttl, blob ("" = none), field, value, ...
-# The entry's place in the stream's add order ("entries-added" right after XADD) makes the
-# queue position one subtraction from the group's "entries-read" (see queue_position).
+# KEYS: task, queue, input blob, queue counter, idempotency key
+# ARGV: task_id, ttl, blob ("" = none), idempotent ("1"/"0"), field, value, ...
+# -> {1, entry id} queued, or {0, original task id} for a repeated idempotency key.
+# Each entry carries its own number in the backend's add order (our counter, not Redis's
+# group "entries-read", which Redis 7.0 loses when it reloads the AOF): a queue position
+# is then one subtraction from the first entry not yet handed to a worker.
 _SUBMIT = """
-local entry = redis.call('XADD', KEYS[2], '*', 'task_id', ARGV[1])
-local info = redis.call('XINFO', 'STREAM', KEYS[2])
-local seq = 0
-for i = 1, #info, 2 do
-  if info[i] == 'entries-added' then seq = info[i + 1] end
+if ARGV[4] == '1' then
+  local original = redis.call('GET', KEYS[5])
+  if original then return {0, original} end
 end
-redis.call('HSET', KEYS[1], 'entry_id', entry, 'queue_seq', seq, unpack(ARGV, 4))
-if ARGV[3] ~= '' then
-  redis.call('SET', KEYS[3], ARGV[3], 'EX', ARGV[2])
-end
-return entry
+local seq = redis.call('INCR', KEYS[4])
+local entry = redis.call('XADD', KEYS[2], '*', 'task_id', ARGV[1], 'seq', seq)
+redis.call('HSET', KEYS[1], 'entry_id', entry, 'queue_seq', seq, unpack(ARGV, 5))
+if ARGV[3] ~= '' then redis.call('SET', KEYS[3], ARGV[3], 'EX', ARGV[2]) end
+if ARGV[4] == '1' then redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[2]) end
+return {1, entry}
 """
 
 # KEYS: task, events | ARGV: worker, now, deliveries -> new attempt, 0 if terminal, -1 if missing
@@ -48,8 +53,11 @@ return attempt
 """
 
 # KEYS: task, queue, events, input blob, output blob
-# ARGV: attempt (or "" = unfenced), entry, group, state, now, retention, result, error, code
+# ARGV: attempt (or "" = unfenced), entry, group, state, now, retention, result, error, code,
+#       output ("" = none), output file name ("" = none)
 # -> 1 stored, 0 stale attempt or already terminal. Acks only after the state is stored.
+# The output is written here, inside the fence, so a stale attempt cannot replace the
+# winner's audio; the input is deleted here, since no attempt can need it any more.
 _FINISH = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 0 end
@@ -61,17 +69,45 @@ end
 redis.call('HSET', KEYS[1], 'state', ARGV[4], 'finished_at', ARGV[5])
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[7]) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[8], 'error_code', ARGV[9]) end
+if ARGV[10] ~= '' then redis.call('SET', KEYS[5], ARGV[10], 'EX', ARGV[6]) end
+if ARGV[11] ~= '' then redis.call('HSET', KEYS[1], 'output_file', ARGV[11]) end
 redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('EXPIRE', KEYS[4], ARGV[6])
-redis.call('EXPIRE', KEYS[5], ARGV[6])
+redis.call('DEL', KEYS[4])
 if ARGV[2] ~= '' then redis.call('XACK', KEYS[2], ARGV[3], ARGV[2]) end
 redis.call('PUBLISH', KEYS[3], cjson.encode({type='state', status=ARGV[4]}))
 return 1
 """
 
+# KEYS: queue, queue counter | ARGV: group
+# -> {last delivered entry id, number of the first entry not yet delivered (0 = none,
+#     -1 = it has no number), last number, entries delivered but not yet acked}
+_QUEUE_HEAD = """
+local delivered, pending = '0-0', 0
+local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[1])
+if not ok then return {delivered, 0, 0, 0} end
+for _, group in ipairs(groups) do
+  local fields = {}
+  for i = 1, #group, 2 do fields[group[i]] = group[i + 1] end
+  if fields['name'] == ARGV[1] then
+    delivered, pending = fields['last-delivered-id'], fields['pending']
+  end
+end
+local last_seq = tonumber(redis.call('GET', KEYS[2]) or '0')
+local head = redis.call('XRANGE', KEYS[1], '(' .. delivered, '+', 'COUNT', 1)
+local first = 0
+if #head > 0 then
+  first = -1
+  local fields = head[1][2]
+  for i = 1, #fields, 2 do
+    if fields[i] == 'seq' then first = tonumber(fields[i + 1]) end
+  end
+end
+return {delivered, first, last_seq, pending}
+"""
+
 # KEYS: task, queue, events, input blob | ARGV: now, retention -> the state after the call
-# The stream entry stays: a worker that reads it finds the task terminal and acks it. (An
-# XDEL would leave a tombstone that breaks the group's entries-read count, see queue_position.)
+# The stream entry stays (its number keeps the positions behind it exact): a worker that
+# reads it finds the task terminal and acks it.
 _CANCEL = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return '' end
@@ -84,16 +120,76 @@ redis.call('PUBLISH', KEYS[3], '{"type":"state","status":"CANCELLED"}')
 return 'CANCELLED'
 """
 
-# KEYS: breaker | ARGV: now, window, threshold, error -> 1 if the breaker is (now) open
-_LOAD_FAILED = """
-local first = tonumber(redis.call('HGET', KEYS[1], 'first_failure') or '0')
-if first == 0 or tonumber(ARGV[1]) - first > tonumber(ARGV[2]) then
-  redis.call('HSET', KEYS[1], 'first_failure', ARGV[1], 'failures', 0, 'open', 0)
+# Breakers (one hash per model, keys.breaker). Times come from Redis's clock, shared by every
+# host. A breaker records the source its failures were for: a different configured source
+# is a different model, so the old breaker is dropped (ARGV[1] is always the source).
+_BREAKER_PRELUDE = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local recorded = redis.call('HGET', KEYS[1], 'source')
+if recorded and recorded ~= '' and recorded ~= ARGV[1] then redis.call('DEL', KEYS[1]) end
+"""
+
+# KEYS: breaker | ARGV: source, error, threshold, window, cooldown, max cooldown
+# -> {1 if open, reopens_at} | {0, ''}. Closed: count failures within the window, open at the
+# threshold. Open (a failed probe): open again, the cool-down doubled per trip up to the max.
+_LOAD_FAILED = _BREAKER_PRELUDE + """
+if redis.call('HGET', KEYS[1], 'open') == '1' then
+  local trips = redis.call('HINCRBY', KEYS[1], 'trips', 1)
+  local wait = math.min(tonumber(ARGV[5]) * 2 ^ (trips - 1), tonumber(ARGV[6]))
+  redis.call('HSET', KEYS[1], 'reopens_at', now + wait)
+  redis.call('HDEL', KEYS[1], 'probe', 'probe_until')
+  redis.call('HINCRBY', KEYS[1], 'failures', 1)
+else
+  local first = tonumber(redis.call('HGET', KEYS[1], 'first_failure') or '0')
+  if now - first > tonumber(ARGV[4]) then
+    redis.call('HSET', KEYS[1], 'first_failure', now, 'failures', 0)
+  end
+  if redis.call('HINCRBY', KEYS[1], 'failures', 1) >= tonumber(ARGV[3]) then
+    redis.call('HSET', KEYS[1], 'open', 1, 'trips', 1, 'reopens_at', now + tonumber(ARGV[5]))
+  end
 end
-local failures = redis.call('HINCRBY', KEYS[1], 'failures', 1)
-redis.call('HSET', KEYS[1], 'error', ARGV[4], 'last_failure', ARGV[1])
-if failures >= tonumber(ARGV[3]) then redis.call('HSET', KEYS[1], 'open', 1) end
-return tonumber(redis.call('HGET', KEYS[1], 'open'))
+redis.call('HSET', KEYS[1], 'source', ARGV[1], 'error', ARGV[2], 'last_failure', now)
+if redis.call('HGET', KEYS[1], 'open') == '1' then
+  redis.call('PERSIST', KEYS[1])
+  return {1, redis.call('HGET', KEYS[1], 'reopens_at')}
+end
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[4])))
+return {0, ''}
+"""
+
+# KEYS: breaker | ARGV: source, holder, probe seconds, cooldown -> {verdict, error, reopens_at}
+# 'closed': load it. 'open': fail fast. 'probe': load it, as the one probe of a half-open
+# breaker; the claim lasts `probe seconds` (a holder that dies cannot block it for ever) and
+# is re-entrant for the same holder (a worker restarted under its consumer name).
+# A breaker without reopens_at (opened by an older version) reopens a cool-down after its
+# last failure; one without either stays open until a load succeeds or it is reset.
+_BREAKER_ADMIT = _BREAKER_PRELUDE + """
+local b = redis.call('HMGET', KEYS[1], 'open', 'error', 'reopens_at', 'last_failure', 'probe',
+                     'probe_until')
+if b[1] ~= '1' then return {'closed', '', ''} end
+local reopens = tonumber(b[3]) or ((tonumber(b[4]) or math.huge) + tonumber(ARGV[4]))
+if now < reopens or (b[5] and b[5] ~= ARGV[2] and now < (tonumber(b[6]) or 0)) then
+  return {'open', b[2] or '', b[3] or ''}
+end
+redis.call('HSET', KEYS[1], 'probe', ARGV[2], 'probe_until', now + tonumber(ARGV[3]))
+return {'probe', b[2] or '', b[3] or ''}
+"""
+
+# KEYS: task, queue, events, input blob
+# ARGV: state read, attempt read, entry, group, now, retention, error, code
+# -> 1 FAILED, 0 left alone. The fence for a sweeper's read-then-write: a task that was
+# started, finished or re-attempted since the caller read it is not touched.
+_FAIL_IF_UNCHANGED = """
+local current = redis.call('HMGET', KEYS[1], 'state', 'attempt')
+if current[1] ~= ARGV[1] or (current[2] or '0') ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'FAILED', 'finished_at', ARGV[5], 'error', ARGV[7],
+           'error_code', ARGV[8])
+redis.call('EXPIRE', KEYS[1], ARGV[6])
+redis.call('DEL', KEYS[4])
+if ARGV[3] ~= '' then redis.call('XACK', KEYS[2], ARGV[4], ARGV[3]) end
+redis.call('PUBLISH', KEYS[3], '{"type":"state","status":"FAILED"}')
+return 1
 """
 
 
@@ -177,15 +273,35 @@ class Task:
         return view
 
 
+class Duplicate(Exception):
+    """A submit repeated an idempotency key: `task_id` is the task the first one made."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(task_id)
+        self.task_id = task_id
+
+
 class TaskStore:
-    def __init__(self, redis: Redis, retention_seconds: int) -> None:
+    def __init__(self, redis: Redis, retention_seconds: int,
+                 blob_dir: BlobDir | None = None) -> None:
         self.redis = redis
         self.retention = retention_seconds
+        self.blob_dir = blob_dir
         self._submit = redis.register_script(_SUBMIT)
         self._start = redis.register_script(_START)
         self._finish = redis.register_script(_FINISH)
         self._cancel = redis.register_script(_CANCEL)
+        self._queue_head = redis.register_script(_QUEUE_HEAD)
         self._load_failed = redis.register_script(_LOAD_FAILED)
+        self._breaker_admit = redis.register_script(_BREAKER_ADMIT)
+        self._fail_if_unchanged = redis.register_script(_FAIL_IF_UNCHANGED)
+
+    @classmethod
+    def for_settings(cls, redis: Redis, settings: Settings) -> TaskStore:
+        blob_dir = None
+        if settings.blob_dir is not None:
+            blob_dir = BlobDir(settings.blob_dir, int(settings.blob_dir_min_kib * 1024))
+        return cls(redis, settings.retention_seconds, blob_dir)
 
     async def ensure_queue(self, backend: str) -> None:
         try:
@@ -195,8 +311,11 @@ class TaskStore:
             if "BUSYGROUP" not in str(exc):
                 raise
 
-    async def submit(self, task: Task, blob: bytes | None) -> None:
-        """Write the task record, its queue entry and its input blob in one atomic step."""
+    async def submit(self, task: Task, blob: bytes | None, idempotency_key: str = "") -> None:
+        """Write the task record, its queue entry and its input blob in one atomic step.
+
+        Raises Duplicate when `idempotency_key` was already used by the same owner within
+        the retention: nothing is written then."""
         record = {
             "id": task.id,
             "backend": task.backend,
@@ -210,17 +329,35 @@ class TaskStore:
             "audio_seconds": "" if task.audio_seconds is None else repr(task.audio_seconds),
         }
         flat = [str(item) for pair in record.items() for item in pair]
-        await self._submit(
-            keys=[keys.task(task.id), keys.queue(task.backend), keys.input_blob(task.id)],
-            args=[task.id, self.retention, blob or b"", *flat],
-        )
+        in_file = self.blob_dir is not None and self.blob_dir.wants(blob)
+        if in_file:
+            assert self.blob_dir is not None and blob is not None
+            await asyncio.to_thread(self.blob_dir.write, self.blob_dir.input_path(task.id), blob)
+        stored = False
+        try:
+            queued, value = await self._submit(
+                keys=[keys.task(task.id), keys.queue(task.backend), keys.input_blob(task.id),
+                      keys.queue_counter(task.backend),
+                      keys.idempotency(task.owner, idempotency_key)],
+                args=[task.id, self.retention, b"" if in_file else (blob or b""),
+                      "1" if idempotency_key else "0", *flat],
+            )
+            stored = bool(queued)
+        finally:
+            if in_file and not stored:
+                self._delete_input_file(task.id)
+        if not stored:
+            raise Duplicate(value.decode() if isinstance(value, bytes) else str(value))
 
     async def get(self, task_id: str) -> Task | None:
         raw = await self.redis.hgetall(keys.task(task_id))
         return Task.from_hash(raw) if raw else None
 
     async def input_blob(self, task_id: str) -> bytes | None:
-        return await self.redis.get(keys.input_blob(task_id))
+        blob = await self.redis.get(keys.input_blob(task_id))
+        if blob is None and self.blob_dir is not None:
+            blob = await asyncio.to_thread(self.blob_dir.read, self.blob_dir.input_path(task_id))
+        return blob
 
     async def start(self, task_id: str, worker: str, deliveries: int) -> int:
         """Mark RUNNING and open a new attempt: its number, 0 if already terminal, -1 if gone."""
@@ -239,19 +376,28 @@ class TaskStore:
         error_code: str = "",
         output: bytes | None = None,
     ) -> bool:
-        """Store the terminal state (fenced by attempt), then ack; False if this write lost."""
+        """Store the terminal state (fenced by attempt) with its output, delete the input,
+        then ack; False if this write lost (its output is then discarded)."""
         assert state in TERMINAL_STATES
-        if output is not None:
-            await self.redis.set(keys.output_blob(task.id), output, ex=self.retention)
-        stored = await self._finish(
+        output_file = ""
+        if self.blob_dir is not None and self.blob_dir.wants(output):
+            assert output is not None
+            output_file = self.blob_dir.output_name(task.id, attempt)
+            await asyncio.to_thread(self.blob_dir.write, self.blob_dir.root / output_file, output)
+        stored = bool(await self._finish(
             keys=[keys.task(task.id), keys.queue(task.backend), keys.events(task.id),
                   keys.input_blob(task.id), keys.output_blob(task.id)],
             args=["" if attempt is None else attempt, entry_id, keys.WORKER_GROUP, state.value,
                   repr(time.time()), self.retention,
                   json.dumps(result) if result is not None else "", _one_line(error),
-                  error_code],
-        )
-        return bool(stored)
+                  error_code, b"" if output_file or output is None else output, output_file],
+        ))
+        if self.blob_dir is not None:
+            if stored:
+                self._delete_input_file(task.id)
+            elif output_file:
+                self.blob_dir.delete(self.blob_dir.root / output_file)
+        return stored
 
     async def cancel(self, task_id: str, backend: str) -> str:
         """Cancel a PENDING task; returns the task's state afterwards ("" if unknown)."""
@@ -260,7 +406,14 @@ class TaskStore:
                   keys.input_blob(task_id)],
             args=[repr(time.time()), self.retention],
         )
-        return state.decode() if isinstance(state, bytes) else str(state)
+        state = state.decode() if isinstance(state, bytes) else str(state)
+        if state == TaskState.CANCELLED:
+            self._delete_input_file(task_id)
+        return state
+
+    def _delete_input_file(self, task_id: str) -> None:
+        if self.blob_dir is not None:
+            self.blob_dir.delete(self.blob_dir.input_path(task_id))
 
     async def note_error(self, task_id: str, error: str) -> None:
         """Remember why an attempt died, for the FAILED reason if the task runs out of tries."""
@@ -270,45 +423,176 @@ class TaskStore:
         await self.redis.publish(keys.events(task_id), json.dumps(event))
 
     async def output_blob(self, task_id: str) -> bytes | None:
-        return await self.redis.get(keys.output_blob(task_id))
+        blob = await self.redis.get(keys.output_blob(task_id))
+        if blob is None and self.blob_dir is not None:
+            name = await self.redis.hget(keys.task(task_id), "output_file")
+            if name:
+                blob = await asyncio.to_thread(self.blob_dir.read,
+                                               self.blob_dir.root / name.decode())
+        return blob
+
+    async def sweep_blob_dir(self) -> int:
+        """Delete files no task can read any more: inputs of finished or vanished tasks (a
+        crash between the terminal write and the delete), outputs past the retention."""
+        if self.blob_dir is None:
+            return 0
+        removed = 0
+        for path in await asyncio.to_thread(self.blob_dir.stale_files, 60.0):
+            task_id, _, kind = path.name.partition(".")
+            if kind.startswith("output"):
+                gone = path.stat().st_mtime < time.time() - self.retention
+            else:  # an input, or a temporary file whose writer died
+                task = await self.get(task_id) if kind == "input" else None
+                gone = task is None or task.state.terminal
+            if gone:
+                self.blob_dir.delete(path)
+                removed += 1
+        return removed
 
     async def queue_position(self, task: Task) -> int | None:
-        """Entries ahead of this one not yet handed to a worker (0 = next), in O(1)."""
+        """1 for the next entry a worker will read, 2 behind it …; 0 once handed to a worker
+        (it is about to start); None when the entry predates per-entry numbers."""
         if not task.entry_id:
             return None
-        groups = await self.redis.xinfo_groups(keys.queue(task.backend))
-        group = next((g for g in groups if g["name"] == keys.WORKER_GROUP.encode()), None)
-        if group is None:
+        delivered, first_waiting, _, _ = await self._queue_head(
+            keys=[keys.queue(task.backend), keys.queue_counter(task.backend)],
+            args=[keys.WORKER_GROUP])
+        if _stream_id(task.entry_id) <= _stream_id(_text(delivered)):
+            return 0
+        if first_waiting <= 0 or not task.queue_seq:
             return None
-        if _stream_id(task.entry_id) <= _stream_id(group["last-delivered-id"].decode()):
-            return 0  # delivered; waiting for its worker to pick it up
-        read = group.get("entries-read")
-        if read is None or not task.queue_seq:
-            return None  # Redis cannot tell (see XINFO GROUPS): better none than a guess
-        return max(0, task.queue_seq - int(read) - 1)
+        return max(1, task.queue_seq - int(first_waiting) + 1)
+
+    async def queue_depth(self, backend: str) -> tuple[int, int]:
+        """(entries not yet handed to any worker, entries handed out and not yet acked),
+        exact across Redis restarts."""
+        _, first_waiting, last, pending = await self._queue_head(
+            keys=[keys.queue(backend), keys.queue_counter(backend)], args=[keys.WORKER_GROUP])
+        if first_waiting == 0:
+            waiting = 0
+        elif first_waiting < 0:  # entries from before per-entry numbers
+            waiting = int(await self.redis.xlen(keys.queue(backend)))
+        else:
+            waiting = max(0, int(last) - int(first_waiting) + 1)
+        return waiting, int(pending)
 
     # --- breaker ---
-    async def record_load_failure(self, backend: str, model: str, error: str, *,
-                                  threshold: int, window: float) -> bool:
-        opened = await self._load_failed(keys=[keys.breaker(backend, model)],
-                                         args=[repr(time.time()), window, threshold,
-                                               _one_line(error)])
+    async def admit(self, backend: str, model: str, source: str, holder: str,
+                    policy: BreakerPolicy) -> Admission:
+        """May `holder` load `model` now? 'closed', 'probe' (yes: it is the one probe of a
+        half-open breaker) or 'open' (no: fail fast with the error)."""
+        verdict, error, reopens = await self._breaker_admit(
+            keys=[keys.breaker(backend, model)],
+            args=[source, holder, policy.probe_seconds, policy.cooldown])
+        return Admission(_text(verdict), _text(error), float(reopens) if reopens else None)
+
+    async def record_load_failure(self, backend: str, model: str, source: str, error: str,
+                                  policy: BreakerPolicy) -> bool:
+        """Count a load failure; True when the breaker is open after it."""
+        opened, _ = await self._load_failed(
+            keys=[keys.breaker(backend, model)],
+            args=[source, _one_line(error), policy.failures, policy.window, policy.cooldown,
+                  policy.cooldown_max])
         return bool(opened)
 
-    async def breaker_error(self, backend: str, model: str) -> str | None:
-        """The load error if this model's breaker is open, else None."""
-        raw = await self.redis.hmget(keys.breaker(backend, model), "open", "error")
-        if raw[0] == b"1":
-            return (raw[1] or b"model failed to load").decode()
-        return None
+    async def breakers(self, backend: str, sources: dict[str, str],
+                       policy: BreakerPolicy) -> dict[str, Breaker]:
+        """The breaker of each model (name -> configured source), read without changing it."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.time()
+            for model in sources:
+                pipe.hgetall(keys.breaker(backend, model))
+            clock, *raws = await pipe.execute()
+        now = clock[0] + clock[1] / 1e6
+        return {model: Breaker.from_hash(raw, source, now, policy.cooldown)
+                for (model, source), raw in zip(sources.items(), raws, strict=True)}
 
-    async def clear_breaker(self, backend: str, model: str) -> None:
-        await self.redis.delete(keys.breaker(backend, model))
+    async def clear_breaker(self, backend: str, model: str) -> bool:
+        """Close a breaker (a load worked, or an operator reset it); False if it was closed."""
+        return bool(await self.redis.delete(keys.breaker(backend, model)))
+
+    # --- sweeping ---
+    async def fail_if_unchanged(self, task: Task, error: str, error_code: str) -> bool:
+        """FAIL `task` only if it is still in the state and attempt it was read with: the
+        check is inside the Lua call, so a task a worker starts meanwhile is never failed."""
+        failed = bool(await self._fail_if_unchanged(
+            keys=[keys.task(task.id), keys.queue(task.backend), keys.events(task.id),
+                  keys.input_blob(task.id)],
+            args=[task.state.value, task.attempt, task.entry_id, keys.WORKER_GROUP,
+                  repr(time.time()), self.retention, _one_line(error), error_code]))
+        if failed:
+            self._delete_input_file(task.id)
+        return failed
+
+    async def tasks(self, task_ids: list[str]) -> list[Task | None]:
+        """Several task records in one round trip (None for an expired one)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for task_id in task_ids:
+                pipe.hgetall(keys.task(task_id))
+            raws = await pipe.execute()
+        return [Task.from_hash(raw) if raw else None for raw in raws]
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerPolicy:
+    """The breaker settings, in the units the store's scripts take."""
+
+    failures: int = 3
+    window: float = 600.0
+    cooldown: float = 60.0
+    cooldown_max: float = 3600.0
+    #: how long a probe's claim lasts: longer than any model load
+    probe_seconds: float = 600.0
+
+    @classmethod
+    def of(cls, settings: Settings) -> BreakerPolicy:
+        return cls(settings.breaker_failures, settings.breaker_window_seconds,
+                   settings.breaker_cooldown_seconds, settings.breaker_cooldown_max_seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    verdict: str  # closed | probe | open
+    error: str = ""
+    reopens_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Breaker:
+    """One model's breaker as /ready shows it."""
+
+    state: str = "closed"  # closed | open | half-open
+    failures: int = 0
+    error: str = ""
+    reopens_at: float | None = None  # when it half-opens (in the past: half-open now)
+    trips: int = 0  # times opened in a row; each failed probe doubles the cool-down
+
+    @classmethod
+    def from_hash(cls, raw: dict[bytes, bytes], source: str, now: float,
+                  cooldown: float) -> Breaker:
+        data = {k.decode(): v.decode() for k, v in raw.items()}
+        if data.get("source", source) not in ("", source):
+            return cls()  # recorded for another source: a fresh breaker (as _BREAKER_ADMIT)
+        failures, error = int(data.get("failures") or 0), data.get("error", "")
+        if data.get("open") != "1":
+            return cls("closed", failures, error)
+        reopens_at = float(data["reopens_at"]) if data.get("reopens_at") else (
+            float(data["last_failure"]) + cooldown if data.get("last_failure") else None)
+        state = "open" if reopens_at is None or now < reopens_at else "half-open"
+        return cls(state, failures, error, reopens_at, int(data.get("trips") or 1))
+
+    def public(self) -> dict[str, Any]:
+        return {"state": self.state, "failures": self.failures, "error": self.error or None,
+                "reopens_at": self.reopens_at, "trips": self.trips}
 
 
 def _stream_id(entry: str) -> tuple[int, int]:
     millis, _, seq = entry.partition("-")
     return int(millis), int(seq or 0)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _one_line(text: str) -> str:

@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from starlette.exceptions import HTTPException
 
 from common import logs
 from common.settings import Settings, get_settings
 from common.store import TaskStore
 from gateway.app_errors import openai_error, sage_error
+from gateway.auth import authorize
 from gateway.inputs import RequestError
 from gateway.limits import BodyLimitMiddleware
-from gateway.routes import health, metrics, openai, sage, speech, tasks
+from gateway.routes import admin, docs, health, metrics, openai, sage, speech, tasks, ui
 from gateway.sweeper import sweep_forever
+from gateway.waiting import EventHub
 
 log = logging.getLogger("gateway")
 
@@ -31,26 +34,46 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=10,
-                               health_check_interval=15)
+        # bounded: past `redis_max_connections` a call waits briefly for a free connection
+        # instead of opening more (redis-py's default pool refuses with an error at 100)
+        pool = BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=settings.redis_max_connections,
+            timeout=settings.redis_pool_timeout_seconds, socket_connect_timeout=2,
+            socket_timeout=10, health_check_interval=15, client_name=f"gateway-{os.getpid()}")
+        redis = Redis.from_pool(pool)
+        hub = EventHub(redis, settings.max_waiting_requests)
+        await hub.start()
+        app.state.hub = hub
         app.state.settings = settings
         app.state.redis = redis
-        app.state.store = TaskStore(redis, settings.retention_seconds)
+        app.state.store = TaskStore.for_settings(redis, settings)
         sweeper = asyncio.create_task(sweep_forever(app.state.store, settings))
         yield
         sweeper.cancel()
+        await hub.close()
         await redis.aclose()
 
-    app = FastAPI(title="speech-gateway", lifespan=lifespan)
+    # one access rule for every route (gateway/auth.py); the API docs are ordinary routes
+    app = FastAPI(title="speech-gateway", lifespan=lifespan, dependencies=[Depends(authorize)],
+                  docs_url=None, redoc_url=None, openapi_url=None)
     # multipart overhead on top of the largest allowed file
     app.add_middleware(BodyLimitMiddleware,
-                       max_bytes=int(settings.max_upload_mib * 1024 * 1024) + 64 * 1024)
+                       max_bytes=int(settings.max_upload_mib * 1024 * 1024) + 64 * 1024,
+                       idle_seconds=settings.body_timeout_seconds,
+                       deadline_seconds=settings.body_deadline_seconds)
     app.include_router(health.router)
     app.include_router(sage.router)
     app.include_router(tasks.router)
     app.include_router(openai.router)
     app.include_router(speech.router)
     app.include_router(metrics.router)
+    app.include_router(docs.router)
+    app.include_router(admin.router)
+    app.include_router(ui.router)
+
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, exc: RequestError) -> JSONResponse:
+        return openai_error(exc) if request.url.path.startswith("/v1/") else sage_error(exc)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

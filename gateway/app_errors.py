@@ -8,7 +8,8 @@ from gateway.inputs import RequestError
 
 
 def sage_error(exc: RequestError) -> JSONResponse:
-    return JSONResponse({"status": "FAILED", "error": exc.message}, status_code=exc.status_code)
+    return JSONResponse({"status": "FAILED", "error": exc.message}, status_code=exc.status_code,
+                        headers=exc.headers)
 
 
 def openai_error(exc: RequestError) -> JSONResponse:
@@ -17,4 +18,4 @@ def openai_error(exc: RequestError) -> JSONResponse:
         kind = "authentication_error"
     body = {"error": {"message": exc.message, "type": kind, "param": exc.param,
                       "code": exc.code}}
-    return JSONResponse(body, status_code=exc.status_code)
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)

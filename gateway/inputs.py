@@ -3,31 +3,36 @@
 from __future__ import annotations
 
 import json
-import os
-import stat
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fastapi import Request
 from starlette.datastructures import UploadFile
 
-from gateway.limits import BodyTooLarge
+from common import paths
+from gateway.limits import BodyRefused
 
 MAX_FORM_FIELDS = 64
 MAX_FORM_FILES = 4
+#: parameters that may repeat (form, query) or be a JSON list; every other one is one value
+LIST_PARAMS = frozenset({"timestamp_granularities", "timestamp_granularities[]"})
 
 
 class RequestError(Exception):
     """A request we refuse: rendered as Sage JSON or OpenAI error JSON by the route."""
 
     def __init__(self, status_code: int, message: str, param: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        # a message may quote what the client sent: keep it encodable whatever that was
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.status_code = status_code
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers
 
 
 @dataclass(slots=True)
@@ -35,13 +40,23 @@ class Params:
     values: dict[str, str]
     files: dict[str, UploadFile]
     lists: dict[str, list[str]]
+    #: why a parameter's value is unusable (a list or object for a scalar, repeated, NUL …):
+    #: reported as a 400 naming it when a route reads it
+    problems: dict[str, str] = field(default_factory=dict)
 
     def get(self, *names: str) -> str | None:
         for name in names:
+            self.check(name)
             value = self.values.get(name)
             if value is not None and value != "":
                 return value
         return None
+
+    def check(self, name: str) -> None:
+        if name in self.problems:
+            raise RequestError(400, f"{name} {self.problems[name]}", param=name)
+        if name in self.files:
+            raise RequestError(400, f"{name} must be a value, not a file upload", param=name)
 
     def flag(self, name: str) -> bool:
         value = (self.get(name) or "").strip().lower()
@@ -49,46 +64,91 @@ class Params:
             return False
         if value in ("1", "true", "yes", "on"):
             return True
-        raise RequestError(400, f"{name} must be true or false, not {value!r}", param=name)
+        raise RequestError(400, f"{name} must be true or false, not {value[:40]!r}", param=name)
+
+    def override(self, name: str, value: str | None) -> None:
+        """Set (or, with None, remove) a parameter the route decides, whatever was sent."""
+        self.problems.pop(name, None)
+        self.lists.pop(name, None)
+        if value is None:
+            self.values.pop(name, None)
+        else:
+            self.values[name] = value
 
 
 async def read_params(request: Request) -> Params:
     """Merge the query string with a form or JSON body (the body wins)."""
-    values: dict[str, str] = {}
-    lists: dict[str, list[str]] = {}
-    files: dict[str, UploadFile] = {}
-    for key, value in request.query_params.multi_items():
-        values[key] = value
-        lists.setdefault(key, []).append(value)
+    params = Params({}, {}, {})
+    _add_pairs(params, request.query_params.multi_items())
     if request.method != "POST":
-        return Params(values, files, lists)
+        return params
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
         try:
             form = await request.form(max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS)
-        except BodyTooLarge:
+        except BodyRefused:
             raise
         except Exception as exc:  # starlette raises HTTPException/MultiPartException variants
             raise RequestError(400, f"malformed form body: {getattr(exc, 'detail', exc)}") from None
+        fields = []
         for key, value in form.multi_items():
             if isinstance(value, UploadFile):
-                files[key] = value
+                params.files[key] = value
             else:
-                values[key] = value
-                lists.setdefault(key, []).append(value)
+                fields.append((key, value))
+        _add_pairs(params, fields)
     elif content_type == "application/json":
+        raw = await request.body()
         try:
-            body: Any = json.loads(await request.body() or b"{}")
-        except ValueError:
+            body: Any = json.loads(raw or b"{}")
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             raise RequestError(400, "the JSON body is not valid JSON") from None
         if not isinstance(body, dict):
             raise RequestError(400, "the JSON body must be an object")
         for key, value in body.items():
-            if isinstance(value, list):
-                lists[key] = [_scalar(v) for v in value]
-            elif value is not None:
-                values[key] = _scalar(value)
-    return Params(values, files, lists)
+            _add_json(params, key, value)
+    return params
+
+
+def _add_pairs(params: Params, pairs: list[tuple[str, str]]) -> None:
+    """Query or form fields; a scalar parameter given twice is ambiguous, so unusable."""
+    counts = Counter(key for key, _ in pairs)
+    for key in counts:  # what this source says replaces what an earlier one said
+        params.problems.pop(key, None)
+    for key, value in pairs:
+        params.values[key] = value
+        params.lists.setdefault(key, []).append(value)
+        if counts[key] > 1 and key not in LIST_PARAMS:
+            params.problems[key] = "was given more than once"
+        elif problem := _text_problem(value):
+            params.problems[key] = problem
+
+
+def _add_json(params: Params, key: str, value: Any) -> None:
+    params.problems.pop(key, None)
+    if key in LIST_PARAMS:
+        items = value if isinstance(value, list) else [value]
+        if any(isinstance(item, list | dict) for item in items):
+            params.problems[key] = "must be a list of strings"
+            return
+        params.lists[key] = [_scalar(item) for item in items if item is not None]
+    elif isinstance(value, list | dict):
+        kind = "list" if isinstance(value, list) else "object"
+        params.problems[key] = f"must be a single value, not a JSON {kind}"
+    elif value is not None:
+        params.values[key] = _scalar(value)
+        if problem := _text_problem(params.values[key]):
+            params.problems[key] = problem
+
+
+def _text_problem(value: str) -> str | None:
+    if "\x00" in value:
+        return "contains a NUL character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a JSON \ud800 escape
+        return "is not valid Unicode text"
+    return None
 
 
 def _scalar(value: Any) -> str:
@@ -109,27 +169,7 @@ async def read_upload(upload: UploadFile, max_bytes: int) -> bytes:
 
 def resolve_allowed_path(raw: str, roots: list[Path], param: str = "audio_path") -> Path:
     """A regular file strictly under one of `roots`, after resolving every symlink."""
-    if not roots:
-        raise RequestError(400, "server-side paths are disabled (no allowed roots configured)",
-                           param=param)
-    if "\x00" in raw:
-        raise RequestError(400, "the path contains a NUL byte", param=param)
-    candidate = Path(raw)
-    if ".." in candidate.parts:
-        raise RequestError(400, "the path may not contain '..'", param=param)
-    real_roots = [Path(os.path.realpath(root)) for root in roots]
-    options = [candidate] if candidate.is_absolute() else [root / candidate for root in real_roots]
-    for option in options:
-        real = Path(os.path.realpath(option))
-        if not any(real == root or root in real.parents for root in real_roots):
-            continue
-        try:
-            mode = real.stat().st_mode
-        except OSError:
-            continue
-        if not stat.S_ISREG(mode):
-            raise RequestError(400, "the path is not a regular file", param=param)
-        return real
-    if any(Path(os.path.realpath(option)).exists() for option in options):
-        raise RequestError(400, "the path is outside the allowed roots", param=param)
-    raise RequestError(400, "no such file under the allowed roots", param=param)
+    try:
+        return paths.resolve_allowed_path(raw, roots)
+    except paths.PathNotAllowed as exc:
+        raise RequestError(400, str(exc), param=param) from None

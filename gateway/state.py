@@ -7,6 +7,7 @@ from redis.asyncio import Redis
 
 from common.settings import Settings
 from common.store import TaskStore
+from gateway.waiting import EventHub
 
 
 def settings_of(request: Request) -> Settings:
@@ -19,3 +20,7 @@ def store_of(request: Request) -> TaskStore:
 
 def redis_of(request: Request) -> Redis:
     return request.app.state.redis
+
+
+def hub_of(request: Request) -> EventHub:
+    return request.app.state.hub

@@ -3,22 +3,35 @@
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from fastapi import Request
 from redis.exceptions import RedisError
 
 from common.audio import AudioError, AudioInfo, probe_audio
-from common.catalog import UnknownBackend, UnknownModel, backend_info, resolve_model
-from common.schemas import TaskState
+from common.catalog import (
+    UnknownBackend,
+    UnknownModel,
+    asr_language,
+    backend_info,
+    resolve_model,
+)
+from common.schemas import MAX_BEAM_SIZE, TaskState
 from common.settings import Settings
-from common.store import Task, TaskStore, new_task_id
+from common.store import BreakerPolicy, Duplicate, Task, TaskStore, new_task_id
 from gateway.fetch import fetch_audio_url
 from gateway.inputs import Params, RequestError, read_upload, resolve_allowed_path
 
 ASR_TASKS = ("transcribe", "translate")
+#: longest `prompt` (Whisper keeps only its last 224 tokens anyway)
+MAX_PROMPT_CHARACTERS = 2000
+_INTEGER = re.compile(r"\+?[0-9]{1,4}")
+MAX_IDEMPOTENCY_KEY = 255
 T = TypeVar("T")
 
 
@@ -77,38 +90,81 @@ def asr_params(params: Params, settings: Settings, backend: str) -> dict[str, An
         raise RequestError(404, str(exc), param="backend", code="unknown_backend") from None
     if info.kind != "asr":
         raise RequestError(400, f"backend {backend!r} does not transcribe", param="backend")
-    task = (params.get("task") or "transcribe").lower()
+    task = (params.get("task") or "transcribe").strip().lower()
     if task not in ASR_TASKS:
         raise RequestError(400, "task must be 'transcribe' or 'translate'", param="task")
     if task == "translate" and not info.translate:
         raise RequestError(400, f"backend {backend!r} cannot translate", param="task")
     options: dict[str, Any] = {"task": task, "word_timestamps": params.flag("word_timestamps")}
     if language := params.get("language"):
-        options["language"] = language.strip().lower()
+        try:
+            code = asr_language(backend, language)
+        except ValueError as exc:
+            raise RequestError(400, str(exc), param="language",
+                               code="unsupported_language") from None
+        if code is not None:
+            options["language"] = code
     if prompt := params.get("prompt", "initial_prompt"):
+        if len(prompt) > MAX_PROMPT_CHARACTERS:
+            name = "prompt" if params.get("prompt") else "initial_prompt"
+            raise RequestError(400, f"{name} has {len(prompt)} characters; the limit is "
+                                    f"{MAX_PROMPT_CHARACTERS}", param=name)
         options["prompt"] = prompt
-    for name, kind in (("beam_size", int), ("temperature", float)):
-        if (value := params.get(name)) is not None:
-            try:
-                options[name] = kind(value)
-            except ValueError:
-                raise RequestError(400, f"{name} must be a number", param=name) from None
+    if (raw := params.get("beam_size")) is not None:
+        if not _INTEGER.fullmatch(raw.strip()) or not 1 <= int(raw) <= MAX_BEAM_SIZE:
+            raise RequestError(400, f"beam_size must be an integer from 1 to {MAX_BEAM_SIZE}",
+                               param="beam_size")
+        options["beam_size"] = int(raw)
+    if (raw := params.get("temperature")) is not None:
+        options["temperature"] = number_in_range(raw, "temperature", 0.0, 1.0)
     if params.get("vad_filter") is not None:
         options["vad_filter"] = params.flag("vad_filter")
     return options
 
 
+def number_in_range(raw: str, name: str, low: float, high: float) -> float:
+    """`raw` as a finite number from `low` to `high`; a 400 naming `name` otherwise."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not low <= value <= high:  # also refuses nan and ±inf
+        raise RequestError(400, f"{name} must be a number from {low:g} to {high:g}", param=name)
+    return value
+
+
+def idempotency_key(request: Request, params: Params) -> str:
+    """The caller's `Idempotency-Key` header (or `idempotency_key` param); "" when absent."""
+    key = request.headers.get("idempotency-key") or params.get("idempotency_key") or ""
+    if len(key) > MAX_IDEMPOTENCY_KEY or not key.isprintable():
+        raise RequestError(400, f"the idempotency key must be at most {MAX_IDEMPOTENCY_KEY} "
+                                "printable characters", param="idempotency_key")
+    return key
+
+
 async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: str,
                   options: dict[str, Any], audio: AudioInput, owner: str,
-                  task_id: str | None = None) -> Task:
-    breaker_error = await guard_store(store.breaker_error(backend, model))
-    if breaker_error:
-        raise RequestError(503, f"model {backend}/{model} is unavailable: {breaker_error}",
+                  task_id: str | None = None, idempotency_key: str = "") -> Task:
+    """Queue a new task, or return the original one for a repeated idempotency key."""
+    # An open breaker refuses at once; past its cool-down the task goes through as its probe.
+    source = settings.backend_models(backend).get(model, "")
+    breakers = await guard_store(store.breakers(backend, {model: source},
+                                                BreakerPolicy.of(settings)))
+    breaker = breakers[model]
+    if breaker.state == "open":
+        raise RequestError(503, f"model {backend}/{model} is unavailable: {breaker.error}",
                            param="model", code="model_unavailable")
     task = Task(id=task_id or new_task_id(), backend=backend, model=model, state=TaskState.PENDING,
                 params=options, input_path=str(audio.path or ""), owner=owner,
                 audio_seconds=round(audio.info.duration, 3))
-    await guard_store(store.submit(task, audio.blob))
+    try:
+        await guard_store(store.submit(task, audio.blob, idempotency_key))
+    except Duplicate as repeat:
+        original = await guard_store(store.get(repeat.task_id))
+        if original is None:
+            raise RequestError(409, "this idempotency key was used for a task that has expired",
+                               param="idempotency_key", code="idempotency_key_expired") from None
+        return original
     return task
 
 

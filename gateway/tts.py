@@ -18,11 +18,11 @@ from fastapi import Request
 
 from common.audio import AudioError, AudioInfo, probe_audio
 from common.catalog import XTTS_MIN_REFERENCE_SECONDS, xtts_language
+from common.schemas import MAX_SPEED, MIN_SPEED
 from common.settings import Settings
 from gateway.inputs import Params, RequestError, read_upload, resolve_allowed_path
 from gateway.submission import AudioInput
 
-MIN_SPEED, MAX_SPEED = 0.25, 4.0
 TOKEN_HEX_CHARS = 32  # 128 bits of HMAC-SHA256
 NO_REFERENCE = AudioInfo(0.0, 0, 0, "")
 
@@ -45,7 +45,7 @@ async def tts_input(params: Params, settings: Settings,
     options: dict[str, Any] = {"text": text, "language": language, "speed": _speed(params)}
     voice = params.get("voice")
     upload = params.files.get("speaker_wav")
-    raw_path = params.get("speaker_wav")
+    raw_path = None if upload is not None else params.get("speaker_wav")
     if voice and (upload is not None or raw_path):
         raise RequestError(400, "give either 'voice' or 'speaker_wav', not both", param="voice")
     if upload is not None:

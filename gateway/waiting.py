@@ -1,7 +1,12 @@
-"""Waiting for a task without busy polling: Redis pub/sub on the task's event channel.
+"""Waiting for tasks without busy polling and without a Redis connection per waiting client.
 
-Subscribe first, then read the state, so a task finishing in between is never missed.
-If Redis drops the subscription (a restart), fall back to reading the state twice a second.
+One `EventHub` per gateway process holds one pub/sub connection. A waiter subscribes its
+task's channel through it (SUBSCRIBE when the first waiter of a channel arrives, UNSUBSCRIBE
+when the last one leaves) and gets the channel's messages on its own asyncio queue.
+Subscribe first, then read the state, so a task finishing in between is never missed. If
+the connection drops (a Redis restart), the hub reconnects, subscribes every channel again
+and tells each waiter to re-read its task's state, which is what decides; waiters also
+re-read it after `POLL_SECONDS` of silence.
 """
 
 from __future__ import annotations
@@ -9,49 +14,190 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError
 
 from common import keys
 from common.store import Task, TaskStore
+from gateway.inputs import RequestError
+
+log = logging.getLogger("gateway.waiting")
+
+POLL_SECONDS = 5.0  # silence after which a waiter re-reads its task's state anyway
+PING_SECONDS = 10.0  # the hub's keep-alive: a connection silent for 3x this is dropped
+RECONNECT_SECONDS = 0.5
+SUBSCRIBE_WAIT_SECONDS = 2.0  # then the waiter goes on (it still reads the state)
+RETRY_AFTER_SECONDS = 2
+RESYNC: dict[str, Any] = {"type": "resync"}  # the hub reconnected: re-read the state
 
 
-async def task_events(redis: Redis, store: TaskStore, task_id: str,
-                      timeout: float) -> AsyncIterator[dict[str, Any]]:
-    """Segment events as the worker publishes them, then one {"type": "done", "task": Task}.
+class EventHub:
+    def __init__(self, redis: Redis, max_waiters: int) -> None:
+        # its own connection, outside the client's pool; no health-check PINGs from redis-py,
+        # whose replies would arrive among the messages this hub reads
+        pool = redis.connection_pool
+        self._connection_kwargs = {**pool.connection_kwargs, "health_check_interval": 0,
+                                   "socket_timeout": None}
+        self._connection_class = pool.connection_class
+        self.max_waiters = max_waiters
+        self.waiters = 0
+        self._queues: dict[bytes, set[asyncio.Queue[dict[str, Any]]]] = {}
+        self._confirmed: dict[bytes, asyncio.Event] = {}
+        self._connection: AbstractConnection | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._pending: set[asyncio.Task[None]] = set()  # UNSUBSCRIBEs on their way
 
-    Ends with {"type": "timeout"} if the task is not finished within `timeout` seconds.
-    The caller may subscribe before the task is submitted (so no segment is missed).
-    """
-    deadline = time.monotonic() + timeout
-    pubsub = redis.pubsub()
-    try:
-        await pubsub.subscribe(keys.events(task_id))
-        yield {"type": "subscribed"}
-        while (remaining := deadline - time.monotonic()) > 0:
-            try:
-                message = await pubsub.get_message(ignore_subscribe_messages=True,
-                                                   timeout=min(remaining, 1.0))
-            except RedisError:
-                await asyncio.sleep(min(remaining, 0.5))
-                message = None
-            if message is not None:
-                event = json.loads(message["data"])
-                if event.get("type") == "segment":
+    async def start(self) -> None:
+        self._reader = asyncio.create_task(self._run())
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        await self._drop()
+
+    # --- the waiter's side -----------------------------------------------------------------
+
+    async def events(self, store: TaskStore, task_id: str,
+                     timeout: float) -> AsyncIterator[dict[str, Any]]:
+        """First {"type": "subscribed"}, then segment events as the worker publishes them,
+        then one {"type": "done", "task": Task}, or {"type": "timeout"} after `timeout` s.
+
+        A 503 with Retry-After (RequestError) when this process already has
+        `max_waiters` waiters. Leaving the loop early (or cancelling it) releases the waiter.
+        """
+        if self.waiters >= self.max_waiters:
+            raise RequestError(503, "too many requests are waiting for their tasks; retry "
+                                    "shortly, or submit through /api/submit and poll",
+                               code="overloaded",
+                               headers={"retry-after": str(RETRY_AFTER_SECONDS)})
+        deadline = time.monotonic() + timeout
+        channel = keys.events(task_id).encode()
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.waiters += 1
+        try:
+            await self._subscribe(channel, queue)
+            yield {"type": "subscribed"}
+            while (remaining := deadline - time.monotonic()) > 0:
+                try:
+                    async with asyncio.timeout(min(remaining, POLL_SECONDS)):
+                        event = await queue.get()
+                except TimeoutError:
+                    event = None
+                if event is not None and event.get("type") == "segment":
                     yield event
                     continue
-            task = await _state(store, task_id)
-            if task is not None and task.state.terminal:
-                yield {"type": "done", "task": task}
+                task = await _state(store, task_id)
+                if task is not None and task.state.terminal:
+                    yield {"type": "done", "task": task}
+                    return
+            yield {"type": "timeout"}
+        finally:
+            self.waiters -= 1
+            self._unsubscribe(channel, queue)
+
+    async def _subscribe(self, channel: bytes, queue: asyncio.Queue[dict[str, Any]]) -> None:
+        listeners = self._queues.setdefault(channel, set())
+        listeners.add(queue)
+        if len(listeners) == 1:
+            self._confirmed[channel] = asyncio.Event()
+            if self._connection is not None:
+                with contextlib.suppress(RedisError, OSError):
+                    await self._connection.send_command("SUBSCRIBE", channel,
+                                                        check_health=False)
+        confirmed = self._confirmed.get(channel)
+        if confirmed is None or self._connection is None:
+            return  # no connection now: the hub subscribes it when it reconnects
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SUBSCRIBE_WAIT_SECONDS):
+                await confirmed.wait()
+
+    def _unsubscribe(self, channel: bytes, queue: asyncio.Queue[dict[str, Any]]) -> None:
+        listeners = self._queues.get(channel)
+        if listeners is None:
+            return
+        listeners.discard(queue)
+        if listeners:
+            return
+        del self._queues[channel]
+        self._confirmed.pop(channel, None)
+        if self._connection is not None:
+            # not awaited by the waiter: a client that hung up is released at once
+            task = asyncio.get_running_loop().create_task(self._send_unsubscribe(channel))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+    async def _send_unsubscribe(self, channel: bytes) -> None:
+        connection = self._connection
+        if connection is None or channel in self._queues:  # a new waiter took it meanwhile
+            return
+        with contextlib.suppress(RedisError, OSError):
+            await connection.send_command("UNSUBSCRIBE", channel, check_health=False)
+
+    # --- the hub's reader ----------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._connect()
+                await self._read_forever()
+            except (RedisError, OSError) as exc:
+                if self._connection is not None:
+                    log.warning("event subscription lost (%s); reconnecting", type(exc).__name__)
+            await self._drop()
+            await asyncio.sleep(RECONNECT_SECONDS)
+
+    async def _connect(self) -> None:
+        connection = self._connection_class(**self._connection_kwargs)
+        await connection.connect()
+        self._connection = connection
+        channels = list(self._queues)
+        for start in range(0, len(channels), 500):
+            await connection.send_command("SUBSCRIBE", *channels[start:start + 500],
+                                          check_health=False)
+        for listeners in self._queues.values():  # whatever happened meanwhile: look again
+            for queue in listeners:
+                queue.put_nowait(RESYNC)
+
+    async def _read_forever(self) -> None:
+        assert self._connection is not None
+        last_ping = time.monotonic()
+        while True:
+            if time.monotonic() - last_ping >= PING_SECONDS:
+                await self._connection.send_command("PING", check_health=False)
+                last_ping = time.monotonic()
+            # silent for this long despite the PINGs: redis-py's TimeoutError, a reconnect
+            self._dispatch(await self._connection.read_response(timeout=3 * PING_SECONDS,
+                                                                push_request=True))
+
+    def _dispatch(self, reply: Any) -> None:
+        if not isinstance(reply, list) or len(reply) < 2:
+            return
+        kind = reply[0]
+        if kind == b"message" and len(reply) == 3:
+            try:
+                event = json.loads(reply[2])
+            except ValueError:
                 return
-        yield {"type": "timeout"}
-    finally:
-        with contextlib.suppress(RedisError):
-            await pubsub.aclose()
+            if not isinstance(event, dict):
+                return
+            for queue in self._queues.get(reply[1], ()):
+                queue.put_nowait(event)
+        elif kind == b"subscribe" and (confirmed := self._confirmed.get(reply[1])):
+            confirmed.set()
+
+    async def _drop(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await connection.disconnect(nowait=True)
 
 
 async def _state(store: TaskStore, task_id: str) -> Task | None:
@@ -59,3 +205,4 @@ async def _state(store: TaskStore, task_id: str) -> Task | None:
         return await store.get(task_id)
     except RedisError:
         return None
+

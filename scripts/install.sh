@@ -14,6 +14,11 @@ cd "$(dirname "$0")/.."
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v espeak-ng >/dev/null || missing+=(espeak-ng)
+# the headless browser tests/test_ui_browser.py drives: Debian's package (Ubuntu's, in the
+# container image, is a snap stub; the service itself needs no browser)
+if ! command -v chromium >/dev/null && grep -qx "ID=debian" /etc/os-release 2>/dev/null; then
+    missing+=(chromium)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
     echo "install: apt-get install ${missing[*]}"
     sudo_cmd=""

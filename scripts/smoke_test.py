@@ -114,11 +114,11 @@ def poll(client: Client, base: str, task_id: str, deadline: float) -> dict[str, 
     return {"status": "FAILED", "error": f"still not finished after the timeout ({task_id})"}
 
 
-def check_asr(check: Check, client: Client, base: str, backend: str, model: str,
-              workers: list[dict], clip: bytes, deadline: float) -> None:
+def check_asr(check: Check, client: Client, worker_client: Client, base: str, backend: str,
+              model: str, workers: list[dict], clip: bytes, deadline: float) -> None:
     for worker in workers:
         body, ctype = multipart({"model": model}, {"file": ("smoke.wav", clip)})
-        status, reply = client.json("POST", f"{worker['url']}/transcribe", body, ctype)
+        status, reply = worker_client.json("POST", f"{worker['url']}/transcribe", body, ctype)
         ok = status == 200 and isinstance(reply.get("text"), str)
         check.report(f"{backend} worker {worker['consumer']}", ok,
                      f"text={reply.get('text', '')!r}" if ok else f"HTTP {status}: {reply}")
@@ -139,11 +139,12 @@ def check_asr(check: Check, client: Client, base: str, backend: str, model: str,
                  else f"HTTP {status}: {reply}")
 
 
-def check_tts(check: Check, client: Client, base: str, backend: str, model: str,
-              workers: list[dict], voice: str, deadline: float) -> None:
+def check_tts(check: Check, client: Client, worker_client: Client, base: str, backend: str,
+              model: str, workers: list[dict], voice: str, deadline: float) -> None:
     for worker in workers:
         body, ctype = multipart({"text": SPEECH_TEXT, "model": model, "voice": voice}, {})
-        status, data, _ = client.request("POST", f"{worker['url']}/synthesize", body, ctype)
+        status, data, _ = worker_client.request("POST", f"{worker['url']}/synthesize", body,
+                                                ctype)
         ok = status == 200 and data[:4] == b"RIFF"
         detail = f"{wav_seconds(data):.2f} s of audio" if ok else f"HTTP {status}: {data[:200]!r}"
         check.report(f"{backend} worker {worker['consumer']}", ok, detail)
@@ -176,6 +177,11 @@ def main() -> int:
                         help="gateway base URL (env SMOKE_URL)")
     parser.add_argument("--key", default=os.environ.get("SMOKE_API_KEY"),
                         help="API key (env SMOKE_API_KEY)")
+    parser.add_argument("--worker-secret",
+                        default=os.environ.get("SMOKE_WORKER_SECRET",
+                                               os.environ.get("SPEECH_WORKER_SECRET")),
+                        help="the workers' SPEECH_WORKER_SECRET, for their direct endpoints "
+                             "(env SMOKE_WORKER_SECRET or SPEECH_WORKER_SECRET)")
     parser.add_argument("--backends", default=os.environ.get("SMOKE_BACKENDS", ""),
                         help="comma-separated subset (default: every enabled backend)")
     parser.add_argument("--voice", default=os.environ.get("SMOKE_VOICE", "alloy"))
@@ -186,6 +192,7 @@ def main() -> int:
     base = args.url.rstrip("/")
     deadline = time.monotonic() + args.timeout
     client = Client(args.key, timeout=max(30.0, args.timeout))
+    worker_client = Client(args.worker_secret, timeout=max(30.0, args.timeout))
     check = Check()
 
     status, ready = client.json("GET", f"{base}/ready")
@@ -209,11 +216,11 @@ def main() -> int:
                 check.report(backend, False, "no live worker (see /ready and its log)")
                 continue
             if info["kind"] == "tts":
-                check_tts(check, client, base, backend, info["default_model"], workers,
-                          args.voice, deadline)
+                check_tts(check, client, worker_client, base, backend, info["default_model"],
+                          workers, args.voice, deadline)
             else:
-                check_asr(check, client, base, backend, info["default_model"], workers, clip,
-                          deadline)
+                check_asr(check, client, worker_client, base, backend, info["default_model"],
+                          workers, clip, deadline)
     print(f"# {check.failures} failure(s)", flush=True)
     return 1 if check.failures else 0
 

@@ -3,7 +3,9 @@
 # Sage submit/poll path and the OpenAI endpoint (speech for TTS). One OK/FAIL line each;
 # exits non-zero on any failure. Runs inside the container or from outside.
 #
-#   scripts/smoke_test.sh [--url http://host:8000] [--key KEY] [--backends a,b] [--timeout S]
-#   (or SMOKE_URL, SMOKE_API_KEY, SMOKE_BACKENDS, SMOKE_VOICE, SMOKE_TIMEOUT)
+#   scripts/smoke_test.sh [--url http://host:8000] [--key KEY] [--worker-secret SECRET]
+#                         [--backends a,b] [--timeout S]
+#   (or SMOKE_URL, SMOKE_API_KEY, SMOKE_WORKER_SECRET (else SPEECH_WORKER_SECRET),
+#    SMOKE_BACKENDS, SMOKE_VOICE, SMOKE_TIMEOUT)
 set -euo pipefail
 exec python3 "$(dirname "$0")/smoke_test.py" "$@"

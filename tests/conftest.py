@@ -41,7 +41,8 @@ def stack(workdir: Path, redis_server: procs.RedisServer, allowed_dir: Path) -> 
     """One gateway and one faster-whisper worker (real tiny.en) on a real Redis."""
     roots = [str(procs.TEST_AUDIO), str(allowed_dir)]
     gateway = procs.gateway(redis_server.url, workdir, allowed_roots=roots).start()
-    worker = procs.worker(redis_server.url, workdir, idle_unload_seconds="-1").start()
+    worker = procs.worker(redis_server.url, workdir, idle_unload_seconds="-1",
+                          allowed_roots=roots).start()  # it checks task paths again
     yield {"gateway": gateway.url, "worker": worker.url, "redis": redis_server.client(),
            "worker_service": worker, "gateway_service": gateway}
     worker.stop()

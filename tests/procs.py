@@ -6,6 +6,7 @@ pid (or process group): never by name.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -48,16 +49,29 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
 STARTED: list[subprocess.Popen] = []
 
 
-def _spawn(args: list[str], **kwargs: Any) -> subprocess.Popen:
+def spawn(args: list[str], **kwargs: Any) -> subprocess.Popen:
+    """Start a process in its own group, remembered until it is stopped (see stop)."""
     proc = subprocess.Popen(args, start_new_session=True, **kwargs)
     STARTED.append(proc)
     return proc
+
+
+_spawn = spawn
 
 
 def stop_leftovers() -> None:
     """Stop what a failed fixture or test left running: only our own processes, by pid."""
     for proc in list(STARTED):
         _stop(proc)
+
+
+# Also when the test process ends in an error outside any fixture's teardown.
+atexit.register(stop_leftovers)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    """Stop a process started by spawn, and its group: SIGTERM, then SIGKILL."""
+    _stop(proc, timeout)
 
 
 def _stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
@@ -172,6 +186,7 @@ def gateway(redis_url: str, workdir: Path, **settings: Any) -> Service:
     port = free_port()
     env = service_env(redis_url, **settings)
     args = [str(CORE_PYTHON), "-m", "uvicorn", "--factory", "gateway.app:create_app",
+            "--http", "gateway.slow_clients:SlowClientProtocol",
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     return Service(args, env, workdir / f"gateway-{port}.log", f"http://127.0.0.1:{port}")
 

@@ -164,5 +164,6 @@ def test_load_failure_exits_the_worker(e2e: dict, backend: str) -> None:
     assert worker.proc.wait(timeout=240) == 1
     assert "failed to load" in worker.log()
     record = e2e["redis"].client().hgetall(keys.task(task_id))
-    assert b"failed to load" in record[b"last_error"]
-    assert record[b"state"] == b"RUNNING"  # not lost: pending for the next worker's delivery
+    assert b"failed to load" in record[b"error"]
+    # stored FAILED before the exit: never redelivered to crash the next worker as well
+    assert record[b"state"] == b"FAILED" and record[b"error_code"] == b"model_load_failed"

@@ -193,7 +193,7 @@ def test_pending_reply_has_queue_position(stack: dict, speech_clip: Path) -> Non
     ids += [submit_file(gateway, speech_clip).json()["taskid"] for _ in range(3)]
     replies = [status(gateway, task_id) for task_id in ids[1:]]  # the first one is running
     assert [r["status"] for r in replies] == ["PENDING"] * 3, replies
-    assert [r["queue_position"] for r in replies] == [0, 1, 2]
+    assert [r["queue_position"] for r in replies] == [1, 2, 3]
     for task_id in ids:
         wait_done(gateway, task_id, timeout=180)
 

@@ -70,7 +70,7 @@ def test_memory_cap_refuses_work_and_the_worker_keeps_serving(tmp_path: Path) ->
         assert final["status"] == "FAILED" and "memory cap is 1 MiB" in final["error"]
         reply = httpx.post(f"{gateway.url}/v1/audio/transcriptions",
                            files={"file": JFK.open("rb")}, timeout=60)
-        assert reply.status_code == 413 and reply.json()["error"]["code"] == "out_of_memory"
+        assert reply.status_code == 503 and reply.json()["error"]["code"] == "out_of_memory"
         state = health(worker)
         assert state["loaded_models"] == [] and state["memory_cap_mib"] == 1
         assert worker.proc is not None and worker.proc.poll() is None

@@ -169,12 +169,15 @@ def test_poison_task_is_dead_lettered_and_the_queue_moves_on(stack: Stack,
 
 def test_broken_model_exits_worker_trips_breaker_and_default_still_serves(
         stack: Stack) -> None:
-    task_id = submit_file(stack.url, JFK, model="broken").json()["taskid"]
-    pid = stack.worker_pid()
-    respawned(stack, pid)
-    # each delivery loads the broken files and exits 1; past the delivery limit it fails
-    final = wait_done(stack.url, task_id, timeout=180)
-    assert final["status"] == "FAILED" and "failed to load" in final["error"], final
+    # each task loads the broken files: it FAILS at once (never redelivered to crash the next
+    # worker), then the worker exits 1, past supervisord's startsecs, and is respawned
+    for _ in range(3):
+        pid = stack.worker_pid()
+        task_id = submit_file(stack.url, JFK, model="broken").json()["taskid"]
+        final = wait_done(stack.url, task_id, timeout=60)
+        assert final["status"] == "FAILED" and "failed to load" in final["error"], final
+        assert stack.task(task_id)["attempts"] == 1
+        respawned(stack, pid)
     log = (Path(stack.supervisor.workdir) / "logs" / "supervisord.log").read_text()
     assert log.count("exit status 1") >= 3 and "FATAL" not in log
     # the respawned worker serves the default model on its direct endpoint

@@ -48,7 +48,7 @@ def test_out_of_memory_is_a_clear_error_that_frees_the_call_and_keeps_serving() 
         asyncio.run(run())
     error = failure.value
     assert str(error) == MEMORY_LIMIT_ERROR and error.code == ErrorCode.OUT_OF_MEMORY
-    assert error.code.http_status == 413
+    assert error.code.http_status == 503  # the server is short of memory, not the upload too big
     assert error.__context__ is None and error.__cause__ is None
     assert held[0]() is None, "the failed call's tensors outlived it"
     assert worker.running_calls == 0 and worker.slot.loaded_models == ["tiny.en"]

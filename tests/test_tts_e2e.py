@@ -59,7 +59,8 @@ def tts(request: pytest.FixtureRequest,
         procs.gateway(server.url, workdir, api_keys=[digest(KEY_A), digest(KEY_B)],
                       request_timeout_seconds="0.2", **settings),
         procs.worker(server.url, workdir, backend="xtts", python=XTTS_PYTHON, models=models,
-                     device="cpu", idle_unload_seconds="3"),
+                     device="cpu", idle_unload_seconds="3",
+                     allowed_roots=settings["allowed_roots"]),
     ]
     try:
         for service in services:
@@ -150,7 +151,7 @@ def test_uploaded_reference_clip_and_key_owned_audio(tts: dict[str, Any]) -> Non
     assert httpx.get(unsigned, headers=owner, timeout=10).status_code == 200
     other = {"authorization": f"Bearer {KEY_B}"}
     assert httpx.get(unsigned, headers=other, timeout=10).status_code == 404
-    assert httpx.get(unsigned, timeout=10).status_code == 404
+    assert httpx.get(unsigned, timeout=10).status_code == 401  # no credential at all
     # the key-less gateway derives another signing key, and has no owner to match
     assert httpx.get(f"{tts['url']}/v1/tasks/{task_id}/audio?{final['output_url'].split('?')[1]}",
                      timeout=10).status_code == 404
@@ -244,11 +245,14 @@ def test_bad_requests_are_clear_4xx_and_queue_nothing(tts: dict[str, Any]) -> No
     assert queue_counts(redis, "xtts") == before
 
 
-def test_broken_model_ends_the_worker_with_exit_code_1(tts: dict[str, Any]) -> None:
-    """Last: the worker does not come back (no supervisord here)."""
+def test_broken_model_fails_its_task_and_the_worker_keeps_serving(tts: dict[str, Any]) -> None:
+    """An empty model directory fails the engine's pre-check: nothing was allocated, so the
+    task FAILS with the load error and the worker does not exit."""
     reply = submit(tts["url"], text=SENTENCE, voice="alloy", model="broken")
     assert reply.status_code == 200, reply.text
+    final = wait_done(tts["url"], reply.json()["taskid"], timeout=SYNTH_TIMEOUT)
+    assert final["status"] == "FAILED" and "is not an XTTS model directory" in final["error"]
     worker: procs.Service = tts["worker"]
-    assert worker.proc is not None
-    assert worker.proc.wait(timeout=120) == 1
-    assert "is not an XTTS model directory" in worker.log()
+    assert worker.proc is not None and worker.proc.poll() is None
+    ok = submit(tts["url"], text=SENTENCE, voice="alloy")
+    assert wait_done(tts["url"], ok.json()["taskid"], SYNTH_TIMEOUT)["status"] == "SUCCEEDED"

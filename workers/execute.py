@@ -7,9 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from common.audio import decode_audio, encode_wav
+from common.paths import AllowedFile
 from common.schemas import Segment, SynthesisOptions, TranscriptionOptions
 from workers.engines.base import Engine, SpeechEngine, TranscriptionEngine
+
+#: an engine call's input: bytes (an upload), a path the worker trusts, or a file a request
+#: named, checked against the allowed roots as it is opened
+Source = bytes | Path | AllowedFile
 
 
 @dataclass(slots=True)
@@ -25,26 +32,36 @@ def run_engine(
     backend: str,
     model: str,
     params: dict[str, Any],
-    source: bytes | Path | None,
+    source: Source | None,
     on_segment: Callable[[Segment], None],
+    max_audio_seconds: float | None = None,
 ) -> Outcome:
+    """`max_audio_seconds` bounds the decoded input (AudioTooLong past it)."""
     if isinstance(engine, SpeechEngine):
-        return _synthesize(engine, handle, backend, model, params, source)
+        return _synthesize(engine, handle, backend, model, params, source, max_audio_seconds)
     assert isinstance(engine, TranscriptionEngine)
     if source is None:
         raise ValueError("no input audio")
     options = TranscriptionOptions.from_params(params)
-    audio = decode_audio(source, engine.sample_rate)
+    audio = _decode(source, engine.sample_rate, max_audio_seconds)
     transcription = engine.transcribe(handle, audio, options, on_segment)
     del audio
     return Outcome(transcription.to_result(backend, model, options.word_timestamps))
 
 
+def _decode(source: Source, sample_rate: int, max_seconds: float | None) -> np.ndarray:
+    if isinstance(source, AllowedFile):
+        with source.open() as handle:
+            return decode_audio(handle, sample_rate, max_seconds)
+    return decode_audio(source, sample_rate, max_seconds)
+
+
 def _synthesize(engine: SpeechEngine, handle: Any, backend: str, model: str,
-                params: dict[str, Any], reference_source: bytes | Path | None) -> Outcome:
+                params: dict[str, Any], reference_source: Source | None,
+                max_audio_seconds: float | None) -> Outcome:
     options = SynthesisOptions(**{k: v for k, v in params.items()
                                   if k in SynthesisOptions.__dataclass_fields__})
-    reference = (decode_audio(reference_source, engine.sample_rate)
+    reference = (_decode(reference_source, engine.sample_rate, max_audio_seconds)
                  if reference_source is not None else None)
     synthesis = engine.synthesize(handle, options, reference)
     seconds = round(synthesis.duration, 3)

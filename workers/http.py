@@ -1,28 +1,50 @@
 """The worker's own small HTTP server: `GET /health`, and direct `POST /transcribe` or
-`POST /synthesize` (no queue: used by the smoke test and for debugging a worker)."""
+`POST /synthesize` (no queue: used by the smoke test and for debugging a worker).
+
+It takes the gateway's limits (upload size while the body streams in, decoded audio length,
+option ranges) and, where `worker_secret` is set, a bearer token. Bound to anything but
+loopback it refuses to start without that secret.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import hmac
+import ipaddress
+import json
 import logging
+import math
 import socket
 from collections.abc import Generator
-from pathlib import Path
 from typing import Annotated, Any
 
 import uvicorn
-from fastapi import FastAPI, File, Form, UploadFile
+from fastapi import FastAPI, File, Form, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from common.schemas import TranscriptionOptions
+from common.body_limit import BodyLimitMiddleware
+from common.catalog import xtts_language
+from common.paths import AllowedFile
+from common.schemas import MAX_SPEED, MIN_SPEED, ErrorCode, TranscriptionOptions
 from workers.runtime import TaskError, Worker
 
 log = logging.getLogger("worker.http")
+MULTIPART_OVERHEAD_BYTES = 64 * 1024  # form fields and boundaries on top of the largest file
 
 
-def create_worker_app(worker: Worker) -> FastAPI:
-    app = FastAPI(title=f"speech-gateway worker ({worker.backend})")
+def create_worker_app(worker: Worker, open_health: bool = True) -> ASGIApp:
+    """The worker's ASGI app; `open_health`: /health needs no secret (loopback binds)."""
+    settings = worker.settings
+    app = FastAPI(title=f"speech-gateway worker ({worker.backend})", docs_url=None,
+                  redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        return _error(f"invalid request: {message}")
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -34,7 +56,7 @@ def create_worker_app(worker: Worker) -> FastAPI:
         return snapshot
 
     def model_or_default(model: str | None) -> str:
-        return model or worker.settings.default_model(worker.backend) or ""
+        return model or settings.default_model(worker.backend) or ""
 
     @app.post("/transcribe")
     async def transcribe(
@@ -46,20 +68,24 @@ def create_worker_app(worker: Worker) -> FastAPI:
         prompt: Annotated[str | None, Form()] = None,
         beam_size: Annotated[int, Form()] = 5,
         vad_filter: Annotated[bool, Form()] = False,
+        temperature: Annotated[float, Form()] = 0.0,
     ) -> JSONResponse:
         if worker.engine_kind() != "asr":
-            return JSONResponse({"error": "this worker synthesizes; use /synthesize"}, 400)
+            return _error("this worker synthesizes; use /synthesize")
+        params = {"language": language, "task": task, "word_timestamps": word_timestamps,
+                  "prompt": prompt, "beam_size": beam_size, "vad_filter": vad_filter,
+                  "temperature": temperature}
+        try:
+            TranscriptionOptions.from_params(params)  # before waiting for the engine
+        except ValueError as exc:
+            return _error(str(exc))
         data = await file.read()
         if not data:
-            return JSONResponse({"error": "the uploaded file is empty"}, 400)
-        options = TranscriptionOptions(language=language, task=task,
-                                       word_timestamps=word_timestamps, prompt=prompt,
-                                       beam_size=beam_size, vad_filter=vad_filter)
-        params = {k: getattr(options, k) for k in options.__dataclass_fields__}
+            return _error("the uploaded file is empty", ErrorCode.INVALID_AUDIO)
         try:
             outcome = await worker.execute(model_or_default(model), params, data, _ignore)
         except TaskError as exc:
-            return JSONResponse({"error": str(exc), "code": exc.code}, exc.code.http_status)
+            return _error(str(exc), exc.code)
         return JSONResponse(outcome.result)
 
     @app.post("/synthesize")
@@ -72,27 +98,86 @@ def create_worker_app(worker: Worker) -> FastAPI:
         speaker_wav: Annotated[UploadFile | None, File()] = None,
     ) -> Response:
         if worker.engine_kind() != "tts":
-            return JSONResponse({"error": "this worker transcribes; use /transcribe"}, 400)
-        reference: bytes | Path | None = None
+            return _error("this worker transcribes; use /transcribe")
+        text = text.strip()
+        if not text or len(text) > settings.tts_max_characters:
+            return _error(f"'text' must have 1 to {settings.tts_max_characters} characters")
+        if not (math.isfinite(speed) and MIN_SPEED <= speed <= MAX_SPEED):
+            return _error(f"speed must be a number from {MIN_SPEED} to {MAX_SPEED}")
+        try:
+            language = xtts_language(language)
+        except ValueError as exc:
+            return _error(str(exc))
+        reference: bytes | AllowedFile | None = None
         if speaker_wav is not None:
             reference = await speaker_wav.read()
-        elif voice and voice.strip().lower() in worker.settings.voices:
-            kind, target = worker.settings.voice(voice)  # a configured public voice name
-            voice, reference = (target, None) if kind == "speaker" else (None, Path(target))
+            if not reference:
+                return _error("the uploaded speaker_wav is empty", ErrorCode.INVALID_AUDIO)
+        elif voice and voice.strip().lower() in settings.voices:
+            kind, target = settings.voice(voice)  # a configured public voice name
+            if kind == "speaker":
+                voice = target
+            else:
+                voice, reference = None, AllowedFile(target, tuple(settings.allowed_roots))
         params = {"text": text, "language": language, "voice": voice, "speed": speed}
         try:
-            outcome = await worker.execute(model_or_default(model), params, reference or None,
-                                           _ignore)
+            outcome = await worker.execute(model_or_default(model), params, reference, _ignore)
         except TaskError as exc:
-            return JSONResponse({"error": str(exc), "code": exc.code}, exc.code.http_status)
+            return _error(str(exc), exc.code)
         return Response(outcome.output or b"", media_type="audio/wav",
                         headers={"x-audio-seconds": str(outcome.result["audio_seconds"])})
 
-    return app
+    limited = BodyLimitMiddleware(
+        app, max_bytes=int(settings.max_upload_mib * 1024 * 1024) + MULTIPART_OVERHEAD_BYTES)
+    if not settings.worker_secret:
+        return limited
+    # Outside the body limit: a request without the secret is refused before its body is read.
+    return RequireSecret(limited, settings.worker_secret,
+                         frozenset({"/health"}) if open_health else frozenset())
+
+
+def _error(message: str, code: ErrorCode = ErrorCode.INVALID_REQUEST) -> JSONResponse:
+    return JSONResponse({"error": message, "code": code.value}, code.http_status)
 
 
 def _ignore(_: object) -> None:
     return None
+
+
+class RequireSecret:
+    """ASGI middleware: every HTTP request but `open_paths` carries `Authorization: Bearer
+    <secret>` (compared in constant time), else a 401."""
+
+    def __init__(self, app: ASGIApp, secret: str, open_paths: frozenset[str]) -> None:
+        self.app = app
+        self.expected = f"Bearer {secret}".encode()
+        self.open_paths = open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.open_paths:
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not hmac.compare_digest(given, self.expected):
+                payload = json.dumps({"error": "this worker needs its secret: "
+                                               "Authorization: Bearer <SPEECH_WORKER_SECRET>",
+                                      "code": "unauthorized"}).encode()
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(payload)).encode()),
+                                        (b"www-authenticate", b"Bearer"),
+                                        (b"connection", b"close")]})
+                await send({"type": "http.response.body", "body": payload})
+                return
+        await self.app(scope, receive, send)
+
+
+def is_loopback(host: str) -> bool:
+    """True when every address `host` names is a loopback address ("" and 0.0.0.0 are not)."""
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET) if host else []
+    except socket.gaierror:
+        return False
+    addresses = {info[4][0] for info in infos}
+    return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
 
 
 class _Server(uvicorn.Server):
@@ -102,13 +187,24 @@ class _Server(uvicorn.Server):
 
 
 async def serve_http(worker: Worker) -> None:
-    """Serve on 127.0.0.1/`worker_host`:`worker_port` (0 = a free port, published in /health)."""
+    """Serve on `worker_host`:`worker_port` (0 = a free port, published in /health).
+
+    Off loopback without `worker_secret` it does not bind at all: it raises, and the worker
+    exits (a direct endpoint open to the network would bypass every gateway key)."""
+    settings = worker.settings
+    loopback = is_loopback(settings.worker_host)
+    if not loopback and not settings.worker_secret:
+        log.critical("refusing to serve worker HTTP on %r: not a loopback address and "
+                     "SPEECH_WORKER_SECRET is empty; set a secret or bind 127.0.0.1",
+                     settings.worker_host)
+        raise RuntimeError("worker HTTP off loopback needs SPEECH_WORKER_SECRET")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((worker.settings.worker_host, worker.settings.worker_port))
+    sock.bind((settings.worker_host, settings.worker_port))
     host, port = sock.getsockname()[:2]
     worker.url = f"http://{host}:{port}"
-    log.info("worker HTTP on %s", worker.url)
-    config = uvicorn.Config(create_worker_app(worker), log_level="warning", access_log=False,
-                            lifespan="off")
+    log.info("worker HTTP on %s (%s)", worker.url,
+             "secret required" if settings.worker_secret else "no secret: loopback only")
+    config = uvicorn.Config(create_worker_app(worker, open_health=loopback), log_level="warning",
+                            access_log=False, lifespan="off")
     await _Server(config).serve(sockets=[sock])

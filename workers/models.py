@@ -11,13 +11,17 @@ import time
 from typing import Any
 
 from workers import memory
-from workers.engines.base import Engine, ModelRef
+from workers.engines.base import Engine, ModelRef, check_source
 
 log = logging.getLogger("worker.models")
 
 
 class LoadFailed(Exception):
     """A model failed to load. Carries only the message: no traceback, no frames, no tensors."""
+
+
+class SourceUnusable(Exception):
+    """A model's source failed the pre-check: nothing was allocated, nothing was unloaded."""
 
 
 class ModelSlot:
@@ -39,12 +43,17 @@ class ModelSlot:
             return self.handle
         if name not in self.sources:
             raise KeyError(f"model {name!r} is not configured on this worker")
+        ref = ModelRef(name, self.sources[name])
+        try:
+            check_source(self.engine, ref)
+        except Exception as exc:  # the resident model stays: this one never got near memory
+            raise SourceUnusable(f"model {name!r} failed to load: {exc}") from None
         self.unload()
         self.loading = name
         started = time.perf_counter()
         error = None
         try:
-            handle = self.engine.load(ModelRef(name, self.sources[name]), self.device)
+            handle = self.engine.load(ref, self.device)
             self.engine.warm_up(handle)
         except Exception as exc:  # any load error: the process will exit
             error = f"{type(exc).__name__}: {exc}"

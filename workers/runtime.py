@@ -24,14 +24,15 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from common import keys, logs, metrics
-from common.audio import AudioError
+from common.audio import AudioError, AudioTooLong
+from common.paths import AllowedFile
 from common.schemas import ErrorCode, Segment, TaskState
 from common.settings import Settings
-from common.store import Task, TaskStore, write_heartbeat
+from common.store import Admission, BreakerPolicy, Task, TaskStore, write_heartbeat
 from workers import memory
 from workers.engines.base import Engine
 from workers.execute import Outcome, run_engine
-from workers.models import LoadFailed, ModelSlot
+from workers.models import LoadFailed, ModelSlot, SourceUnusable
 from workers.queue import Delivery, Queue
 
 log = logging.getLogger("worker")
@@ -65,8 +66,10 @@ class Worker:
         self.started_at = time.time()
         self.url = ""
         redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=10)
-        self.store = TaskStore(redis, settings.retention_seconds)
+        self.store = TaskStore.for_settings(redis, settings)
         self.queue = Queue(redis, self.backend, self.consumer)
+        self.breaker_policy = BreakerPolicy.of(settings)
+        self.probing: str | None = None  # the model whose half-open breaker this worker probes
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -117,14 +120,15 @@ class Worker:
         if not model:
             return
         try:
-            breaker_open = bool(await self._breaker_error(model))
+            breaker_error = await self._breaker_error(model)
         except RedisError:
-            breaker_open = False  # Redis is not up yet: try the load
-        if breaker_open:
-            log.warning("not preloading %s: its breaker is open", model)
+            breaker_error = None  # Redis is not up yet: try the load
+        if breaker_error:
+            log.warning("not preloading: %s", breaker_error)
             return
         async with self.engine_lock:
-            await self._acquire(model, task=None)
+            with contextlib.suppress(TaskError):  # logged and counted by _acquire
+                await self._acquire(model, task=None)
 
     # --- the consumer loop ---------------------------------------------------------------
 
@@ -224,15 +228,16 @@ class Worker:
         breaker_error = await self._breaker_error(task.model)
         if breaker_error:
             raise TaskError(breaker_error, ErrorCode.MODEL_UNAVAILABLE)
-        source: bytes | Path | None
-        if task.input_path:
-            source = Path(task.input_path)
+        source: bytes | AllowedFile | None
+        roots = tuple(self.settings.allowed_roots)
+        if task.input_path:  # checked again as it is opened: it may be a symlink by now
+            source = AllowedFile(task.input_path, roots)
         else:
             source = await self.store.input_blob(task.id)
             if source is None and self.engine_kind() == "asr":
                 raise TaskError("the task's input audio has expired", ErrorCode.INVALID_AUDIO)
         if self.engine_kind() == "tts" and task.params.get("speaker_wav"):
-            source = Path(task.params["speaker_wav"])
+            source = AllowedFile(task.params["speaker_wav"], roots)
         loop = asyncio.get_running_loop()
 
         def on_segment(segment: Segment) -> None:
@@ -284,7 +289,8 @@ class Worker:
                 await self._call(self._refuse_over_cap)
                 outcome = await self._call(
                     run_engine, self.engine, handle, backend=self.backend, model=model,
-                    params=params, source=source, on_segment=on_segment)
+                    params=params, source=source, on_segment=on_segment,
+                    max_audio_seconds=self.settings.max_audio_seconds)
             except Exception as exc:
                 failure = _task_error(exc)
             # Past the except block the engine's exception is gone, and with its traceback
@@ -320,35 +326,68 @@ class Worker:
 
     async def _acquire(self, model: str, task: Task | None) -> Any:
         loads_before = self.slot.loads
+        probing = self.probing == model
+        if probing:
+            self.probing = None
         try:
             handle = await self._call(self.slot.acquire, model)
-            if self.slot.loads > loads_before:
-                # A load that works ends the run of consecutive failures (and an open breaker).
+        except KeyError as exc:
+            raise TaskError(str(exc.args[0]), ErrorCode.INVALID_REQUEST) from None
+        except SourceUnusable as exc:
+            # Found before anything was allocated: fail this task only, and keep serving.
+            log.error("%s", exc)
+            await self._count_load_failure(model, str(exc))
+            raise TaskError(str(exc), ErrorCode.MODEL_LOAD_FAILED) from None
+        except LoadFailed as exc:
+            error = str(exc)
+        else:
+            if self.slot.loads > loads_before or probing:
+                # A load that works ends the run of failures, and closes an open breaker.
                 with contextlib.suppress(RedisError):
                     await self.store.clear_breaker(self.backend, model)
             return handle
-        except KeyError as exc:
-            raise TaskError(str(exc.args[0]), ErrorCode.INVALID_REQUEST) from None
-        except LoadFailed as exc:
-            error = str(exc)
         await self._exit_after_load_failure(model, error, task)
 
     async def _exit_after_load_failure(self, model: str, error: str, task: Task | None) -> None:
-        """Record the failure, then end the process: only an exit returns what a half-built
-        model may hold on the GPU. supervisord starts a fresh worker."""
+        """Fail the task, count the failure, then end the process: only an exit returns what
+        a half-built model may hold on the GPU. supervisord starts a fresh worker."""
         log.error("%s; exiting", error)
+        if task is not None:
+            with contextlib.suppress(RedisError):
+                await self._fail_loading_task(task, error)
+        await self._count_load_failure(model, error)
+        # A process that ends before supervisord's startsecs is a failed start, and after
+        # startretries of those supervisord gives up on the program (FATAL) and with it on
+        # every other model of this worker. Lived longer, the exit is a plain restart.
+        wait = self.settings.min_uptime_seconds - (time.time() - self.started_at)
+        if wait > 0:
+            log.info("exiting in %.1f s (SPEECH_MIN_UPTIME_SECONDS)", wait)
+            await asyncio.sleep(wait)
         with contextlib.suppress(RedisError):
-            if task is not None:
-                await self.store.note_error(task.id, error)
-            await metrics.record(self.store.redis, self.backend, ("load_failures",))
-            opened = await self.store.record_load_failure(
-                self.backend, model, error, threshold=self.settings.breaker_failures,
-                window=self.settings.breaker_window_seconds)
-            if opened:
-                log.error("breaker open for %s/%s: its tasks now fail fast", self.backend, model)
             await self.store.redis.delete(self._heartbeat_key())
         logging.shutdown()
         os._exit(1)
+
+    async def _fail_loading_task(self, task: Task, error: str) -> None:
+        """Store the task FAILED before the exit, so it is not redelivered to crash the next
+        worker too; fenced by the attempt this worker opened for it."""
+        current = await self.store.get(task.id)
+        if (current is None or current.state != TaskState.RUNNING
+                or current.worker != self.consumer):
+            return
+        if await self.store.finish(current, TaskState.FAILED, attempt=current.attempt,
+                                   entry_id=current.entry_id, error=error,
+                                   error_code=ErrorCode.MODEL_LOAD_FAILED.value):
+            await metrics.record(self.store.redis, self.backend, ("tasks_FAILED",))
+
+    async def _count_load_failure(self, model: str, error: str) -> None:
+        with contextlib.suppress(RedisError):
+            await metrics.record(self.store.redis, self.backend, ("load_failures",))
+            if await self.store.record_load_failure(self.backend, model,
+                                                    self.slot.sources.get(model, ""), error,
+                                                    self.breaker_policy):
+                log.error("breaker open for %s/%s: its tasks fail fast until a probe loads it",
+                          self.backend, model)
 
     def _after_engine_call(self) -> None:
         memory.release(self.engine.uses_torch)
@@ -360,12 +399,22 @@ class Worker:
             self.slot.unload()
 
     async def _breaker_error(self, model: str) -> str | None:
-        return await self.store.breaker_error(self.backend, model)
+        """None when `model` may be loaded now (its breaker is closed, or this worker just
+        became the probe of its half-open breaker), else why its tasks fail fast."""
+        admission = await self.store.admit(self.backend, model, self.slot.sources.get(model, ""),
+                                           self.consumer, self.breaker_policy)
+        if admission.verdict == "open":
+            return _unavailable(model, admission)
+        if admission.verdict == "probe":
+            log.info("breaker of %s is half-open: this load is its probe", model)
+            self.probing = model
+        return None
 
     async def open_breakers(self) -> dict[str, str]:
-        """Models of this backend marked unavailable, with their load errors."""
-        errors = {model: await self._breaker_error(model) for model in self.slot.sources}
-        return {model: error for model, error in errors.items() if error}
+        """Models of this backend whose breaker is open or half-open, with their load errors."""
+        breakers = await self.store.breakers(self.backend, self.slot.sources,
+                                             self.breaker_policy)
+        return {model: b.error for model, b in breakers.items() if b.state != "closed"}
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run on the engine thread, carrying the task id into its log lines."""
@@ -438,6 +487,8 @@ def _task_error(exc: Exception) -> TaskError:
     """A fresh, traceback-free TaskError saying why an engine call failed."""
     if isinstance(exc, TaskError):
         return TaskError(str(exc), exc.code)
+    if isinstance(exc, AudioTooLong):
+        return TaskError(str(exc), ErrorCode.AUDIO_TOO_LONG)
     if isinstance(exc, AudioError):
         return TaskError(str(exc), ErrorCode.INVALID_AUDIO)
     if memory.is_out_of_memory(exc):
@@ -445,6 +496,17 @@ def _task_error(exc: Exception) -> TaskError:
     if isinstance(exc, ValueError):
         return TaskError(str(exc), ErrorCode.INVALID_REQUEST)
     return TaskError(f"{type(exc).__name__}: {exc}")
+
+
+def _unavailable(model: str, admission: Admission) -> str:
+    if admission.reopens_at is None:
+        retry = "until a load works or the breaker is reset"
+    elif (wait := admission.reopens_at - time.time()) > 0:
+        retry = f"next load attempt in {wait:.0f} s"
+    else:
+        retry = "a probe load is under way"
+    error = admission.error or "it failed to load"
+    return f"model {model!r} is unavailable ({retry}): {error}"
 
 
 def _resolve_device(setting: str, engine: Engine) -> str:

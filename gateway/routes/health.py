@@ -9,10 +9,14 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
 from common.catalog import enabled_backends, public_config
-from common.store import live_workers
-from gateway.state import redis_of, settings_of
+from common.store import BreakerPolicy, live_workers
+from gateway.auth import is_authenticated
+from gateway.state import settings_of, store_of
 
 router = APIRouter()
+#: what /ready shows of a live worker only to a caller with a valid key (or with keys off);
+#: a breaker's load error likewise
+PRIVATE_LIVE_FIELDS = frozenset({"url", "pid"})
 
 
 @router.get("/health")
@@ -22,25 +26,42 @@ async def health() -> dict[str, str]:
 
 @router.get("/ready")
 async def ready(request: Request) -> JSONResponse:
-    """200 when Redis answers; lists which backends have a live worker."""
-    redis = redis_of(request)
-    backends: dict[str, Any] = {
-        name: {"workers": 0, "consumers": [], "live": []}
-        for name in enabled_backends(settings_of(request))
-    }
+    """200 whenever Redis answers: the gateway can queue tasks (a worker that restarts picks
+    them up), and scripts/run_stack.sh waits for exactly that. Per backend, `ready` says
+    whether a worker is live, and `breakers` how each model's breaker stands."""
+    settings = settings_of(request)
+    store = store_of(request)
+    private = is_authenticated(request)
+    backends: dict[str, Any] = {name: _backend() for name in enabled_backends(settings)}
     try:
-        await redis.ping()
-        workers = await live_workers(redis)
+        await store.redis.ping()
+        workers = await live_workers(store.redis)
+        policy = BreakerPolicy.of(settings)
+        for name, entry in backends.items():
+            breakers = await store.breakers(name, settings.backend_models(name), policy)
+            entry["breakers"] = {model: _breaker_view(b.public(), private)
+                                 for model, b in breakers.items()}
     except RedisError as exc:
         return JSONResponse({"ready": False, "redis": False, "error": type(exc).__name__,
                              "backends": backends}, status_code=503)
+    hidden = frozenset() if private else PRIVATE_LIVE_FIELDS
     for worker in workers:
-        entry = backends.setdefault(worker["backend"], {"workers": 0, "consumers": [], "live": []})
+        entry = backends.setdefault(worker["backend"], _backend())
+        entry["ready"] = True
         entry["workers"] += 1
         entry["consumers"].append(worker["consumer"])
         entry["live"].append({k: worker.get(k) for k in ("consumer", "url", "pid", "state",
-                                                          "loaded_models")})
+                                                          "loaded_models") if k not in hidden})
     return JSONResponse({"ready": True, "redis": True, "backends": backends})
+
+
+def _breaker_view(breaker: dict[str, Any], private: bool) -> dict[str, Any]:
+    """A load error can name server paths: only a caller with a key sees it."""
+    return breaker if private else {k: v for k, v in breaker.items() if k != "error"}
+
+
+def _backend() -> dict[str, Any]:
+    return {"ready": False, "workers": 0, "consumers": [], "live": [], "breakers": {}}
 
 
 @router.get("/api/config")

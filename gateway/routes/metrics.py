@@ -14,13 +14,13 @@ from prometheus_client.core import (
     Metric,
 )
 from redis.asyncio import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 
 from common import keys
 from common.catalog import enabled_backends
 from common.metrics import BUCKETS
-from common.store import live_workers
-from gateway.state import redis_of, settings_of
+from common.store import TaskStore, live_workers
+from gateway.state import redis_of, settings_of, store_of
 
 router = APIRouter()
 COUNTERS = {
@@ -43,7 +43,7 @@ async def metrics(request: Request) -> Response:
     redis = redis_of(request)
     backends = enabled_backends(settings_of(request))
     try:
-        families = await _families(redis, backends)
+        families = await _families(redis, store_of(request), backends)
     except RedisError:
         up = GaugeMetricFamily("speech_redis_up", "Whether the gateway reaches Redis")
         up.add_metric([], 0)
@@ -53,7 +53,7 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
-async def _families(redis: Redis, backends: list[str]) -> list[Metric]:
+async def _families(redis: Redis, store: TaskStore, backends: list[str]) -> list[Metric]:
     up = GaugeMetricFamily("speech_redis_up", "Whether the gateway reaches Redis")
     up.add_metric([], 1)
     waiting = GaugeMetricFamily("speech_queue_waiting", "Tasks not yet handed to a worker",
@@ -67,8 +67,8 @@ async def _families(redis: Redis, backends: list[str]) -> list[Metric]:
     histograms = {name: HistogramMetricFamily(f"speech_{name}", name.replace("_", " "),
                                               labels=["backend"]) for name in BUCKETS}
     for backend in backends:
-        lag, pending = await _queue(redis, backend)
-        waiting.add_metric([backend], lag)
+        queued, pending = await store.queue_depth(backend)
+        waiting.add_metric([backend], queued)
         running.add_metric([backend], pending)
         raw_counters = await redis.hgetall(keys.counters(backend))
         values = {k.decode(): int(v) for k, v in raw_counters.items()}
@@ -108,17 +108,3 @@ async def _families(redis: Redis, backends: list[str]) -> list[Metric]:
         breaker.add_metric([backend, model], float(await redis.hget(key, "open") == b"1"))
     return [up, waiting, running, tasks, *counters.values(), *histograms.values(), live, rss,
             gpu, loaded, breaker]
-
-
-async def _queue(redis: Redis, backend: str) -> tuple[int, int]:
-    try:
-        groups = await redis.xinfo_groups(keys.queue(backend))
-    except ResponseError:  # no stream yet
-        return 0, 0
-    for group in groups:
-        if group["name"] == keys.WORKER_GROUP.encode():
-            lag = group.get("lag")
-            if lag is None:
-                lag = await redis.xlen(keys.queue(backend))
-            return int(lag), int(group["pending"])
-    return int(await redis.xlen(keys.queue(backend))), 0

@@ -26,8 +26,10 @@ from gateway.app_errors import openai_error
 from gateway.auth import caller
 from gateway.inputs import Params, RequestError, read_params
 from gateway.state import settings_of
-from gateway.submission import asr_params, read_audio_input
+from gateway.submission import asr_params, idempotency_key, read_audio_input
 from gateway.sync_calls import (
+    Disconnected,
+    disconnected_reply,
     failed_reply,
     public_model,
     response_format,
@@ -82,25 +84,28 @@ async def _asr(request: Request, task: str) -> Response:
             raise RequestError(400, f"{backend} does not identify speakers; diarized_json needs "
                                     "a backend that does (vibevoice)", param="response_format")
         granularities = _granularities(params)
-        params.values["task"] = task
-        params.values["word_timestamps"] = "true" if "word" in granularities else "false"
+        params.override("task", task)
+        params.override("word_timestamps", "true" if "word" in granularities else "false")
         if "word" in granularities and not BACKENDS[backend].word_timestamps:
             raise RequestError(400, f"{backend} has no word timestamps",
                                param="timestamp_granularities[]")
         if task == "translate":
-            params.values.pop("language", None)  # the output language of a translation is English
+            params.override("language", None)  # the output language of a translation is English
         options = asr_params(params, settings, backend)
         stream = params.flag("stream")
         audio = await read_audio_input(params, settings)
         task_id, events = await submit_and_listen(request, settings, backend=backend,
                                                   model=model, options=options, audio=audio,
-                                                  owner=owner)
+                                                  owner=owner,
+                                                  idempotency_key=idempotency_key(request, params))
     except RequestError as exc:
         return openai_error(exc)
     if stream:
         return StreamingResponse(_sse(events), media_type="text/event-stream",
                                  headers={"x-task-id": task_id, "cache-control": "no-cache"})
-    finished = await wait_for(events)
+    finished = await wait_for(request, events)
+    if isinstance(finished, Disconnected):
+        return disconnected_reply()
     if finished is None:
         return timeout_reply(task_id)
     return _render(finished, fmt, task, granularities)
@@ -111,8 +116,16 @@ def _granularities(params: Params) -> set[str]:
         "timestamp_granularities", [])
     found: set[str] = set()
     for value in values:
-        items = json.loads(value) if value.startswith("[") else [value]
-        found.update(str(item).strip().lower() for item in items)
+        items: Any = [value]
+        if value.lstrip().startswith("["):  # a JSON list in one field
+            try:
+                items = json.loads(value)
+            except (ValueError, RecursionError):
+                items = None
+        if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+            raise RequestError(400, "timestamp_granularities must be 'word', 'segment' or a "
+                                    "list of them", param="timestamp_granularities[]")
+        found.update(item.strip().lower() for item in items)
     if found - {"word", "segment"}:
         raise RequestError(400, "timestamp_granularities may hold 'word' and 'segment'",
                            param="timestamp_granularities[]")

@@ -20,7 +20,13 @@ from gateway.app_errors import sage_error
 from gateway.auth import caller
 from gateway.inputs import RequestError, read_params
 from gateway.state import settings_of, store_of
-from gateway.submission import asr_params, enqueue, read_audio_input, resolve_backend_model
+from gateway.submission import (
+    asr_params,
+    enqueue,
+    idempotency_key,
+    read_audio_input,
+    resolve_backend_model,
+)
 from gateway.tts import output_url, tts_input
 
 router = APIRouter()
@@ -63,19 +69,24 @@ async def _submit(request: Request, backend: str | None) -> JSONResponse:
             options = asr_params(params, settings, backend)
             audio = await read_audio_input(params, settings)
         task = await enqueue(store_of(request), settings, backend=backend, model=model,
-                             options=options, audio=audio, owner=owner)
+                             options=options, audio=audio, owner=owner,
+                             idempotency_key=idempotency_key(request, params))
     except RequestError as exc:
         return sage_error(exc)
-    return JSONResponse({"task_id": task.id, "taskid": task.id, "status": "PENDING"})
+    reply = {"task_id": task.id, "taskid": task.id, "status": "PENDING"}
+    if task.state != TaskState.PENDING:  # an idempotent replay of a task that moved on
+        reply["state"] = task.state.value
+    return JSONResponse(reply)
 
 
 async def _status(request: Request) -> JSONResponse:
     try:
         owner = caller(request)
         params = await read_params(request)
-    except RequestError as exc:  # a bad key or body: still HTTP 200, as Sage expects
+        task_id = params.get("task_id", "taskid")
+        fmt = params.get("format")
+    except RequestError as exc:  # a bad key, body or value: still HTTP 200, as Sage expects
         return JSONResponse({"status": "FAILED", "error": exc.message})
-    task_id = params.get("task_id", "taskid")
     if not task_id:
         return JSONResponse({"status": "FAILED", "error": "missing task_id"})
     store = store_of(request)
@@ -91,7 +102,7 @@ async def _status(request: Request) -> JSONResponse:
     audio_url = None
     if task.state == TaskState.SUCCEEDED and _is_tts(task):
         audio_url = output_url(request, settings_of(request), task.id)
-    return JSONResponse(sage_status(task, position, params.get("format"), audio_url))
+    return JSONResponse(sage_status(task, position, fmt, audio_url))
 
 
 def _is_tts(task: Task) -> bool:

@@ -16,8 +16,10 @@ from gateway.app_errors import openai_error
 from gateway.auth import caller
 from gateway.inputs import RequestError, read_params
 from gateway.state import settings_of, store_of
-from gateway.submission import guard_store
+from gateway.submission import guard_store, idempotency_key
 from gateway.sync_calls import (
+    Disconnected,
+    disconnected_reply,
     failed_reply,
     public_model,
     response_format,
@@ -75,10 +77,13 @@ async def speech(request: Request) -> Response:
         options, audio = await tts_input(params, settings, text_param="input")
         task_id, events = await submit_and_listen(request, settings, backend=backend,
                                                   model=model, options=options, audio=audio,
-                                                  owner=owner)
+                                                  owner=owner,
+                                                  idempotency_key=idempotency_key(request, params))
     except RequestError as exc:
         return openai_error(exc)
-    finished = await wait_for(events)
+    finished = await wait_for(request, events)
+    if isinstance(finished, Disconnected):
+        return disconnected_reply()
     if finished is not None:
         return await _audio_reply(request, finished, fmt)
     response = timeout_reply(task_id)  # the audio stays fetchable (as WAV) once it finishes

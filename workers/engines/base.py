@@ -1,13 +1,18 @@
 """What an engine module implements: load, run and unload one model family.
 
 Everything about *when* to load, unload, cap memory, retry or exit lives in
-`workers.runtime`; an engine only knows how to drive its library.
+`workers.runtime`; an engine only knows how to drive its library. An engine may add
+`check_source(model: ModelRef) -> None`, a cheap look at its layout on disk that raises
+before anything is allocated (see `check_source` below, which always runs first).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -21,6 +26,33 @@ class ModelRef:
 
     name: str
     source: str
+
+
+#: `org/name`: what a hub id looks like (a relative path with one slash looks the same)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_CHECKPOINT_FILES = frozenset({".nemo", ".bin", ".pt", ".pth", ".ckpt", ".safetensors"})
+
+
+def local_path(source: str) -> Path | None:
+    """The file or directory `source` names, or None for a hub id or an engine's own name."""
+    path = Path(source).expanduser()
+    if source.startswith(("/", "./", "../", "~")) or source in (".", "..") or path.exists():
+        return path
+    if os.sep in source and not _HUB_ID.fullmatch(source):
+        return path
+    return None
+
+
+def check_source(engine: Any, model: ModelRef) -> None:
+    """Raise when `model` cannot load, from what the file system shows, allocating nothing:
+    a local path that does not exist, then the engine's own `check_source`, if it has one."""
+    path = local_path(model.source)
+    if path is not None and not path.exists():
+        kind = "file" if path.suffix in _CHECKPOINT_FILES else "directory"
+        raise FileNotFoundError(f"model {kind} {path} does not exist")
+    engine_check = getattr(engine, "check_source", None)
+    if engine_check is not None:
+        engine_check(model)
 
 
 @runtime_checkable

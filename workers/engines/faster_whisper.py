@@ -37,6 +37,11 @@ class FasterWhisperEngine:
 
         return ctranslate2.get_cuda_device_count() > 0
 
+    def check_source(self, model: ModelRef) -> None:
+        directory = bundled_model_dir() if model.source == BUNDLED else Path(model.source)
+        if directory.is_dir() and not (directory / "model.bin").is_file():
+            raise FileNotFoundError(f"no CTranslate2 model (model.bin) in directory {directory}")
+
     def load(self, model: ModelRef, device: str) -> WhisperModel:
         source = str(bundled_model_dir()) if model.source == BUNDLED else model.source
         compute_type = self.compute_type

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workers.engines.base import ModelRef
+
 
 @dataclass(slots=True)
 class HfHandle:
@@ -27,6 +29,9 @@ class HfAsrEngine:
 
     def unload(self, handle: HfHandle) -> None:
         """Nothing engine-specific: the runtime drops the handle and frees torch's cache."""
+
+    def check_source(self, model: ModelRef) -> None:
+        check_source(model.source)
 
     def check_task(self, task: str) -> None:
         if task != "transcribe":

@@ -64,6 +64,11 @@ class ParakeetEngine:
 
         return torch.cuda.is_available()
 
+    def check_source(self, model: ModelRef) -> None:
+        source = model.source
+        if (source.endswith(".nemo") or Path(source).exists()) and not Path(source).is_file():
+            raise FileNotFoundError(f"Parakeet model file not found (or not a file): {source}")
+
     def load(self, model: ModelRef, device: str) -> ParakeetHandle:
         import torch
         from nemo.collections.asr.models import ASRModel
@@ -71,10 +76,9 @@ class ParakeetEngine:
 
         started = time.perf_counter()
         source = model.source
+        self.check_source(model)
         # Restore on CPU, then move: restoring straight to CUDA spikes GPU memory during load.
-        if source.endswith(".nemo") or Path(source).exists():
-            if not Path(source).is_file():
-                raise FileNotFoundError(f"Parakeet model file not found (or not a file): {source}")
+        if Path(source).is_file():
             try:
                 asr = ASRModel.restore_from(source, map_location=torch.device("cpu"))
             except tarfile.TarError as exc:

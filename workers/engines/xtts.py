@@ -68,13 +68,17 @@ class XttsEngine:
 
         return torch.cuda.is_available()
 
-    def load(self, model: ModelRef, device: str) -> XttsHandle:
+    def check_source(self, model: ModelRef) -> None:
         directory = Path(model.source)
         missing = [name for name in _REQUIRED_FILES if not (directory / name).is_file()]
         if missing:
             raise FileNotFoundError(
                 f"{directory} is not an XTTS model directory (missing {', '.join(missing)})"
             )
+
+    def load(self, model: ModelRef, device: str) -> XttsHandle:
+        self.check_source(model)
+        directory = Path(model.source)
         from TTS.tts.configs.xtts_config import XttsConfig
         from TTS.tts.models.xtts import Xtts
 

@@ -1,0 +1,56 @@
+"""Large task audio on a shared directory (`SPEECH_BLOB_DIR`) instead of Redis.
+
+A volume every host mounts; the same lifetimes as Redis blobs: an input lives until its
+task's terminal write, an output for the retention. Files are written under a temporary
+name and renamed, so a reader never sees half a file. Whoever wins a task's terminal
+write deletes its input; `sweep` removes what a crash between the two left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+
+class BlobDir:
+    def __init__(self, root: Path, min_bytes: int) -> None:
+        self.root = root
+        self.min_bytes = min_bytes  # smaller blobs stay in Redis: a file costs more than it saves
+        root.mkdir(parents=True, exist_ok=True)
+
+    def wants(self, blob: bytes | None) -> bool:
+        return blob is not None and len(blob) >= self.min_bytes
+
+    def input_path(self, task_id: str) -> Path:
+        return self.root / f"{task_id}.input"
+
+    def output_name(self, task_id: str, attempt: int | None) -> str:
+        """Per attempt, so a stale attempt never overwrites the file the winner points at."""
+        return f"{task_id}.output.{attempt or 0}"
+
+    def write(self, path: Path, data: bytes) -> None:
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        temporary.write_bytes(data)
+        os.replace(temporary, path)
+
+    def read(self, path: Path) -> bytes | None:
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def delete(self, path: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+    def stale_files(self, older_than_seconds: float) -> list[Path]:
+        """Files last written before the cutoff (candidates for the janitor)."""
+        cutoff = time.time() - older_than_seconds
+        stale = []
+        for path in self.root.iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                if path.stat().st_mtime < cutoff:
+                    stale.append(path)
+        return stale

@@ -1,0 +1,114 @@
+"""Request bodies: a size limit enforced while the body streams in (Content-Length may lie or
+be absent), and a time limit, so a client that trickles its body cannot hold a connection.
+
+Shared by the gateway and the worker's own HTTP server (which must not import the gateway)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class BodyRefused(Exception):
+    """The request body broke a limit; the middleware answers (if it still can)."""
+
+    status_code = 400
+    code = ""
+
+    def message(self, limits: BodyLimitMiddleware) -> str:
+        raise NotImplementedError
+
+
+class BodyTooLarge(BodyRefused):
+    status_code = 413
+    code = "request_too_large"
+
+    def message(self, limits: BodyLimitMiddleware) -> str:
+        return f"the request body is larger than {limits.max_bytes} bytes"
+
+
+class BodyTimeout(BodyRefused):
+    status_code = 408
+    code = "request_timeout"
+
+    def message(self, limits: BodyLimitMiddleware) -> str:
+        return (f"the request body did not arrive in time (a pause over "
+                f"{limits.idle_seconds:g} s, or over {limits.deadline_seconds:g} s in all)")
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app: ASGIApp, max_bytes: int, idle_seconds: float = 60.0,
+                 deadline_seconds: float = 900.0) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.idle_seconds = idle_seconds
+        self.deadline_seconds = deadline_seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._reject(scope, send, BodyTooLarge())
+            return
+        received = 0
+        body_done = False
+        deadline = time.monotonic() + self.deadline_seconds
+        response_started = False
+        refused: BodyRefused | None = None
+
+        async def limited_receive() -> Message:
+            nonlocal received, body_done, refused
+            if body_done:  # only http.disconnect is left to wait for: no deadline on that
+                return await receive()
+            wait = min(self.idle_seconds, deadline - time.monotonic())
+            try:
+                async with asyncio.timeout(max(wait, 0.0)):
+                    message = await receive()
+            except TimeoutError:
+                refused = BodyTimeout()
+                raise refused from None
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    refused = BodyTooLarge()
+                    raise refused
+                body_done = not message.get("more_body", False)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal response_started
+            if refused is not None:
+                # The app caught the refusal and answers something else (FastAPI's own form
+                # parsing turns it into a 400): the refusal is the answer, the app's is dropped.
+                if not response_started:
+                    response_started = True
+                    await self._reject(scope, send, refused)
+                return
+            response_started = response_started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyRefused as refusal:
+            if not response_started:
+                response_started = True
+                await self._reject(scope, send, refusal)
+
+    async def _reject(self, scope: Scope, send: Send, refusal: BodyRefused) -> None:
+        message = refusal.message(self)
+        if scope["path"].startswith("/v1/"):
+            body = {"error": {"message": message, "type": "invalid_request_error",
+                              "param": "file", "code": refusal.code}}
+        else:
+            body = {"status": "FAILED", "error": message}
+        payload = json.dumps(body).encode()
+        await send({"type": "http.response.start", "status": refusal.status_code,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(payload)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": payload})

@@ -1,0 +1,151 @@
+"""Duration limits that hold whatever the container claims (issue 13).
+
+Files whose packet timestamps claim a few seconds but hold two hours of silence or ten minutes
+of speech pass the gateway's quick probe; the worker counts decoded samples, stops at
+SPEECH_MAX_AUDIO_SECONDS and fails the task with `audio_too_long`, its RSS (sampled all
+along) far under a memory cap that keeping the whole decode would have broken.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from common.audio import AudioTooLong, decode_audio, probe_audio
+from tests import procs
+from tests.audio_fakes import decoded_seconds, lying_matroska, silence_opus
+from tests.helpers import JFK, submit_file, wait_done
+
+LIMIT_SECONDS = 60
+MEMORY_CAP_MIB = 450  # a tiny.en worker works at ~220-350 MiB RSS on CPU
+SILENCE_SECONDS, SILENCE_CLAIMS = 7200, 5.0
+SPEECH_LOOPS, SPEECH_CLAIMS = 10, 8.0  # multilingual.mp3 (60 s) ten times: 600 s
+
+
+@pytest.fixture(scope="module")
+def fakes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    workdir = tmp_path_factory.mktemp("fakes")
+    files = {
+        "silence": lying_matroska(silence_opus(10.0), SILENCE_SECONDS // 10, SILENCE_CLAIMS),
+        "speech": lying_matroska(procs.TEST_AUDIO / "multilingual.mp3", SPEECH_LOOPS,
+                                 SPEECH_CLAIMS),
+        "short": lying_matroska(JFK, 3, 2.0),  # 33 s claiming 2 s: under the limit
+    }
+    paths = {}
+    for name, data in files.items():
+        paths[name] = workdir / f"{name}.mkv"
+        paths[name].write_bytes(data)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """Its own Redis, gateway and worker: a 60 s limit and a worker memory cap."""
+    workdir = tmp_path_factory.mktemp("limits")
+    redis = procs.RedisServer(workdir / "redis").start()
+    gateway = procs.gateway(redis.url, workdir, max_audio_seconds=str(LIMIT_SECONDS))
+    worker = procs.worker(redis.url, workdir, max_audio_seconds=str(LIMIT_SECONDS),
+                          memory_cap_mib=str(MEMORY_CAP_MIB), idle_unload_seconds="-1",
+                          device="cpu")
+    try:
+        gateway.start()
+        worker.start()
+        # a first task loads the model, so the RSS sampled later is the worker's working size
+        warm = wait_done(gateway.url, submit_file(gateway.url, JFK).json()["taskid"])
+        assert warm["status"] == "SUCCEEDED", warm
+        yield {"gateway": gateway.url, "worker": worker}
+    finally:
+        worker.stop()
+        gateway.stop()
+        redis.stop()
+
+
+class PeakRss:
+    """Samples a process's RSS every few milliseconds while in use."""
+
+    def __init__(self, pid: int) -> None:
+        self.process = psutil.Process(pid)
+        self.peak = self.first = self.process.memory_info().rss
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            self.samples += 1
+            time.sleep(0.005)
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def test_fake_timestamps_fool_the_probe_not_the_decoder(fakes: dict[str, Path]) -> None:
+    for name, claimed in (("silence", SILENCE_CLAIMS), ("speech", SPEECH_CLAIMS)):
+        data = fakes[name].read_bytes()
+        probed = probe_audio(data).duration
+        real = decoded_seconds(data)
+        assert probed < claimed + 1 < LIMIT_SECONDS, (name, probed)
+        assert real > 9 * LIMIT_SECONDS, (name, real)
+        started = time.monotonic()
+        with pytest.raises(AudioTooLong, match=f"limit of {LIMIT_SECONDS} s"):
+            decode_audio(data, 16000, max_seconds=LIMIT_SECONDS)
+        assert time.monotonic() - started < 5, "the decode went on past the limit"
+    # under the limit, the decode is whole and its length is the samples', not the claim's
+    short = decode_audio(fakes["short"].read_bytes(), 16000, max_seconds=LIMIT_SECONDS)
+    assert probe_audio(fakes["short"]).duration < 3 and 32 < len(short) / 16000 < 34
+
+
+@pytest.mark.parametrize("name", ["silence", "speech"])
+def test_lying_file_fails_audio_too_long_under_the_memory_cap(
+        limited: dict, fakes: dict[str, Path], name: str) -> None:
+    gateway, worker = limited["gateway"], limited["worker"]
+    with PeakRss(worker.pid) as rss:
+        reply = submit_file(gateway, fakes[name])
+        if reply.status_code == 413:  # refused at submit is as good (not with these fakes)
+            return
+        assert reply.status_code == 200, reply.text
+        task_id = reply.json()["taskid"]
+        final = wait_done(gateway, task_id, timeout=120)
+    assert final["status"] == "FAILED", final
+    assert "longer than the limit of 60 s" in final["error"]
+    view = httpx.get(f"{gateway}/v1/tasks/{task_id}", timeout=10).json()
+    assert view["error_code"] == "audio_too_long"
+    mib = 1024 * 1024
+    full_decode_mib = decoded_seconds(fakes[name].read_bytes()) * 16000 * 4 / mib
+    print(f"{name}: worker RSS {rss.first / mib:.0f} MiB before, peak {rss.peak / mib:.0f} MiB "
+          f"({rss.samples} samples); cap {MEMORY_CAP_MIB} MiB; the whole decode would hold "
+          f"{full_decode_mib:.0f} MiB more")
+    assert rss.samples > 3 and rss.peak < MEMORY_CAP_MIB * mib
+    if name == "silence":  # keeping every sample would have broken the cap
+        assert rss.first + full_decode_mib * mib > MEMORY_CAP_MIB * mib
+    health = httpx.get(f"{worker.url}/health", timeout=10).json()
+    assert health["loaded_models"] == ["tiny.en"], "the worker went over its cap and unloaded"
+
+
+def test_sync_caller_gets_413_audio_too_long(limited: dict, fakes: dict[str, Path]) -> None:
+    with fakes["speech"].open("rb") as handle:
+        reply = httpx.post(f"{limited['gateway']}/v1/audio/transcriptions",
+                           files={"file": ("speech.mkv", handle)}, data={"model": "whisper-1"},
+                           timeout=120)
+    assert reply.status_code == 413, reply.text
+    assert reply.json()["error"]["code"] == "audio_too_long"
+
+
+def test_duration_is_counted_samples_not_timestamps(limited: dict,
+                                                    fakes: dict[str, Path]) -> None:
+    final = wait_done(limited["gateway"],
+                      submit_file(limited["gateway"], fakes["short"]).json()["taskid"])
+    assert final["status"] == "SUCCEEDED", final
+    assert 32 < final["result"]["duration"] < 34

@@ -1,0 +1,162 @@
+"""`scripts/ctl.sh restart gateway` replaces the gateway's processes without refusing or
+failing one request (issue 12): Sage polls every 20 ms and takes a refused poll for a failed
+task. The stack runs under supervisord as in production; the polled task id is unknown
+(answered 200 with status FAILED from Redis, like any task), so no worker is needed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests import procs
+from tests.procs import ROOT, wait_until
+
+POLL_SECONDS = 0.02
+POLLING_LIMIT_SECONDS = 55.0
+TASK_ID = "0123456789abcdef0123"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    workdir = tmp_path_factory.mktemp("restart")
+    port, redis_port = procs.free_port(), procs.free_port()
+    env = procs.stack_env(
+        SPEECH_RUN_DIR=str(workdir), SPEECH_PORT=str(port), SPEECH_LOCAL_REDIS="true",
+        SPEECH_REDIS_PORT=str(redis_port), SPEECH_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
+        FW_ENABLED="false")
+    supervisor = procs.Supervisor(workdir, env).start()
+    url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{url}/ready", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(ready, 60, "the gateway and Redis", 0.2)
+        yield {"url": url, "env": env, "supervisor": supervisor,
+               "state": workdir / "gateway.state"}
+    finally:
+        supervisor.stop()
+
+
+def launcher_state(path: Path) -> dict[str, str]:
+    lines = path.read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines)
+
+
+def server_pids(path: Path) -> set[int]:
+    return {int(pid) for pid in launcher_state(path)["children"].split()}
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+class Poller(threading.Thread):
+    """GET /api/status every 20 ms; one outcome per poll ("ok" or what went wrong)."""
+
+    def __init__(self, url: str, keep_alive: bool, stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.url, self.keep_alive, self.stop = url, keep_alive, stop
+        self.outcomes: list[str] = []
+        self.closes = 0  # responses that said `Connection: close`
+
+    def run(self) -> None:
+        deadline = time.monotonic() + POLLING_LIMIT_SECONDS
+        shared = httpx.Client(timeout=10) if self.keep_alive else None
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            # verify=False: plain http, and loading the CA bundle costs 30 ms per client
+            client = shared or httpx.Client(timeout=10, verify=False)
+            try:
+                reply = client.get(f"{self.url}/api/status", params={"taskid": TASK_ID})
+                ok = reply.status_code == 200 and reply.json().get("status") == "FAILED"
+                self.outcomes.append("ok" if ok else f"{reply.status_code} {reply.text[:300]}")
+                self.closes += reply.headers.get("connection", "").lower() == "close"
+            except (httpx.HTTPError, ValueError) as exc:
+                self.outcomes.append(f"{type(exc).__name__}: {exc}")
+            finally:
+                if shared is None:
+                    client.close()
+            time.sleep(POLL_SECONDS)
+        if shared is not None:
+            shared.close()
+
+
+def restart_gateway(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(ROOT / "scripts" / "ctl.sh"), "restart", "gateway"], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=20)
+
+
+def test_restart_gateway_refuses_no_poll(stack: dict) -> None:
+    url, state = stack["url"], stack["state"]
+    first = httpx.get(f"{url}/api/status", params={"taskid": TASK_ID}, timeout=10)
+    assert first.json() == {"task_id": TASK_ID, "taskid": TASK_ID, "status": "FAILED",
+                            "error": "unknown or expired task"}
+    parent = launcher_state(state)["parent"]
+    generations = [server_pids(state)]
+    assert all(alive(pid) for pid in generations[0])
+
+    stop = threading.Event()
+    pollers = [Poller(url, keep_alive, stop) for keep_alive in (False, True)]
+    for poller in pollers:
+        poller.start()
+    try:
+        time.sleep(0.5)
+        for _ in range(2):
+            result = restart_gateway(stack["env"])
+            assert result.returncode == 0, result.stdout + result.stderr
+            assert "reloaded" in result.stdout
+            assert launcher_state(state)["parent"] == parent  # the socket's holder stayed
+            generations.append(server_pids(state))
+            assert generations[-1].isdisjoint(generations[-2])
+            assert all(alive(pid) for pid in generations[-1])
+        # the retired servers drain and exit: whatever answers now runs the new code
+        old = generations[0] | generations[1]
+        wait_until(lambda: not any(alive(pid) for pid in old), 15, "old servers to exit", 0.1)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for poller in pollers:
+            poller.join(15)
+
+    for poller in pollers:
+        kind = "keep-alive" if poller.keep_alive else "fresh client"
+        failures = [outcome for outcome in poller.outcomes if outcome != "ok"]
+        assert not failures, (kind, len(poller.outcomes), failures[:5])
+        assert len(poller.outcomes) >= 50, (kind, len(poller.outcomes))
+    # the keep-alive client was told to reconnect by each retiring server
+    assert pollers[1].closes >= 2
+
+
+def test_restart_when_the_gateway_is_stopped_starts_it(stack: dict) -> None:
+    supervisor: procs.Supervisor = stack["supervisor"]
+    supervisor.ctl("stop", "gateway")
+    result = restart_gateway(stack["env"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ordinary restart" in result.stderr
+    assert httpx.get(f"{stack['url']}/health", timeout=30).status_code == 200
+
+
+def test_stopping_the_gateway_stops_every_server_process(stack: dict) -> None:
+    supervisor: procs.Supervisor = stack["supervisor"]
+    state = stack["state"]
+    wait_until(lambda: state.exists() and server_pids(state), 30, "gateway state", 0.1)
+    pids = server_pids(state) | {int(launcher_state(state)["parent"])}
+    supervisor.ctl("stop", "gateway")
+    wait_until(lambda: not any(alive(pid) for pid in pids), 20, "gateway processes gone", 0.1)
+    assert not state.exists()
+    supervisor.ctl("start", "gateway")
+    assert httpx.get(f"{stack['url']}/health", timeout=30).status_code == 200

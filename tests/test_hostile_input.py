@@ -1,0 +1,293 @@
+"""Hostile parameters on every submit route: every option is checked at submit against its
+documented range, a bad value is a 400 naming the parameter and queues nothing, and no
+input at all yields a 5xx (a seeded fuzz of random form, query and JSON values)."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from common import keys
+from tests import procs
+from tests.procs import TEST_AUDIO
+
+JFK_PATH = str(TEST_AUDIO / "jfk.flac")
+FUZZ_SEED = 1303
+FUZZ_VALUES_PER_PARAM = 5
+FUZZ_BUDGET_SECONDS = 90.0
+
+
+@dataclass
+class Route:
+    name: str
+    method: str
+    path: str
+    encoding: str  # "form" (multipart, with the clip), "json", "query"
+    base: dict[str, Any]  # the valid parameters the fuzzed one joins
+    params: tuple[str, ...]  # every parameter the route reads
+    backend: str  # whose queue a valid request grows
+
+
+ASR = ("model", "language", "task", "word_timestamps", "prompt", "initial_prompt", "beam_size",
+       "temperature", "vad_filter", "audio_path", "audio_file", "audio_url")
+OPENAI_ASR = ("model", "language", "prompt", "response_format", "temperature", "beam_size",
+              "vad_filter", "stream", "timestamp_granularities[]", "timestamp_granularities")
+TTS = ("text", "language", "voice", "speed", "model", "speaker_wav")
+SPEECH = ("model", "input", "voice", "response_format", "speed", "stream_format", "language")
+ROUTES = [
+    Route("sage form", "POST", "/api/faster-whisper-submit", "form", {}, ASR,
+          "faster-whisper"),
+    Route("sage json", "POST", "/api/submit", "json",
+          {"backend": "faster-whisper", "audio_path": JFK_PATH}, ("backend", *ASR),
+          "faster-whisper"),
+    Route("sage query", "GET", "/api/submit", "query",
+          {"backend": "faster-whisper", "audio_file": "jfk.flac"}, ("backend", *ASR),
+          "faster-whisper"),
+    Route("sage tts json", "POST", "/api/xtts-submit", "json", {"text": "Hello there."}, TTS,
+          "xtts"),
+    Route("sage tts form", "POST", "/api/submit", "urlencoded",
+          {"backend": "xtts", "text": "Hello there."}, TTS, "xtts"),
+    Route("openai transcriptions", "POST", "/v1/audio/transcriptions", "form", {}, OPENAI_ASR,
+          "faster-whisper"),
+    Route("openai translations", "POST", "/v1/audio/translations", "form", {}, OPENAI_ASR,
+          "faster-whisper"),
+    Route("openai speech", "POST", "/v1/audio/speech", "json",
+          {"model": "tts-1", "input": "Hello there.", "voice": "alloy"}, SPEECH, "xtts"),
+]
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory, speech_clip: Path) -> Iterator[dict]:
+    """Its own Redis and gateway, no worker: a valid task stays queued, and a valid OpenAI
+    call answers 504 after 0.3 s (the task goes on), so what was queued is easy to count."""
+    workdir = tmp_path_factory.mktemp("hostile")
+    server = procs.RedisServer(workdir / "redis", appendonly=False).start()
+    gateway = procs.gateway(
+        server.url, workdir, allowed_roots=[str(TEST_AUDIO)], request_timeout_seconds="0.3",
+        models={"faster-whisper": {"tiny.en": "bundled"}, "xtts": {"tiny": "unused"}}).start()
+    yield {"url": gateway.url, "redis": server.client(), "clip": speech_clip.read_bytes()}
+    gateway.stop()
+    server.stop()
+
+
+def queued(client: redis.Redis) -> tuple[int, ...]:
+    """Stream length per backend and the number of task records: what a refusal leaves alone."""
+    lengths = tuple(client.xlen(keys.queue(b)) for b in ("faster-whisper", "xtts"))
+    return (*lengths, sum(1 for _ in client.scan_iter(match=keys.task_pattern(), count=500)))
+
+
+def send(env: dict, route: Route, params: dict[str, Any], *,
+         raw_body: bytes | None = None, content_type: str | None = None) -> httpx.Response:
+    url = env["url"] + route.path
+    if raw_body is not None:
+        return httpx.post(url, content=raw_body, headers={"content-type": content_type or ""},
+                          timeout=30)
+    if route.encoding == "json":
+        body = json.dumps(params)  # NaN and Infinity pass as JSON's common extension
+        return httpx.request(route.method, url, content=body,
+                             headers={"content-type": "application/json"}, timeout=30)
+    fields = [(k, v) for k, value in params.items()
+              for v in (value if isinstance(value, list) else [value])]
+    if route.encoding == "query":
+        return httpx.request(route.method, url, params=fields, timeout=30)
+    if route.encoding == "urlencoded":
+        return httpx.post(url, data=dict(fields), timeout=30)
+    files = [("file", ("clip.wav", env["clip"], "audio/wav"))]
+    return httpx.post(url, data=_multi(fields), files=files, timeout=30)
+
+
+def _multi(fields: list[tuple[str, Any]]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key, value in fields:
+        data.setdefault(key, []).append(value)
+    return {k: v[0] if len(v) == 1 else v for k, v in data.items()}
+
+
+def check(env: dict, route: Route, params: dict[str, Any], **raw: Any) -> httpx.Response:
+    """Send; a 5xx fails the test (a 504 only as the honest answer of a queued OpenAI call),
+    and a 4xx must have queued nothing."""
+    before = queued(env["redis"])
+    reply = send(env, route, params, **raw)
+    after = queued(env["redis"])
+    label = (route.name, raw or params, reply.status_code, reply.text[:300])
+    if reply.status_code == 504:
+        assert route.path.startswith("/v1/audio/") and after[-1] == before[-1] + 1, label
+    else:
+        assert reply.status_code < 500, label
+    if reply.status_code >= 400:
+        body = reply.json()
+        assert body["error"] if route.path.startswith("/api/") else body["error"]["message"], label
+    if 400 <= reply.status_code < 500:
+        assert after == before, label
+    return reply
+
+
+def refused(env: dict, route: Route, param: str, value: Any) -> None:
+    params = {**route.base, param: value}
+    reply = check(env, route, params)
+    label = (route.name, param, value, reply.status_code, reply.text[:300])
+    assert reply.status_code == 400, label
+    body = reply.json()
+    if route.path.startswith("/v1/"):
+        assert body["error"]["param"] in (param, param.removesuffix("[]") + "[]"), label
+    else:
+        assert param.removesuffix("[]") in body["error"], label
+
+
+def accepted(env: dict, route: Route, param: str, value: Any) -> None:
+    reply = check(env, route, {**route.base, param: value})
+    assert reply.status_code in (200, 504), (route.name, param, value, reply.text[:300])
+
+
+ASR_ROUTES = [r for r in ROUTES if r.backend == "faster-whisper"]
+TTS_ROUTES = [r for r in ROUTES if r.backend == "xtts"]
+
+
+def test_engine_options_are_checked_at_submit(hostile: dict) -> None:
+    for route in ASR_ROUTES:
+        for value in ("0", "17", "-1", "abc", "1e9", "5.5", "1_0", " ") + (
+                (True, 5.0, -3, 10**30) if route.encoding == "json" else ()):
+            refused(hostile, route, "beam_size", value)  # (an empty value is the default)
+        for value in ("nan", "inf", "-inf", "1e9", "-1", "7", "abc", "1.0000001"):
+            refused(hostile, route, "temperature", value)
+        if route.encoding == "json":
+            for value in (float("nan"), float("inf"), 1e9, -1, 7, True):
+                refused(hostile, route, "temperature", value)
+        for value in ("xx", "123", "../../etc", "en\x00", "english-please", "e" * 5000):
+            if "translations" in route.path:
+                continue  # a translation's language is English whatever is sent
+            refused(hostile, route, "language", value)
+        for value in ("yes please", "2", "maybe"):
+            refused(hostile, route, "vad_filter", value)
+        refused(hostile, route, "prompt", "word " * 1000)
+    sage, openai = ASR_ROUTES[0], ROUTES[5]
+    for value in ("1", "16", "+4"):
+        accepted(hostile, sage, "beam_size", value)
+    for value in ("0", "1", "0.25"):
+        accepted(hostile, sage, "temperature", value)
+    for value in ("en", "EN", "en-US", "auto"):
+        accepted(hostile, sage, "language", value)
+    accepted(hostile, openai, "temperature", "0.2")
+    refused(hostile, sage, "task", "summarise")
+    refused(hostile, openai, "response_format", "yaml")
+    refused(hostile, openai, "stream", "sometimes")
+    for value in ("[abc", '[{"a": 1}]', "[" * 1000, "phoneme", '["word", 3]'):
+        refused(hostile, openai, "timestamp_granularities[]", value)
+    for route in TTS_ROUTES:
+        for value in ("nan", "inf", "0", "5", "-1", "fast"):
+            refused(hostile, route, "speed", value)
+        refused(hostile, route, "language", "xx")
+        refused(hostile, route, "voice", "nobody")
+    refused(hostile, ROUTES[-1], "response_format", "ogg")
+
+
+def test_a_list_or_object_where_a_value_belongs_is_refused(hostile: dict) -> None:
+    json_routes = [r for r in ROUTES if r.encoding == "json"]
+    for route in json_routes:
+        for param in route.params:
+            if param == "audio_url":
+                continue  # refused anyway (not enabled here), whatever its shape
+            for value in (["en"], {"a": 1}, [[["deep"]]]):
+                refused(hostile, route, param, value)
+    for route in (ROUTES[0], ROUTES[2]):  # a form or query parameter given twice
+        refused(hostile, route, "language", ["en", "fr"])
+        refused(hostile, route, "beam_size", ["1", "2"])
+    # a list is fine where the API has one
+    accepted(hostile, ROUTES[5], "timestamp_granularities[]", ["word", "segment"])
+
+
+def test_broken_bodies_are_400(hostile: dict) -> None:
+    route = ROUTES[1]
+    nested = b"[" * 1000 + b"]" * 1000
+    deep_object = b'{"backend": ' + b'{"a": ' * 1000 + b"1" + b"}" * 1001
+    for body in (b"{not json", nested, b"[" * 100000, deep_object, b"\xff\xfe\x00garbage",
+                 b'{"backend": "faster-whisper", "audio_path": "' + JFK_PATH.encode() + b'"',
+                 b'"just a string"', b"1" * 5000, b'{"beam_size": ' + b"9" * 5000 + b"}",
+                 b'{"prompt": "\\ud800"}'):
+        reply = check(hostile, route, {}, raw_body=body, content_type="application/json")
+        assert reply.status_code == 400, (body[:40], reply.text)
+    for body in ({"taskid": ["a", "b"]}, {"task_id": {"x": 1}}, {"taskid": "\ud800"}):
+        reply = httpx.post(f"{hostile['url']}/api/status", content=json.dumps(body),
+                           headers={"content-type": "application/json"})
+        assert reply.status_code == 200 and reply.json()["status"] == "FAILED", reply.text
+    reply = httpx.get(f"{hostile['url']}/api/status", params=[("taskid", "a"), ("taskid", "b")])
+    assert reply.status_code == 200 and "more than once" in reply.json()["error"]
+    for content_type in ("multipart/form-data", "multipart/form-data; boundary=x",
+                         "application/x-www-form-urlencoded"):
+        reply = check(hostile, ROUTES[0], {}, raw_body=b"--x\r\n\x00\xff" * 100,
+                      content_type=content_type)
+        assert 400 <= reply.status_code < 500, (content_type, reply.text)
+
+
+def _text(rng: random.Random) -> str:
+    pool = ["", " ", "nan", "NaN", "inf", "-Infinity", "-1", "0", "1", "16", "17", "1e9",
+            "1e999", "9" * 400, "0x10", "1_0", "١٢", "[abc", '["word"]', '{"a": 1}', "null",
+            "true", "../../etc/passwd", "/etc/hostname", "jfk.flac", "en", "xx", "zh-CN",
+            "word", "segment", "json", "verbose_json", "whisper-1", "tts-1", "alloy",
+            "faster-whisper/tiny.en", "x" * 70000, "\x00", "a\x00b", "\u202e\u0301",
+            "日本語のテキスト", "🙂" * 50, "\r\n\t", "%00", "' OR 1=1 --", "<script>"]
+    if rng.random() < 0.3:
+        return "".join(chr(rng.randrange(1, 0x2FFF)) for _ in range(rng.randrange(1, 40)))
+    return rng.choice(pool)
+
+
+def _json(rng: random.Random, depth: int = 0) -> Any:
+    roll = rng.random()
+    if roll < 0.45 or depth > 2:
+        return rng.choice([_text(rng), "\ud800", "\udfff x"])
+    if roll < 0.7:
+        return rng.choice([float("nan"), float("inf"), -float("inf"), 1e308, -1, 0, 1, 17,
+                           10**30, 10**400, 0.5, -0.0, True, False, None])
+    if roll < 0.85:
+        return [_json(rng, depth + 1) for _ in range(rng.randrange(0, 4))]
+    if roll < 0.95:
+        return {_text(rng)[:10]: _json(rng, depth + 1) for _ in range(rng.randrange(0, 3))}
+    nested: Any = "bottom"
+    for _ in range(rng.choice([50, 200, 900])):
+        nested = [nested]
+    return nested
+
+
+def test_fuzzed_parameters_never_yield_a_5xx(hostile: dict) -> None:
+    rng = random.Random(FUZZ_SEED)
+    started = time.monotonic()
+    sent = 0
+    for route in ROUTES:
+        for param in route.params:
+            for _ in range(FUZZ_VALUES_PER_PARAM):
+                if time.monotonic() - started > FUZZ_BUDGET_SECONDS:
+                    break
+                if route.encoding == "json":
+                    value = _json(rng)
+                else:
+                    value = _text(rng)
+                    if rng.random() < 0.15:
+                        value = [value, _text(rng)]
+                    if route.encoding == "query":  # httpx refuses to send longer URLs
+                        value = [v[:4000] for v in value] if isinstance(value, list) \
+                            else value[:4000]
+                check(hostile, route, {**route.base, param: value})
+                sent += 1
+    assert sent >= 200, f"only {sent} fuzzed requests within {FUZZ_BUDGET_SECONDS} s"
+    assert httpx.get(f"{hostile['url']}/health").json() == {"status": "ok"}
+
+
+def test_language_tables_match_the_engines() -> None:
+    """The gateway's copies (it imports no engine at run time) of what each engine accepts."""
+    from faster_whisper.tokenizer import _LANGUAGE_CODES
+
+    from common.catalog import BACKENDS, QWEN3_LANGUAGES, WHISPER_LANGUAGES
+    from workers.engines.qwen3_text import _ALIASES, LANGUAGE_NAMES
+
+    assert set(WHISPER_LANGUAGES) == set(_LANGUAGE_CODES)
+    assert set(QWEN3_LANGUAGES) == set(LANGUAGE_NAMES) | set(_ALIASES)
+    assert all(info.languages for info in BACKENDS.values())

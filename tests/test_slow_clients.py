@@ -1,0 +1,138 @@
+"""Clients that trickle their request: 300 connections sending headers, bodies (or nothing)
+a byte at a time are all closed by the gateway within its timeouts, the gateway still
+serves, and its open file descriptors return to their baseline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests import procs
+from tests.procs import wait_until
+
+HEADER_TIMEOUT = 2.0
+BODY_IDLE = 2.0
+BODY_DEADLINE = 4.0
+SLACK = 4.0  # a loaded 2-core box
+CLIENT_GIVES_UP = 20.0  # every client stops by itself
+TRICKLE_SECONDS = 0.5
+BODY_START = ("Content-Type: multipart/form-data; boundary=b0undary\r\n"
+              "Content-Length: 100000\r\n\r\n--b0undary\r\n"
+              'Content-Disposition: form-data; name="file"; filename="x.wav"\r\n\r\n')
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory: pytest.TempPathFactory, speech_clip: Path) -> Iterator[dict]:
+    workdir = tmp_path_factory.mktemp("slow-clients")
+    server = procs.RedisServer(workdir / "redis", appendonly=False).start()
+    gateway = procs.gateway(server.url, workdir, header_timeout_seconds=str(HEADER_TIMEOUT),
+                            body_timeout_seconds=str(BODY_IDLE),
+                            body_deadline_seconds=str(BODY_DEADLINE)).start()
+    yield {"url": gateway.url, "port": int(gateway.url.rsplit(":", 1)[1]),
+           "pid": gateway.pid, "clip": speech_clip.read_bytes()}
+    gateway.stop()
+    server.stop()
+
+
+def _headers(path: str, extra: str = "") -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: x\r\n{extra}".encode()
+
+
+#: (kind, what is sent at once, how long the server may take to close the connection)
+KINDS = [
+    # the request line and headers never complete: a byte of a header every 0.5 s
+    ("headers", _headers("/api/faster-whisper-submit", "X-Slow: "), HEADER_TIMEOUT),
+    # nothing at all after connecting
+    ("silent", b"", HEADER_TIMEOUT),
+    # complete headers, then a file part a byte at a time, to routes that read it
+    ("body", _headers("/api/faster-whisper-submit", BODY_START), BODY_DEADLINE),
+    ("body", _headers("/v1/audio/transcriptions", BODY_START), BODY_DEADLINE),
+    # a body nobody reads (the reply went out first): uvicorn drains it, for BODY_IDLE
+    ("drain", b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n", BODY_IDLE),
+]
+MIX = [0] * 120 + [1] * 30 + [2] * 50 + [3] * 50 + [4] * 50  # 300 connections
+
+
+async def trickle(port: int, initial: bytes) -> tuple[float | None, bytes]:
+    """(seconds until the server closed the connection, None if it never did; its reply)."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reply = b""
+    try:
+        if initial:
+            writer.write(initial)
+            await writer.drain()
+        while loop.time() - started < CLIENT_GIVES_UP:
+            try:
+                data = await asyncio.wait_for(reader.read(65536), TRICKLE_SECONDS)
+            except TimeoutError:
+                if initial:
+                    writer.write(b"a")
+                    await writer.drain()
+                continue
+            if not data:
+                return loop.time() - started, reply
+            reply += data
+    except (ConnectionError, OSError):
+        return loop.time() - started, reply
+    finally:
+        writer.close()
+    return None, reply
+
+
+def test_trickling_clients_are_cut_off_and_leave_nothing_behind(slow: dict) -> None:
+    process = psutil.Process(slow["pid"])
+    assert httpx.get(f"{slow['url']}/health").status_code == 200
+    baseline = process.num_fds()
+
+    async def run() -> list[tuple[float | None, bytes]]:
+        return await asyncio.gather(*(trickle(slow["port"], KINDS[i][1]) for i in MIX))
+
+    started = time.monotonic()
+    results = asyncio.run(run())
+    elapsed = time.monotonic() - started
+    late = []
+    for index, (closed_after, reply) in zip(MIX, results, strict=True):
+        kind, _, limit = KINDS[index]
+        if closed_after is None or closed_after > limit + SLACK:
+            late.append((kind, closed_after))
+        if kind == "body":  # a clear answer in the caller's dialect before the close
+            assert reply.startswith(b"HTTP/1.1 408 "), reply[:200]
+            assert b"did not arrive in time" in reply
+        if kind == "drain":
+            assert reply.startswith(b"HTTP/1.1 200 "), reply[:200]
+    assert not late, late[:10]
+    assert elapsed < BODY_DEADLINE + SLACK + 5
+    # still serving: a normal upload goes through
+    reply = httpx.post(f"{slow['url']}/api/faster-whisper-submit",
+                       files={"file": ("clip.wav", slow["clip"], "audio/wav")}, timeout=30)
+    assert reply.status_code == 200, reply.text
+    # and every socket of those 300 connections is gone
+    wait_until(lambda: process.num_fds() <= baseline + 5, 10,
+               f"gateway fds back to ~{baseline} (now {process.num_fds()})")
+
+
+def test_a_slow_but_steady_upload_still_works(slow: dict) -> None:
+    """Pauses shorter than the idle limit and a total under the deadline are fine."""
+    boundary = "b0undary"
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
+            f"filename=\"clip.wav\"\r\nContent-Type: audio/wav\r\n\r\n").encode()
+    body += slow["clip"] + f"\r\n--{boundary}--\r\n".encode()
+
+    def chunks() -> Iterator[bytes]:
+        step = len(body) // 3 + 1
+        for start in range(0, len(body), step):
+            yield body[start:start + step]
+            time.sleep(BODY_IDLE / 2)
+
+    reply = httpx.post(f"{slow['url']}/api/faster-whisper-submit", content=chunks(),
+                       headers={"content-type": f"multipart/form-data; boundary={boundary}"},
+                       timeout=30)
+    assert reply.status_code == 200, reply.text

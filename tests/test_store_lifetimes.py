@@ -1,0 +1,230 @@
+"""What Redis keeps, and for how long (issue 12): inputs leave with the terminal write,
+positions survive a Redis restart, an idempotency key makes one task, and the optional
+blob directory keeps the same lifetimes."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import os
+import time
+import wave
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from redis.asyncio import Redis
+
+from common import keys
+from common.blobs import BlobDir
+from common.schemas import TaskState
+from common.store import Duplicate, Task, TaskStore
+from tests import procs
+from tests.helpers import JFK, status, submit_file, wait_done
+from tests.procs import wait_until
+
+BACKEND = "faster-whisper"
+
+
+def noise_wav(seconds: float, seed: int) -> bytes:
+    """Quiet noise: 16 kHz 16-bit mono, 32 KB per second; VAD finds no speech in it."""
+    samples = np.random.default_rng(seed).normal(0, 30, int(16000 * seconds)).astype(np.int16)
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16000)
+        out.writeframes(samples.tobytes())
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[dict]:
+    redis = procs.RedisServer(tmp_path / "redis").start()
+    gateway = procs.gateway(redis.url, tmp_path).start()
+    worker = procs.worker(redis.url, tmp_path, idle_unload_seconds="-1", preload="true").start()
+    yield {"redis": redis, "gateway": gateway, "worker": worker, "tmp": tmp_path}
+    for process in (worker, gateway):
+        process.stop()
+    redis.stop()
+
+
+def input_blobs(client: object) -> list[bytes]:
+    return list(client.scan_iter(match=f"{keys.PREFIX}blob:*:input", count=500))  # type: ignore[attr-defined]
+
+
+def test_inputs_leave_redis_with_their_terminal_write(service: dict) -> None:
+    gateway, client = service["gateway"].url, service["redis"].client()
+    clip = noise_wav(32.0, seed=1)  # 1 MiB
+    assert len(clip) > 1_000_000
+    first = httpx.post(f"{gateway}/api/{BACKEND}-submit", files={"file": ("n.wav", clip)},
+                       data={"vad_filter": "true"}, timeout=60).json()["taskid"]
+    assert wait_done(gateway, first)["status"] == "SUCCEEDED"
+    client.memory_purge()
+    before = int(client.info("memory")["used_memory"])
+
+    def one(index: int) -> str:
+        reply = httpx.post(f"{gateway}/api/{BACKEND}-submit",
+                           files={"file": (f"n{index}.wav", clip)},
+                           data={"vad_filter": "true"}, timeout=120)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["taskid"]
+
+    with ThreadPoolExecutor(4) as pool:
+        ids = list(pool.map(one, range(200)))
+    outcomes = [wait_done(gateway, task_id, timeout=300)["status"] for task_id in ids]
+    assert outcomes == ["SUCCEEDED"] * 200
+    assert input_blobs(client) == []
+    client.memory_purge()
+    after = int(client.info("memory")["used_memory"])
+    hashes = sum(client.memory_usage(keys.task(task_id)) or 0 for task_id in ids)
+    assert after - before - hashes < 10 * 1024 * 1024, (before, after, hashes)
+
+
+def test_queue_positions_and_waiting_survive_a_redis_restart(service: dict) -> None:
+    gateway, redis, worker = service["gateway"].url, service["redis"], service["worker"]
+    done = submit_file(gateway, JFK).json()["taskid"]  # the group has delivered something
+    assert wait_done(gateway, done)["status"] == "SUCCEEDED"
+    worker.stop()
+    ids = [submit_file(gateway, JFK).json()["taskid"] for _ in range(20)]
+    assert [status(gateway, t)["queue_position"] for t in ids] == list(range(1, 21))
+    assert waiting_metric(gateway) == 20
+    redis.restart()
+    head = wait_until(lambda: _position(gateway, ids[0]), 30, "status after the restart")
+    assert head == 1
+    assert status(gateway, ids[-1])["queue_position"] == 20
+    assert waiting_metric(gateway) == 20
+    worker.start()
+    assert [wait_done(gateway, t, timeout=240)["status"] for t in ids] == ["SUCCEEDED"] * 20
+    assert waiting_metric(gateway) == 0
+
+
+def _position(gateway: str, task_id: str) -> int | None:
+    reply = status(gateway, task_id)
+    return reply.get("queue_position")
+
+
+def waiting_metric(gateway: str) -> float:
+    text = httpx.get(f"{gateway}/metrics", timeout=10).text
+    line = next(line for line in text.splitlines()
+                if line.startswith(f'speech_queue_waiting{{backend="{BACKEND}"}}'))
+    return float(line.split()[-1])
+
+
+def test_an_idempotency_key_makes_one_task(service: dict) -> None:
+    gateway, client = service["gateway"].url, service["redis"].client()
+    length_before = client.xlen(keys.queue(BACKEND))
+    first = submit_file(gateway, JFK, idempotency_key="order-17").json()["taskid"]
+    again = submit_file(gateway, JFK, idempotency_key="order-17").json()["taskid"]
+    assert again == first
+
+    def concurrent(_: int) -> str:
+        with JFK.open("rb") as handle:
+            reply = httpx.post(f"{gateway}/api/{BACKEND}-submit", files={"file": handle},
+                               headers={"Idempotency-Key": "burst-1"}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        return reply.json()["taskid"]
+
+    with ThreadPoolExecutor(10) as pool:
+        burst = set(pool.map(concurrent, range(10)))
+    assert len(burst) == 1 and first not in burst
+    assert client.xlen(keys.queue(BACKEND)) == length_before + 2
+    finished = wait_done(gateway, first)
+    assert finished["status"] == "SUCCEEDED"
+    replay = submit_file(gateway, JFK, idempotency_key="order-17").json()
+    assert replay["taskid"] == first and replay["state"] == "SUCCEEDED"
+    assert client.xlen(keys.queue(BACKEND)) == length_before + 2
+    too_long = submit_file(gateway, JFK, idempotency_key="x" * 300)
+    assert too_long.status_code == 400 and "idempotency" in too_long.json()["error"]
+    wait_done(gateway, burst.pop())
+
+    def openai_call() -> httpx.Response:  # a client retrying a sync call it lost the reply of
+        with JFK.open("rb") as handle:
+            return httpx.post(f"{gateway}/v1/audio/transcriptions", files={"file": handle},
+                              data={"model": "whisper-1"},
+                              headers={"Idempotency-Key": "sync-1"}, timeout=120)
+
+    first_call, retry = openai_call(), openai_call()
+    assert first_call.status_code == retry.status_code == 200, retry.text
+    assert first_call.headers["x-task-id"] == retry.headers["x-task-id"]
+    assert retry.json()["text"] == first_call.json()["text"]
+    assert client.xlen(keys.queue(BACKEND)) == length_before + 3
+
+
+def test_idempotency_keys_belong_to_their_owner(tmp_path: Path) -> None:
+    redis = procs.RedisServer(tmp_path / "redis").start()
+    digests = [f"sha256:{hashlib.sha256(k.encode()).hexdigest()}"
+               for k in ("key-a", "key-b")]
+    gateway = procs.gateway(redis.url, tmp_path, api_keys=digests).start()
+    try:
+        ids = []
+        for key in ("key-a", "key-b", "key-a"):
+            with JFK.open("rb") as handle:
+                reply = httpx.post(f"{gateway.url}/api/{BACKEND}-submit", files={"file": handle},
+                                   headers={"Authorization": f"Bearer {key}",
+                                            "Idempotency-Key": "same"}, timeout=60)
+            assert reply.status_code == 200, reply.text
+            ids.append(reply.json()["taskid"])
+        assert ids[0] == ids[2] and ids[0] != ids[1]
+    finally:
+        gateway.stop()
+        redis.stop()
+
+
+def test_blob_dir_keeps_the_same_lifetimes(tmp_path: Path) -> None:
+    """The store on a real Redis with a blob directory: big blobs go to files, small ones
+    stay in Redis; a finished task's input file is gone; only the winning attempt's output
+    is kept; a repeated idempotency key leaves no file; the janitor removes orphans."""
+    redis_server = procs.RedisServer(tmp_path / "redis").start()
+    blob_root = tmp_path / "blobs"
+
+    async def scenario() -> None:
+        redis = Redis.from_url(redis_server.url)
+        store = TaskStore(redis, 3600, BlobDir(blob_root, min_bytes=1000))
+        big, small = b"i" * 5000, b"s" * 10
+
+        def task(task_id: str) -> Task:
+            return Task(id=task_id, backend=BACKEND, model="tiny.en", state=TaskState.PENDING)
+
+        await store.submit(task("big"), big, idempotency_key="k1")
+        await store.submit(task("small"), small)
+        assert (blob_root / "big.input").read_bytes() == big
+        assert await redis.get(keys.input_blob("big")) is None
+        assert await store.input_blob("big") == big and await store.input_blob("small") == small
+        with pytest.raises(Duplicate) as repeat:
+            await store.submit(task("big2"), big, idempotency_key="k1")
+        assert repeat.value.task_id == "big" and not (blob_root / "big2.input").exists()
+
+        first = await store.start("big", "w1", 1)
+        second = await store.start("big", "w2", 2)  # a redelivery: the first attempt is stale
+        stale = await store.finish(task("big"), TaskState.SUCCEEDED, attempt=first, entry_id="",
+                                   result={}, output=b"o" * 4000)
+        won = await store.finish(task("big"), TaskState.SUCCEEDED, attempt=second, entry_id="",
+                                 result={}, output=b"w" * 4000)
+        assert (stale, won) == (False, True)
+        assert await store.output_blob("big") == b"w" * 4000
+        assert sorted(p.name for p in blob_root.iterdir()) == ["big.output.2"]
+        assert await store.input_blob("big") is None
+
+        attempt = await store.start("small", "w1", 1)
+        assert await store.finish(task("small"), TaskState.SUCCEEDED, attempt=attempt,
+                                  entry_id="", result={}, output=b"tiny")
+        assert await store.output_blob("small") == b"tiny"
+        assert await redis.get(keys.input_blob("small")) is None
+
+        orphan = blob_root / "gone.input"  # its task vanished before the file was deleted
+        orphan.write_bytes(b"x")
+        old = time.time() - 120
+        os.utime(orphan, (old, old))
+        assert await store.sweep_blob_dir() == 1 and not orphan.exists()
+        assert (blob_root / "big.output.2").exists()
+        await redis.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        redis_server.stop()

@@ -1,0 +1,139 @@
+"""The sweeper has no blind spots (issue 12, item 5 and the no-worker half of item 2): it
+walks the whole queue, never fails a task a worker started, and fails what a backend
+without a live worker still owes. Real redis-server, gateway and worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+from redis.asyncio import Redis
+
+from common.schemas import TaskState
+from common.settings import Settings
+from common.store import Task, TaskStore, new_task_id
+from gateway.sweeper import Sweeper
+from tests import procs
+from tests.helpers import JFK, submit_file, wait_done
+from tests.procs import TEST_AUDIO, wait_until
+
+BACKEND = "faster-whisper"
+LONG = TEST_AUDIO / "multilingual.mp3"  # seconds of work with tiny.en
+
+
+def test_a_stuck_task_behind_250_finished_ones_fails_in_time(tmp_path: Path) -> None:
+    limit, period = 2.0, 0.5  # the sweeper runs every limit / 4
+    redis = procs.RedisServer(tmp_path / "redis").start()
+    gateway = procs.gateway(redis.url, tmp_path, max_queue_seconds=str(limit),
+                            no_worker_seconds="0").start()
+    try:
+        asyncio.run(_finished_tasks(redis.url, 250))
+        time.sleep(limit + 2 * period)  # all 250 are past the cutoff, and swept past
+        submitted = time.monotonic()
+        task_id = submit_file(gateway.url, JFK).json()["taskid"]  # no worker runs
+        final = wait_done(gateway.url, task_id, timeout=30)
+        took = time.monotonic() - submitted
+        assert final["status"] == "FAILED" and "within 2 s" in final["error"], final
+        view = httpx.get(f"{gateway.url}/v1/tasks/{task_id}", timeout=10).json()
+        assert view["error_code"] == "no_worker"
+        assert took <= limit + period + 1.0, took  # + polling and a loaded machine's slack
+    finally:
+        gateway.stop()
+        redis.stop()
+
+
+def test_the_sweeper_never_fails_a_task_a_worker_started(tmp_path: Path) -> None:
+    redis = procs.RedisServer(tmp_path / "redis").start()
+
+    async def scenario() -> None:
+        client = Redis.from_url(redis.url)
+        store = TaskStore(client, 60)
+        sweeper = Sweeper(store, Settings(max_queue_seconds=1.0))
+        # read PENDING by the sweeper, then started by a worker before the sweeper's write
+        seen_pending = await _queued(store)
+        assert await store.start(seen_pending.id, "worker-a", 1) == 1
+        assert await sweeper.fail_tasks([seen_pending], lambda task: "too late") == 0
+        assert await store.fail_if_unchanged(seen_pending, "too late", "no_worker") is False
+        # read RUNNING, then re-attempted by another worker: refused as well
+        seen_running = await store.get(seen_pending.id)
+        assert seen_running is not None
+        assert await store.start(seen_running.id, "worker-b", 2) == 2
+        assert await sweeper.fail_tasks([seen_running], lambda task: "too late") == 0
+        current = await store.get(seen_pending.id)
+        assert current is not None and current.state == TaskState.RUNNING
+        assert current.worker == "worker-b" and not current.error
+        # the age walk reads the started task as it is now: not PENDING, left alone
+        assert await sweeper.fail_overdue(BACKEND, 0.0) == 0
+        # a task still PENDING when the write lands is failed
+        still_pending = await _queued(store)
+        assert await sweeper.fail_tasks([still_pending], lambda task: "no worker") == 1
+        failed = await store.get(still_pending.id)
+        assert failed is not None and failed.state == TaskState.FAILED
+        assert failed.error_code == "no_worker"
+        await client.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        redis.stop()
+
+
+def test_a_backend_whose_worker_is_gone_fails_its_running_and_pending_tasks(
+        tmp_path: Path) -> None:
+    no_worker, period, heartbeat_ttl = 2.0, 0.5, 1.5  # heartbeat 0.5 s (procs.service_env)
+    redis = procs.RedisServer(tmp_path / "redis").start()
+    gateway = procs.gateway(redis.url, tmp_path, no_worker_seconds=str(no_worker)).start()
+    worker = procs.worker(redis.url, tmp_path).start()
+    try:
+        wait_until(lambda: _ready(gateway.url)["ready"], 10, "worker live")
+        running = submit_file(gateway.url, LONG).json()["taskid"]
+        wait_until(lambda: _task(gateway.url, running)["status"] == "RUNNING", 60, "RUNNING",
+                   0.02)
+        os.kill(worker.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        pending = submit_file(gateway.url, JFK).json()["taskid"]
+        finals = [wait_done(gateway.url, task_id, timeout=30) for task_id in (running, pending)]
+        took = time.monotonic() - killed
+        assert [final["status"] for final in finals] == ["FAILED", "FAILED"], finals
+        assert [_task(gateway.url, t)["error_code"] for t in (running, pending)] == \
+            ["no_worker", "no_worker"]
+        assert "stopped" in finals[0]["error"] and "none can start" in finals[1]["error"]
+        assert took <= heartbeat_ttl + no_worker + period + 1.5, took
+        backend = _ready(gateway.url)
+        assert backend["ready"] is False and backend["workers"] == 0
+    finally:
+        worker.stop()
+        gateway.stop()
+        redis.stop()
+
+
+def _ready(url: str) -> dict:
+    return httpx.get(f"{url}/ready", timeout=10).json()["backends"][BACKEND]
+
+
+def _task(url: str, task_id: str) -> dict:
+    return httpx.get(f"{url}/v1/tasks/{task_id}", timeout=10).json()
+
+
+async def _queued(store: TaskStore) -> Task:
+    task = Task(id=new_task_id(), backend=BACKEND, model="tiny.en", state=TaskState.PENDING,
+                input_path=str(JFK))
+    await store.submit(task, None)
+    stored = await store.get(task.id)
+    assert stored is not None and stored.state == TaskState.PENDING
+    return stored
+
+
+async def _finished_tasks(redis_url: str, count: int) -> None:
+    client = Redis.from_url(redis_url)
+    store = TaskStore(client, 3600)
+
+    for _ in range(count):
+        task = await _queued(store)
+        assert await store.finish(task, TaskState.SUCCEEDED, attempt=None,
+                                  entry_id=task.entry_id, result={"text": ""})
+    await client.aclose()

@@ -1,0 +1,284 @@
+"""The try-it page (`GET /`) in a real browser: Debian's headless Chromium, driven by
+Playwright, against a real stack (redis-server, gateway, faster-whisper tiny.en, the tiny
+XTTS). Upload and microphone transcription, speech, the status panel and a refused key, as a
+person would use them; each view is screenshotted at 1280 and 375 px into var/screenshots/
+(CI artifacts), must not overflow a 375 px screen, and must log no console error.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.auth import digest
+from tests import procs
+from tests.helpers import JFK, JFK_TEXT, wer
+from tests.procs import ROOT, TEST_AUDIO
+from tests.tiny import env_python, tiny_model
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+SCREENSHOTS = ROOT / "var" / "screenshots"
+KEY = "ui-key-0123456789abcdef"
+PHONE, DESKTOP = 375, 1280
+TASK_TIMEOUT_MS = 90_000
+RECORD_SECONDS = 3.5
+#: what Chromium itself logs for a response with an error status: expected for a 401
+REFUSED_LOAD = "Failed to load resource: the server responded with a status of 401"
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A gateway without keys and one with keys, sharing Redis and two workers."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("no chromium: scripts/install.sh installs Debian's package")
+    xtts_python = env_python("xtts")
+    if not xtts_python.exists():
+        pytest.skip(".venvs/xtts is missing: run scripts/install.sh xtts")
+    model_dir = tiny_model("xtts")
+    workdir = tmp_path_factory.mktemp("ui")
+    server = procs.RedisServer(workdir / "redis").start()
+    models = {"faster-whisper": {"tiny.en": "bundled"}, "xtts": {"tiny": str(model_dir)}}
+    settings = {"models": models, "default_models": {"xtts": "tiny"},
+                "voices": {"alloy": "speaker:Claribel Dervla", "nova": "speaker:Ana Florence"}}
+    services = [
+        procs.gateway(server.url, workdir, **settings),
+        procs.gateway(server.url, workdir, api_keys=[digest(KEY)], **settings),
+        procs.worker(server.url, workdir, models=models,
+                     idle_unload_seconds="-1"),
+        procs.worker(server.url, workdir, backend="xtts", python=xtts_python, models=models,
+                     device="cpu", idle_unload_seconds="-1"),
+    ]
+    try:
+        for service in services:  # all start at once; then wait for each
+            service.start(wait=False)
+        for service in services:
+            procs.wait_until(service.healthy, 120, f"{service.args[-1]} health", 0.2)
+        plain, keyed, *_ = services
+        yield {"url": plain.url, "keyed": keyed.url, "workdir": workdir}
+    finally:
+        for service in reversed(services):
+            service.stop()
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def speech_wav(ui_stack: dict[str, Any]) -> Path:
+    """What Chromium's fake microphone plays: real speech with a known text."""
+    path = ui_stack["workdir"] / "mic.wav"
+    subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(path), "Hello world. Testing one two."],
+                   check=True, capture_output=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser(speech_wav: Path) -> Iterator[Any]:
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=[
+            "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",
+            f"--use-file-for-fake-audio-capture={speech_wav}",
+        ])
+        yield chromium
+        chromium.close()
+
+
+class Console:
+    """Console errors and uncaught exceptions of a page."""
+
+    def __init__(self, page: Any) -> None:
+        self.errors: list[str] = []
+        page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
+
+
+@pytest.fixture
+def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": DESKTOP, "height": 900})
+    context.grant_permissions(["microphone"])
+    page = context.new_page()
+    page.set_default_timeout(TASK_TIMEOUT_MS)
+    console = Console(page)
+    yield page
+    context.close()
+    allowed = getattr(request.node, "allowed_console", ())
+    unexpected = [e for e in console.errors if not any(a in e for a in allowed)]
+    assert not unexpected, f"console errors: {unexpected}"
+
+
+def open_view(page: Any, base: str, view: str) -> None:
+    page.goto(f"{base}/#{view}")
+    page.wait_for_function("document.querySelector('#asr-backend').options.length > 0")
+    assert page.locator(f"#tab-{view}").get_attribute("aria-selected") == "true"
+
+
+def screenshots(page: Any, view: str) -> None:
+    """The view at desktop and phone width, and no sideways scrolling on the phone."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.set_viewport_size({"width": DESKTOP, "height": 900})
+    page.screenshot(path=str(SCREENSHOTS / f"{view}-{DESKTOP}.png"), full_page=True)
+    page.set_viewport_size({"width": PHONE, "height": 800})
+    width = page.evaluate("document.documentElement.scrollWidth")
+    page.screenshot(path=str(SCREENSHOTS / f"{view}-{PHONE}.png"), full_page=True)
+    assert width <= PHONE, f"{view} overflows a {PHONE} px screen: {width} px wide"
+    page.set_viewport_size({"width": DESKTOP, "height": 900})
+
+
+def wait_done(page: Any, state: str) -> str:
+    page.wait_for_function(
+        f"/^(Done|Failed)/.test(document.querySelector('{state}').textContent)")
+    text = page.locator(state).text_content()
+    assert text.startswith("Done"), text
+    return text
+
+
+def transcript(page: Any) -> str:
+    return " ".join(page.locator("#segments .segment .text").all_text_contents())
+
+
+def test_upload_a_file_see_the_transcript_play_a_segment_and_download(
+        ui_stack: dict[str, Any], page: Any) -> None:
+    open_view(page, ui_stack["url"], "transcribe")
+    # options come from /api/config: the one ASR backend, its model, its languages
+    assert page.locator("#asr-backend option").all_text_contents() == ["faster-whisper"]
+    assert page.locator("#asr-model").input_value() == "tiny.en"
+    assert page.locator("#asr-language option[value=en]").count() == 1
+    assert page.locator("#asr-diarize-row").is_hidden()  # no backend offers it yet
+
+    states: list[str] = []  # what the state line and the transcript showed on the way
+    page.expose_function("note", lambda text: states.append(text))
+    page.evaluate("""new MutationObserver(() => note(
+        document.querySelector('#asr-state').textContent)).observe(
+        document.querySelector('#asr-state'), {childList: true, characterData: true,
+        subtree: true});
+        new MutationObserver(() => document.querySelectorAll('#segments li.live').length
+            && note('live segment')).observe(document.querySelector('#segments'),
+            {childList: true})""")
+    page.set_input_files("#asr-file", str(JFK))
+    page.check("#asr-words")
+    page.click("#asr-go")
+    wait_done(page, "#asr-state")
+    assert wer(JFK_TEXT, transcript(page)) <= 0.1, transcript(page)
+    assert any(s.startswith(("Queued", "Starting", "Running")) for s in states), states
+    assert "live segment" in states, states  # streamed before the final transcript
+    first = page.locator("#segments .segment").first
+    assert re.match(r"00:00\.\d{3} \u2013 00:\d\d\.\d{3}", first.locator(".time").text_content())
+
+    first.click()  # plays that part of the uploaded audio
+    page.wait_for_function("!document.querySelector('#asr-audio').paused"
+                           " || document.querySelector('#asr-audio').currentTime > 0")
+    assert first.get_attribute("aria-current") == "true"
+
+    with page.expect_download() as download:
+        page.click("#downloads [data-format=srt]")
+    srt = Path(download.value.path()).read_text()
+    assert download.value.suggested_filename == "jfk.srt"
+    assert srt.startswith("1\n00:00:00,000 --> ") and "ask not" in srt.lower()
+    with page.expect_download() as download:
+        page.click("#downloads [data-format=json]")
+    assert '"words"' in Path(download.value.path()).read_text()  # word timestamps were asked
+    screenshots(page, "transcribe")
+
+
+def test_drop_a_file_then_record_from_the_microphone_and_transcribe(
+        ui_stack: dict[str, Any], page: Any) -> None:
+    open_view(page, ui_stack["url"], "transcribe")
+    dropped = page.evaluate_handle("""() => { const data = new DataTransfer();
+        data.items.add(new File([new Uint8Array(2048)], 'dropped.wav', {type: 'audio/wav'}));
+        return data; }""")
+    page.dispatch_event("#drop", "drop", {"dataTransfer": dropped})
+    assert page.locator("#asr-source").text_content().startswith("Dropped file: dropped.wav")
+
+    page.click("#record")
+    page.wait_for_selector("#record[aria-pressed=true]")  # the microphone is open
+    time.sleep(RECORD_SECONDS)
+    page.click("#record")
+    page.wait_for_function(
+        "document.querySelector('#asr-source').textContent.startsWith('Recording:')")
+    page.click("#asr-go")
+    wait_done(page, "#asr-state")
+    assert "hello world" in transcript(page).lower(), transcript(page)
+
+
+def test_speak_with_a_voice_and_with_a_reference_clip(ui_stack: dict[str, Any],
+                                                      page: Any) -> None:
+    open_view(page, ui_stack["url"], "speak")
+    assert page.locator("#tts-voice option").all_text_contents()[:2] == ["alloy", "nova"]
+    assert page.locator("#tts-language").input_value() == "en"
+    assert page.locator("#tts-text").get_attribute("maxlength") == "4000"
+    page.fill("#tts-text", "Hello there.")
+    page.click("#tts-go")
+    wait_done(page, "#tts-state")
+    # the tiny model speaks noise: only check that a playable clip came back
+    page.wait_for_function("document.querySelector('#tts-audio').duration > 0")
+    href = page.locator("#tts-download").get_attribute("href")
+    assert httpx.get(href, timeout=30).headers["content-type"] == "audio/wav"
+    screenshots(page, "speak")
+
+    page.select_option("#tts-voice", label="Upload a reference clip…")
+    page.set_input_files("#tts-clip", str(TEST_AUDIO / "hotwords.mp3"))
+    page.click("#tts-go")
+    wait_done(page, "#tts-state")
+    page.wait_for_function("document.querySelector('#tts-audio').src !== "
+                           f"{href!r} && document.querySelector('#tts-audio').duration > 0")
+
+
+def test_status_lists_the_live_workers(ui_stack: dict[str, Any], page: Any) -> None:
+    open_view(page, ui_stack["url"], "transcribe")
+    page.focus("#tab-transcribe")
+    page.keyboard.press("End")  # the tabs follow the arrow, Home and End keys
+    assert page.evaluate("document.activeElement.id") == "tab-status"
+    assert page.locator("#view-status").is_visible()
+    assert page.locator("#view-transcribe").is_hidden()
+    page.wait_for_function("document.querySelectorAll('#status-body .card').length === 2")
+    cards = {page.locator("#status-body .card h2").nth(i).text_content()
+             for i in range(2)}
+    assert cards == {"faster-whisper 1 live", "xtts 1 live"}, cards
+    body = page.locator("#status-body").text_content()
+    assert "test-faster-whisper-" in body and "test-xtts-" in body
+    assert "tiny.en" in body and "waiting" in body and "succeeded" in body
+    # the next refresh (5 s later) also tells the latencies of the tasks since the first one
+    page.wait_for_function("document.querySelector('#status-body').textContent"
+                           ".includes('End to end since')", timeout=15_000)
+    screenshots(page, "status")
+
+
+def test_a_wrong_key_shows_the_error_and_a_right_one_works(
+        ui_stack: dict[str, Any], page: Any, request: pytest.FixtureRequest) -> None:
+    request.node.allowed_console = (REFUSED_LOAD,)
+    base = ui_stack["keyed"]
+    for path, kind in (("/", "text/html"), ("/static/app.js", "javascript"),
+                       ("/static/style.css", "text/css")):  # the page itself is public
+        reply = httpx.get(base + path, timeout=10)
+        assert reply.status_code == 200 and kind in reply.headers["content-type"], path
+        assert reply.headers["cache-control"] == "no-cache"
+    assert httpx.get(f"{base}/static/nothing.js", timeout=10).status_code == 404
+    assert httpx.get(f"{base}/static/%2e%2e%2fapp.py", timeout=10).status_code == 404
+
+    page.goto(base + "/")
+    page.wait_for_selector("#alert:not([hidden])")
+    assert "needs an API key" in page.locator("#alert").text_content()
+    assert page.locator("#asr-form").is_hidden()
+    assert page.locator("#asr-none").text_content() == "Enter a valid API key above to start."
+    page.fill("#api-key", "not-the-key")
+    page.click("#key-form button[type=submit]")
+    page.wait_for_function("document.querySelector('#alert').textContent"
+                           ".includes('The API key was refused')")
+    assert "invalid API key" in page.locator("#alert").text_content()
+    screenshots(page, "wrong-key")
+
+    page.fill("#api-key", KEY)
+    page.click("#key-form button[type=submit]")
+    page.wait_for_function("document.querySelector('#asr-backend').options.length > 0")
+    assert page.locator("#alert").is_hidden() and page.locator("#asr-form").is_visible()
+    assert page.evaluate("localStorage.getItem('speech-gateway.api-key')") == KEY

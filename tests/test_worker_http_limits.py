@@ -1,0 +1,152 @@
+"""The worker's direct HTTP server takes the gateway's limits and, when set, a secret; off
+loopback it refuses to start without one (issue 13)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from common.settings import Settings
+from tests import procs
+from tests.audio_fakes import lying_matroska
+from tests.helpers import JFK, JFK_TEXT, wer
+from workers.engines.faster_whisper import FasterWhisperEngine
+from workers.http import create_worker_app, is_loopback
+from workers.runtime import Worker
+
+SECRET = "worker-test-secret"
+AUTH = {"Authorization": f"Bearer {SECRET}"}
+UPLOAD_MIB = 2
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """Redis, a gateway and a worker with a secret, a 2 MiB upload limit and a 60 s limit."""
+    workdir = tmp_path_factory.mktemp("worker-http")
+    redis = procs.RedisServer(workdir / "redis").start()
+    gateway = procs.gateway(redis.url, workdir)
+    worker = procs.worker(redis.url, workdir, worker_secret=SECRET,
+                          max_upload_mib=str(UPLOAD_MIB), max_audio_seconds="60",
+                          idle_unload_seconds="-1")
+    try:
+        gateway.start()
+        worker.start()  # its /health answers without the secret: it is bound to loopback
+        yield {"gateway": gateway.url, "worker": worker.url, "workdir": workdir}
+    finally:
+        worker.stop()
+        gateway.stop()
+        redis.stop()
+
+
+def transcribe(url: str, files: dict, headers: dict | None = None, **data: str) -> httpx.Response:
+    return httpx.post(f"{url}/transcribe", files=files, data=data, headers=headers, timeout=60)
+
+
+def test_the_secret_is_required_and_right(secured: dict) -> None:
+    url = secured["worker"]
+    jfk = {"file": ("jfk.flac", JFK.read_bytes())}
+    for headers in (None, {"Authorization": "Bearer wrong"}, {"Authorization": SECRET},
+                    {"Authorization": f"Bearer {SECRET}x"}):
+        reply = transcribe(url, jfk, headers)
+        assert reply.status_code == 401, (headers, reply.text)
+        assert "SPEECH_WORKER_SECRET" in reply.json()["error"]
+    reply = transcribe(url, jfk, AUTH)
+    assert reply.status_code == 200, reply.text
+    assert wer(JFK_TEXT, reply.json()["text"]) <= 0.10
+    assert httpx.get(f"{url}/health", timeout=10).json()["state"] in ("ready", "busy")
+
+
+def test_upload_limit_holds_while_streaming(secured: dict) -> None:
+    boundary = "limit-boundary"
+    head = (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.wav"'
+            "\r\nContent-Type: application/octet-stream\r\n\r\n").encode()
+    sent = 0
+
+    def body() -> Iterator[bytes]:  # no Content-Length: only counting the stream can stop it
+        nonlocal sent
+        yield head
+        for _ in range(64):  # 16 MiB, 8 times the limit
+            sent += 256 * 1024
+            yield b"\0" * (256 * 1024)
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    headers = {**AUTH, "Content-Type": f"multipart/form-data; boundary={boundary}"}
+    try:
+        reply = httpx.post(f"{secured['worker']}/transcribe", content=body(), headers=headers,
+                           timeout=60)
+        assert reply.status_code == 413, reply.text
+        assert "the request body is larger than" in reply.json()["error"]
+    except httpx.TransportError:
+        pass  # the server answered 413 and closed while the body was still being sent
+    assert sent < 16 * 1024 * 1024
+
+
+def test_options_and_bad_files_are_400(secured: dict) -> None:
+    url = secured["worker"]
+    jfk = {"file": ("jfk.flac", JFK.read_bytes())}
+    for field, value in (("beam_size", "400"), ("beam_size", "0"), ("beam_size", "five"),
+                         ("task", "summarize"), ("temperature", "7"),
+                         ("temperature", "nan")):
+        reply = transcribe(url, jfk, AUTH, **{field: value})
+        assert reply.status_code == 400, (field, value, reply.text)
+        assert field in reply.json()["error"], reply.text
+    for name, data in (("empty.wav", b""), ("garbage.wav", b"RIFF not really audio" * 50)):
+        reply = transcribe(url, {"file": (name, data)}, AUTH)
+        assert reply.status_code == 400, (name, reply.text)
+        assert reply.json()["code"] == "invalid_audio"
+    assert transcribe(url, jfk, AUTH, beam_size="16").status_code == 200
+
+
+def test_audio_longer_than_the_limit_is_413_whatever_it_claims(secured: dict) -> None:
+    lying = lying_matroska(procs.TEST_AUDIO / "multilingual.mp3", 2, 8.0)  # 120 s as 8 s
+    reply = transcribe(secured["worker"], {"file": ("lying.mkv", lying)}, AUTH)
+    assert reply.status_code == 413, reply.text
+    assert reply.json()["code"] == "audio_too_long"
+
+
+def test_smoke_test_passes_the_secret(secured: dict) -> None:
+    run = subprocess.run(
+        [str(procs.CORE_PYTHON), str(procs.ROOT / "scripts" / "smoke_test.py"),
+         "--url", secured["gateway"], "--worker-secret", SECRET, "--timeout", "120"],
+        capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "OK faster-whisper worker" in run.stdout
+
+
+def test_off_loopback_without_secret_refuses_to_start(tmp_path: Path) -> None:
+    # 0.0.0.0 is checked before any bind: nothing listens, even for a moment
+    worker = procs.worker("redis://127.0.0.1:1/0", tmp_path, worker_host="0.0.0.0")
+    worker.start(wait=False)
+    assert worker.proc is not None
+    try:
+        assert worker.proc.wait(60) != 0
+    finally:
+        worker.stop()
+    assert "refusing to serve worker HTTP on '0.0.0.0'" in worker.log()
+    assert "SPEECH_WORKER_SECRET is empty" in worker.log()
+
+
+def test_loopback_rule() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("127.0.0.2") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("") and not is_loopback("10.0.0.1")
+    assert not is_loopback("no-such-host.invalid")
+
+
+def test_off_loopback_health_needs_the_secret_too() -> None:
+    """The app as served off loopback, called in process (no socket): only /health differs."""
+    settings = Settings(redis_url="redis://127.0.0.1:1/0", worker_secret=SECRET)
+    worker = Worker(settings, FasterWhisperEngine())
+
+    async def health(open_health: bool, headers: dict | None = None) -> int:
+        transport = httpx.ASGITransport(app=create_worker_app(worker, open_health=open_health))
+        async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:
+            return (await client.get("/health", headers=headers)).status_code
+
+    assert asyncio.run(health(open_health=True)) == 200
+    assert asyncio.run(health(open_health=False)) == 401
+    assert asyncio.run(health(open_health=False, headers=AUTH)) == 200
