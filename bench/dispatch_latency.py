@@ -2,7 +2,7 @@
 
 One idle faster-whisper worker, a 1 s clip, one task at a time (the next is submitted
 only after the previous finished, so the queue never backs up). Per task, from the
-task hash (common/store.py):
+task hash (common/store/tasks.py):
 
 - queue dispatch: `started_at` (the worker's RUNNING write) - `created_at` (the gateway's
   clock just before its atomic submit): Redis stream -> XREADGROUP wake-up -> the worker's

@@ -23,17 +23,17 @@ from typing import Any, TypeVar
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from common import keys, logs, metrics
+from common import keys, logs
 from common.audio import AudioError, AudioTooLong
 from common.paths import AllowedFile
 from common.schemas import ErrorCode, Segment, TaskState
 from common.settings import Settings
-from common.store import Admission, BreakerPolicy, Task, TaskStore, write_heartbeat
+from common.store import Admission, BreakerPolicy, Task, TaskStore, metrics, write_heartbeat
+from common.store.queue import Delivery, Queue
 from workers import memory
 from workers.engines.base import Engine
 from workers.execute import Outcome, run_engine
 from workers.models import LoadFailed, ModelSlot, SourceUnusable
-from workers.queue import Delivery, Queue
 
 log = logging.getLogger("worker")
 T = TypeVar("T")

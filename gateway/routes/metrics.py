@@ -18,8 +18,8 @@ from redis.exceptions import RedisError
 
 from common import keys
 from common.catalog import enabled_backends
-from common.metrics import BUCKETS
 from common.store import TaskStore, live_workers
+from common.store.metrics import BUCKETS
 from gateway.state import redis_of, settings_of, store_of
 
 router = APIRouter()
