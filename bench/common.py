@@ -1,8 +1,9 @@
 """Shared helpers of the benchmarks: the stack (Redis + gateway + workers), the in-process
 baseline, audio fixtures, timing, percentiles, tables and the JSON results.
 
-Every process a benchmark starts goes through tests/procs.py, lives in a temp dir, binds a
-free port on 127.0.0.1 and is stopped by its own pid or process group, never by name.
+Every process a benchmark starts goes through harness/procs.py (the process harness the
+tests use too), lives in a temp dir, binds a free port on 127.0.0.1 and is stopped by its
+own pid or process group, never by name.
 
 Run a benchmark from anywhere as `.venvs/core/bin/python bench/NAME.py`. The scripts drop
 bench/ from `sys.path` (this module's name would hide the project's `common` package)
@@ -31,7 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 # The in-process baseline must run with the settings every worker gets: no SPEECH_* from
-# the caller's shell (tests/procs.service_env strips them too) and the workers' OpenMP
+# the caller's shell (harness/procs.service_env strips them too) and the workers' OpenMP
 # policy (deploy/supervisord.conf), which CTranslate2 reads when it loads.
 for _name in [n for n in os.environ if n.startswith("SPEECH_")]:
     del os.environ[_name]
@@ -41,7 +42,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 
-from tests import procs  # noqa: E402
+from harness import procs  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 AUDIO = procs.TEST_AUDIO
@@ -49,7 +50,7 @@ JFK = AUDIO / "jfk.flac"  # 11 s
 MULTILINGUAL = AUDIO / "multilingual.mp3"  # 60 s
 FW = "faster-whisper"
 MIB = 1024 * 1024
-#: production defaults where tests/procs.py picks test values (heartbeat 0.5 s there)
+#: production defaults where harness/procs.py picks test values (heartbeat 0.5 s there)
 SERVICE_SETTINGS: dict[str, str] = {"heartbeat_seconds": "2"}
 #: workers never unload between benchmark tasks unless a benchmark says otherwise
 WORKER_SETTINGS: dict[str, str] = {"idle_unload_seconds": "-1"}

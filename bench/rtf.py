@@ -38,7 +38,7 @@ from typing import Any  # noqa: E402
 import httpx  # noqa: E402
 
 from bench import common as bc  # noqa: E402
-from tests import procs  # noqa: E402
+from harness import procs  # noqa: E402
 
 NAME = "rtf"
 #: backend -> (environment, tiny model name for scripts/make_tiny_models.py)

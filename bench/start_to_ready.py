@@ -31,7 +31,7 @@ from typing import Any  # noqa: E402
 import httpx  # noqa: E402
 
 from bench import common as bc  # noqa: E402
-from tests import procs  # noqa: E402
+from harness import procs  # noqa: E402
 
 NAME = "start_to_ready"
 TARGET_SECONDS = 5.0

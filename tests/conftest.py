@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import procs
+from harness import procs
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -11,7 +11,7 @@ import httpx
 import redis
 
 from common import keys
-from tests.procs import TEST_AUDIO
+from harness.procs import TEST_AUDIO
 
 JFK = TEST_AUDIO / "jfk.flac"
 JFK_TEXT = ("And so my fellow Americans, ask not what your country can do for you, "

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from common.audio import AudioTooLong, decode_audio, probe_audio
-from tests import procs
+from harness import procs
 from tests.audio_fakes import decoded_seconds, lying_matroska, silence_opus
 from tests.helpers import JFK, submit_file, wait_done
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests import procs
+from harness import procs
+from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import queue_counts, wait_done
-from tests.procs import TEST_AUDIO, wait_until
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from gateway.auth import (
     SIGNED_AUDIO_ROUTE,
     digest,
 )
-from tests import procs
+from harness import procs
 
 KEY = "route-walk-key-0123456789"
 METRICS_TOKEN = "scraper-token-9876543210"

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from common import keys
-from tests import procs
+from harness import procs
+from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, submit_file, wait_done
-from tests.procs import TEST_AUDIO, wait_until
 from tests.tiny import env_python, tiny_model
 
 BACKENDS = {"qwen3": ("hf", "qwen3"), "vibevoice": ("hf", "vibevoice"),

@@ -18,9 +18,9 @@ from redis.asyncio import Redis
 from common import keys
 from common.store import BreakerPolicy, TaskStore
 from gateway.auth import digest
-from tests import procs
+from harness import procs
+from harness.procs import wait_until
 from tests.helpers import JFK, submit_file, wait_done
-from tests.procs import wait_until
 from workers.engines.faster_whisper import bundled_model_dir
 
 BACKEND = "faster-whisper"

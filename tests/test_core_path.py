@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from common import keys
+from harness.procs import TEST_AUDIO
 from tests.helpers import (
     JFK,
     JFK_TEXT,
@@ -21,7 +22,6 @@ from tests.helpers import (
     wait_done,
     wer,
 )
-from tests.procs import TEST_AUDIO
 
 
 def test_jfk_upload_goes_pending_running_succeeded(stack: dict) -> None:

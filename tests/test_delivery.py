@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests import procs
+from harness import procs
+from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, pending_count, submit_file, wait_done
-from tests.procs import TEST_AUDIO, wait_until
 
 LONG = TEST_AUDIO / "multilingual.mp3"  # ~5 s of work: longer than the visibility timeout
 VISIBILITY = 3.0

@@ -6,7 +6,7 @@ import configparser
 import os
 import re
 
-from tests.procs import ROOT
+from harness.procs import ROOT
 
 WORKERS = {"faster-whisper": "SPEECH_CORE_PYTHON", "qwen3": "SPEECH_HF_PYTHON",
            "vibevoice": "SPEECH_HF_PYTHON", "parakeet": "SPEECH_NEMO_PYTHON",

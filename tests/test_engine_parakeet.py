@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.procs import ROOT, TEST_AUDIO
+from harness.procs import ROOT, TEST_AUDIO
 from tests.tiny import tiny_model as build_tiny
 from workers.engines import parakeet
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import ROOT, TEST_AUDIO
+from harness.procs import ROOT, TEST_AUDIO
 from tests.tiny import tiny_model as build_tiny
 from workers.engines import xtts
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.procs import ROOT, TEST_AUDIO
+from harness.procs import ROOT, TEST_AUDIO
 from tests.tiny import tiny_model
 
 JFK = TEST_AUDIO / "jfk.flac"

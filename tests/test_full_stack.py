@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests import procs
-from tests.procs import ROOT, TEST_AUDIO, wait_until
+from harness import procs
+from harness.procs import ROOT, TEST_AUDIO, wait_until
 from tests.tiny import env_python, tiny_model
 
 ENGINES = {"qwen3": "hf", "vibevoice": "hf", "parakeet": "nemo", "xtts": "xtts"}

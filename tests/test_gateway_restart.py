@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests import procs
-from tests.procs import ROOT, wait_until
+from harness import procs
+from harness.procs import ROOT, wait_until
 
 POLL_SECONDS = 0.02
 POLLING_LIMIT_SECONDS = 55.0

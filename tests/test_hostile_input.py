@@ -17,8 +17,8 @@ import pytest
 import redis
 
 from common import keys
-from tests import procs
-from tests.procs import TEST_AUDIO
+from harness import procs
+from harness.procs import TEST_AUDIO
 
 JFK_PATH = str(TEST_AUDIO / "jfk.flac")
 FUZZ_SEED = 1303

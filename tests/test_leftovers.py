@@ -9,14 +9,14 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.procs import ROOT, wait_until
+from harness.procs import ROOT, wait_until
 
 FAILING_RUN = textwrap.dedent("""
     import subprocess
     import sys
     from pathlib import Path
 
-    from tests import procs
+    from harness import procs
 
     pids = Path(sys.argv[1])
     redis = procs.RedisServer(pids.parent / "redis").start()

@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from common import keys
-from tests import procs
+from harness import procs
+from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, pending_count, submit_file, wait_done
-from tests.procs import TEST_AUDIO, wait_until
 
 PROGRAM = "faster-whisper:faster-whisper_00"
 LONG = TEST_AUDIO / "multilingual.mp3"  # ~5 s of work with tiny.en on 2 cores

@@ -13,9 +13,9 @@ import openai
 import pytest
 
 from gateway.auth import digest
-from tests import procs
+from harness import procs
+from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, JFK_TEXT, queue_counts, status, wait_done, wer
-from tests.procs import TEST_AUDIO, wait_until
 
 KEY_A, KEY_B = "key-alpha-0123456789", "key-bravo-9876543210"
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from common.paths import PathNotAllowed, open_allowed
-from tests import procs
+from harness import procs
 from tests.helpers import JFK, JFK_TEXT, wait_done, wer
 
 SECRET_WORDS = "purple elephants guard the secret vault"

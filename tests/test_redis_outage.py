@@ -6,7 +6,7 @@ from pathlib import Path
 
 import httpx
 
-from tests import procs
+from harness import procs
 from tests.helpers import JFK, status, submit_file, wait_done
 
 

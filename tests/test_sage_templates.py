@@ -13,8 +13,8 @@ import httpx
 import jinja2
 import pytest
 
+from harness.procs import ROOT, TEST_AUDIO, wait_until
 from tests.helpers import JFK, status, submit_file, wait_done
-from tests.procs import ROOT, TEST_AUDIO, wait_until
 
 SAGE = ROOT / "deploy" / "sage"
 ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(SAGE), autoescape=False,

@@ -13,8 +13,8 @@ import httpx
 import psutil
 import pytest
 
-from tests import procs
-from tests.procs import wait_until
+from harness import procs
+from harness.procs import wait_until
 
 HEADER_TIMEOUT = 2.0
 BODY_IDLE = 2.0

@@ -23,9 +23,9 @@ from common import keys
 from common.blobs import BlobDir
 from common.schemas import TaskState
 from common.store import Duplicate, Task, TaskStore
-from tests import procs
+from harness import procs
+from harness.procs import wait_until
 from tests.helpers import JFK, status, submit_file, wait_done
-from tests.procs import wait_until
 
 BACKEND = "faster-whisper"
 

@@ -17,9 +17,9 @@ from common.schemas import TaskState
 from common.settings import Settings
 from common.store import Task, TaskStore, new_task_id
 from gateway.sweeper import Sweeper
-from tests import procs
+from harness import procs
+from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, submit_file, wait_done
-from tests.procs import TEST_AUDIO, wait_until
 
 BACKEND = "faster-whisper"
 LONG = TEST_AUDIO / "multilingual.mp3"  # seconds of work with tiny.en

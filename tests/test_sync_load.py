@@ -15,9 +15,9 @@ import pytest
 import redis
 import redis.asyncio
 
-from tests import procs
+from harness import procs
+from harness.procs import wait_until
 from tests.helpers import wait_done
-from tests.procs import wait_until
 
 MAX_CONNECTIONS = 8
 MAX_WAITING = 40

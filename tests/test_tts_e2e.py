@@ -22,9 +22,9 @@ import pytest
 
 from common.audio import OUTPUT_FORMATS, decode_audio, encode_wav, probe_audio
 from gateway.auth import digest
-from tests import procs
+from harness import procs
+from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import queue_counts, status, wait_done
-from tests.procs import TEST_AUDIO, wait_until
 
 # The tiny checkpoint fixture (skips without .venvs/xtts; builds models/tiny/xtts if missing).
 from tests.test_engine_xtts import XTTS_PYTHON, tiny_model  # noqa: F401

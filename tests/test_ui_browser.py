@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from gateway.auth import digest
-from tests import procs
+from harness import procs
+from harness.procs import ROOT, TEST_AUDIO
 from tests.helpers import JFK, JFK_TEXT, wer
-from tests.procs import ROOT, TEST_AUDIO
 from tests.tiny import env_python, tiny_model
 
 sync_api = pytest.importorskip("playwright.sync_api")

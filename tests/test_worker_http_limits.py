@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from common.settings import Settings
-from tests import procs
+from harness import procs
 from tests.audio_fakes import lying_matroska
 from tests.helpers import JFK, JFK_TEXT, wer
 from workers.engines.faster_whisper import FasterWhisperEngine

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import ROOT
+from harness.procs import ROOT
 
 MISSING_ENVIRONMENT = 3
 

@@ -1,7 +1,9 @@
 """Real processes for tests and benchmarks: redis-server, gateway, workers, supervisord.
 
 Each binds to 127.0.0.1 on a free port, lives in a temp dir, and is stopped by its own
-pid (or process group): never by name.
+pid (or process group): never by name. Whatever is still running when the interpreter
+exits is stopped too (`stop_leftovers`, registered with atexit; tests/conftest.py also
+calls it when the test session ends).
 """
 
 from __future__ import annotations
