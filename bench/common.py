@@ -12,6 +12,7 @@ and import it as `bench.common`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import platform
@@ -42,6 +43,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 
+from common.settings import Settings  # noqa: E402
+from common.store import Task, TaskStore  # noqa: E402
 from harness import procs  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -327,9 +330,15 @@ class Stack:
             found[f"worker{index}"] = service.pid
         return found
 
-    def redis_client(self) -> Any:
+    @contextmanager
+    def task_reader(self) -> Iterator[TaskReader]:
+        """Task records read straight from the stack's store (see TaskReader)."""
         assert self.redis is not None
-        return self.redis.client()
+        reader = TaskReader(self.redis.url)
+        try:
+            yield reader
+        finally:
+            reader.close()
 
     def stop(self) -> None:
         for service in reversed(self.workers):
@@ -345,6 +354,23 @@ class Stack:
             print(f"kept {self.workdir}", flush=True)
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class TaskReader:
+    """Task records through the task store (common/store), read synchronously: a benchmark
+    measures from a task's own timestamps (`created_at`, `started_at` …) without the
+    gateway's HTTP in between."""
+
+    def __init__(self, redis_url: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.store = TaskStore.connect(Settings(redis_url=redis_url), client_name="bench")
+
+    def get(self, task_id: str) -> Task | None:
+        return self.loop.run_until_complete(self.store.get(task_id))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.store.close())
+        self.loop.close()
 
 
 # --- clients -------------------------------------------------------------------------------

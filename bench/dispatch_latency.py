@@ -29,7 +29,7 @@ import time  # noqa: E402
 import httpx  # noqa: E402
 
 from bench import common as bc  # noqa: E402
-from common import keys  # noqa: E402
+from common.schemas import TaskState  # noqa: E402
 
 NAME = "dispatch_latency"
 TARGET_P99_MS = 10.0
@@ -47,25 +47,21 @@ def main() -> None:
         clip_path = bc.make_clip(bc.JFK, 1.0, Path(tmp) / "clip1s.flac")
         clip = clip_path.read_bytes()
     dispatch, from_client, submit_reply = [], [], []
-    with bc.Stack(NAME) as stack, httpx.Client() as client:
-        redis = stack.redis_client()
+    with bc.Stack(NAME) as stack, httpx.Client() as client, stack.task_reader() as tasks:
 
         def one() -> tuple[float, float, float]:
             sent = time.time()
             task_id = bc.sage_submit(client, stack.url, clip, "clip1s.flac")
             replied = time.time()
-            key = keys.task(task_id)
             deadline = time.monotonic() + 60
-            while redis.hget(key, "state") not in (b"SUCCEEDED", b"FAILED"):
+            while (task := tasks.get(task_id)) is None or not task.state.terminal:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"task {task_id} not done after 60 s")
                 time.sleep(0.005)
-            created_at, started_at, state = redis.hmget(key, "created_at", "started_at",
-                                                        "state")
-            if state != b"SUCCEEDED":
-                raise RuntimeError(f"task {task_id}: {redis.hgetall(key)}")
-            start = float(started_at)
-            return start - float(created_at), start - sent, replied - sent
+            if task.state != TaskState.SUCCEEDED or task.started_at is None:
+                raise RuntimeError(f"task {task_id}: {task}")
+            start = task.started_at
+            return start - task.created_at, start - sent, replied - sent
 
         for _ in range(3):  # warm-up: model load, first connections
             one()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -39,13 +41,27 @@ class BodyTimeout(BodyRefused):
                 f"{limits.idle_seconds:g} s, or over {limits.deadline_seconds:g} s in all)")
 
 
+#: (request path, HTTP status, message, code) -> the JSON body of a refusal
+ErrorBody = Callable[[str, int, str, str], dict[str, Any]]
+
+
+def default_error_body(path: str, status_code: int, message: str, code: str) -> dict[str, Any]:
+    if path.startswith("/v1/"):
+        return {"error": {"message": message, "type": "invalid_request_error",
+                          "param": "file", "code": code}}
+    return {"status": "FAILED", "error": message}
+
+
 class BodyLimitMiddleware:
     def __init__(self, app: ASGIApp, max_bytes: int, idle_seconds: float = 60.0,
-                 deadline_seconds: float = 900.0) -> None:
+                 deadline_seconds: float = 900.0,
+                 error_body: ErrorBody = default_error_body) -> None:
+        """`error_body` shapes a refusal's JSON (the gateway passes its own error renderer)."""
         self.app = app
         self.max_bytes = max_bytes
         self.idle_seconds = idle_seconds
         self.deadline_seconds = deadline_seconds
+        self.error_body = error_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -100,12 +116,8 @@ class BodyLimitMiddleware:
                 await self._reject(scope, send, refusal)
 
     async def _reject(self, scope: Scope, send: Send, refusal: BodyRefused) -> None:
-        message = refusal.message(self)
-        if scope["path"].startswith("/v1/"):
-            body = {"error": {"message": message, "type": "invalid_request_error",
-                              "param": "file", "code": refusal.code}}
-        else:
-            body = {"status": "FAILED", "error": message}
+        body = self.error_body(scope["path"], refusal.status_code, refusal.message(self),
+                               refusal.code)
         payload = json.dumps(body).encode()
         await send({"type": "http.response.start", "status": refusal.status_code,
                     "headers": [(b"content-type", b"application/json"),

@@ -1,14 +1,21 @@
 """Service metrics kept in Redis, so workers on any host feed the gateway's /metrics.
 
-Workers record; the gateway renders (gateway/routes/metrics.py). Histograms are hashes of
-cumulative-bucket counters plus `sum` and `count`, updated with HINCRBY(FLOAT).
+Workers `record`; the gateway reads a `snapshot` and renders it (gateway/routes/metrics.py).
+Histograms are hashes of cumulative-bucket counters plus `sum` and `count`, updated with
+HINCRBY(FLOAT).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
 from redis.asyncio import Redis
 
 from common import keys
+
+if TYPE_CHECKING:
+    from common.store.tasks import TaskStore
 
 BUCKETS: dict[str, tuple[float, ...]] = {
     "queue_wait_seconds": (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 1800),
@@ -34,3 +41,50 @@ async def record(redis: Redis, backend: str, counters: tuple[str, ...] = (),
         pipe.hincrbyfloat(key, "sum", value)
         pipe.hincrby(key, "count", 1)
     await pipe.execute()
+
+
+# --- the gateway's side: one read of everything /metrics shows -----------------------------
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    buckets: list[tuple[float, float]]  # (upper bound, cumulative count), as in BUCKETS
+    count: float
+    sum: float
+
+
+@dataclass(slots=True)
+class BackendMetrics:
+    waiting: int  # entries not yet handed to a worker
+    pending: int  # handed to a worker, not yet acked
+    counters: dict[str, int]  # tasks_SUCCEEDED, tasks_FAILED, worker_starts, load_failures …
+    histograms: dict[str, Histogram]
+
+
+@dataclass(slots=True)
+class Snapshot:
+    backends: dict[str, BackendMetrics]
+    workers: list[dict[str, Any]]  # live workers' heartbeat snapshots
+    breakers: list[tuple[str, str, bool]] = field(default_factory=list)  # backend, model, open
+
+
+async def snapshot(store: TaskStore, backends: list[str]) -> Snapshot:
+    """What every process recorded, the queues and the live workers (a StoreError when
+    Redis does not answer)."""
+    redis = store.redis
+    per_backend: dict[str, BackendMetrics] = {}
+    for backend in backends:
+        waiting, pending = await store.queue_depth(backend)
+        counters = {k.decode(): int(v)
+                    for k, v in (await redis.hgetall(keys.counters(backend))).items()}
+        histograms = {}
+        for name, bounds in BUCKETS.items():
+            raw = {k.decode(): float(v) for k, v in
+                   (await redis.hgetall(keys.histogram(backend, name))).items()}
+            histograms[name] = Histogram([(b, raw.get(repr(float(b)), 0.0)) for b in bounds],
+                                         raw.get("count", 0.0), raw.get("sum", 0.0))
+        per_backend[backend] = BackendMetrics(waiting, pending, counters, histograms)
+    found = Snapshot(per_backend, await store.live_workers())
+    async for key in redis.scan_iter(match=keys.breaker_pattern(), count=200):
+        backend, model = keys.breaker_parts(key.decode())
+        found.breakers.append((backend, model, await redis.hget(key, "open") == b"1"))
+    return found

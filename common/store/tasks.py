@@ -20,6 +20,7 @@ from common import keys
 from common.blobs import BlobDir
 from common.schemas import TERMINAL_STATES, TaskState
 from common.settings import Settings
+from common.store.connection import bounded_client
 
 # KEYS: task, queue, input blob, queue counter, idempotency key
 # ARGV: task_id, ttl, blob ("" = none), idempotent ("1"/"0"), field, value, ...
@@ -302,6 +303,22 @@ class TaskStore:
         if settings.blob_dir is not None:
             blob_dir = BlobDir(settings.blob_dir, int(settings.blob_dir_min_kib * 1024))
         return cls(redis, settings.retention_seconds, blob_dir)
+
+    @classmethod
+    def connect(cls, settings: Settings, client_name: str) -> TaskStore:
+        """A store on its own bounded connection pool (the gateway's); `close` releases it."""
+        return cls.for_settings(bounded_client(settings, client_name), settings)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    async def ping(self) -> bool:
+        """Whether the store answers now (a StoreError when it does not)."""
+        return bool(await self.redis.ping())
+
+    async def live_workers(self) -> list[dict[str, Any]]:
+        """Health snapshots of every worker whose heartbeat has not expired."""
+        return await live_workers(self.redis)
 
     async def ensure_queue(self, backend: str) -> None:
         try:

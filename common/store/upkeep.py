@@ -1,0 +1,97 @@
+"""The sweeper's reads and writes of the queues (the policy is gateway/sweeper.py's): stream
+entries by age, what a backend still owes, the shared no-worker clock, worker liveness and
+trimming. Task records are read and failed through TaskStore (`tasks`, `fail_if_unchanged`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from redis.exceptions import ResponseError
+
+from common import keys
+from common.store.tasks import TaskStore
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    entry_id: str
+    task_id: str | None  # None: an entry without a task id
+
+
+async def queued_until(store: TaskStore, backend: str, start: str, cutoff_ms: int,
+                       count: int) -> list[Entry]:
+    """Up to `count` entries of the backend's stream from `start` ("(" + id: after it) to the
+    entries added at `cutoff_ms` (Unix milliseconds), oldest first."""
+    return _entries(await store.redis.xrange(keys.queue(backend), start, str(cutoff_ms),
+                                             count=count))
+
+
+async def owed(store: TaskStore, backend: str, cursor: str, most: int) -> tuple[list[Entry], str]:
+    """Entries the backend may still owe a result: handed to a worker and not acked, and not
+    handed out yet (after `cursor`, where the last call stopped); at most `most` of each.
+    Returns them with the cursor for the next call."""
+    redis, stream = store.redis, keys.queue(backend)
+    if not await redis.exists(stream):
+        return [], cursor
+    delivered = "0-0"
+    try:
+        for group in await redis.xinfo_groups(stream):
+            if group["name"] == keys.WORKER_GROUP.encode():
+                delivered = group["last-delivered-id"].decode()
+        handed_out = await redis.xpending_range(stream, keys.WORKER_GROUP, min="-", max="+",
+                                                count=most)
+    except ResponseError:  # no consumer group yet: no worker ever read this stream
+        handed_out = []
+    entries: list[Entry] = []
+    if handed_out:
+        async with redis.pipeline(transaction=False) as pipe:
+            for item in handed_out:
+                pipe.xrange(stream, item["message_id"], item["message_id"])
+            entries = [entry for found in await pipe.execute() for entry in _entries(found)]
+    waiting = await redis.xrange(stream, f"({_later(cursor, delivered)}", "+", count=most)
+    if waiting:
+        cursor = waiting[-1][0].decode()
+    return entries + _entries(waiting), cursor
+
+
+async def no_worker_since(store: TaskStore, backend: str, ttl_seconds: int) -> float:
+    """When a sweeping gateway first saw `backend` without a live worker (now, if none did).
+    Shared by every replica; kept alive by their passes, gone `ttl_seconds` after they stop."""
+    redis, key, now = store.redis, keys.no_worker_since(backend), time.time()
+    await redis.set(key, repr(now), nx=True)
+    await redis.expire(key, ttl_seconds)
+    return float(await redis.get(key) or now)
+
+
+async def worker_seen(store: TaskStore, backend: str) -> None:
+    """`backend` has a live worker: its no-worker clock stops."""
+    await store.redis.delete(keys.no_worker_since(backend))
+
+
+async def heartbeat_alive(store: TaskStore, backend: str, consumer: str) -> bool:
+    return bool(await store.redis.exists(keys.heartbeat(backend, consumer)))
+
+
+async def trim(store: TaskStore, backend: str, older_than: float) -> None:
+    """Drop queue and dead-letter entries added more than `older_than` seconds ago."""
+    min_id = str(int((time.time() - older_than) * 1000))
+    for stream in (keys.queue(backend), keys.dead_letter(backend)):
+        await store.redis.xtrim(stream, minid=min_id, approximate=False)
+
+
+def _entries(raw: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Entry]:
+    found = []
+    for entry_id, fields in raw:
+        task_id = fields.get(b"task_id")
+        found.append(Entry(entry_id.decode(), task_id.decode() if task_id is not None else None))
+    return found
+
+
+def _later(a: str, b: str) -> str:
+    def key(entry: str) -> tuple[int, int]:
+        millis, _, seq = entry.partition("-")
+        return int(millis), int(seq or 0)
+
+    return max(a, b, key=key)
