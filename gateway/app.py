@@ -1,31 +1,32 @@
-"""The gateway: HTTP only. Validates requests, writes tasks to Redis, reads their state."""
+"""The gateway: HTTP only. Validates requests, writes tasks to the store, reads their state."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from redis.asyncio import BlockingConnectionPool, Redis
-from starlette.exceptions import HTTPException
+from fastapi import APIRouter, Depends, FastAPI
 
 from common import logs
 from common.settings import Settings, get_settings
 from common.store import TaskStore
-from gateway.app_errors import openai_error, sage_error
-from gateway.auth import authorize
-from gateway.inputs import RequestError
+from common.store.events import EventHub
+from gateway import errors
+from gateway.auth import (
+    PUBLIC_ROUTES,
+    require_key,
+    require_key_or_metrics_token,
+    require_key_or_signed_url,
+)
 from gateway.limits import BodyLimitMiddleware
 from gateway.routes import admin, docs, health, metrics, openai, sage, speech, tasks, ui
+from gateway.serving.calls import SyncCalls
+from gateway.serving.speech import SpeechServing
+from gateway.serving.transcription import TranscriptionServing
 from gateway.sweeper import sweep_forever
-from gateway.waiting import EventHub
-
-log = logging.getLogger("gateway")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -34,65 +35,54 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # bounded: past `redis_max_connections` a call waits briefly for a free connection
-        # instead of opening more (redis-py's default pool refuses with an error at 100)
-        pool = BlockingConnectionPool.from_url(
-            settings.redis_url, max_connections=settings.redis_max_connections,
-            timeout=settings.redis_pool_timeout_seconds, socket_connect_timeout=2,
-            socket_timeout=10, health_check_interval=15, client_name=f"gateway-{os.getpid()}")
-        redis = Redis.from_pool(pool)
-        hub = EventHub(redis, settings.max_waiting_requests)
+        store = TaskStore.connect(settings, client_name=f"gateway-{os.getpid()}")
+        hub = EventHub(store, settings.max_waiting_requests)  # one subscriber per process
         await hub.start()
-        app.state.hub = hub
+        calls = SyncCalls(settings, store, hub)
         app.state.settings = settings
-        app.state.redis = redis
-        app.state.store = TaskStore.for_settings(redis, settings)
-        sweeper = asyncio.create_task(sweep_forever(app.state.store, settings))
+        app.state.store = store
+        app.state.hub = hub
+        app.state.transcription = TranscriptionServing(calls)
+        app.state.speech = SpeechServing(calls)
+        sweeper = asyncio.create_task(sweep_forever(store, settings))
         yield
         sweeper.cancel()
         await hub.close()
-        await redis.aclose()
+        await store.close()
 
-    # one access rule for every route (gateway/auth.py); the API docs are ordinary routes
-    app = FastAPI(title="speech-gateway", lifespan=lifespan, dependencies=[Depends(authorize)],
+    # the API docs are ordinary routes (gateway/routes/docs.py), behind the key like the rest
+    app = FastAPI(title="speech-gateway", lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
+    app.openapi = partial(docs.openapi_schema, app)  # type: ignore[method-assign]
     # multipart overhead on top of the largest allowed file
     app.add_middleware(BodyLimitMiddleware,
                        max_bytes=int(settings.max_upload_mib * 1024 * 1024) + 64 * 1024,
                        idle_seconds=settings.body_timeout_seconds,
-                       deadline_seconds=settings.body_deadline_seconds)
-    app.include_router(health.router)
-    app.include_router(sage.router)
-    app.include_router(tasks.router)
-    app.include_router(openai.router)
-    app.include_router(speech.router)
-    app.include_router(metrics.router)
-    app.include_router(docs.router)
-    app.include_router(admin.router)
-    app.include_router(ui.router)
+                       deadline_seconds=settings.body_deadline_seconds,
+                       error_body=errors.refusal_body)
 
-    @app.exception_handler(RequestError)
-    async def refused(request: Request, exc: RequestError) -> JSONResponse:
-        return openai_error(exc) if request.url.path.startswith("/v1/") else sage_error(exc)
+    # anyone: liveness, readiness, the try-it page's files (exactly auth.PUBLIC_ROUTES)
+    public = [health.public, ui.router]
+    # a client key when keys are on; each refusal is a 401 in the caller's dialect
+    protected = [sage.router, openai.router, speech.router, tasks.router, admin.router,
+                 health.router, docs.router]
+    _check_public(public)
+    for router in public:
+        app.include_router(router)
+    for router in protected:
+        app.include_router(router, dependencies=[Depends(require_key)])
+    # their own credential besides a key: a Prometheus token, a signed audio URL
+    app.include_router(metrics.router, dependencies=[Depends(require_key_or_metrics_token)])
+    app.include_router(speech.audio_router, dependencies=[Depends(require_key_or_signed_url)])
 
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(request, 400, "invalid request: " + "; ".join(
-            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()))
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return error_response(request, exc.status_code, str(exc.detail))
-
-    @app.exception_handler(Exception)
-    async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s", request.url.path)
-        return error_response(request, 500, f"internal error ({type(exc).__name__})")
-
+    errors.install(app)
     return app
 
 
-def error_response(request: Request, status_code: int, message: str) -> JSONResponse:
-    """Errors in the caller's dialect: OpenAI shape under /v1/, Sage shape elsewhere."""
-    exc = RequestError(status_code, message)
-    return openai_error(exc) if request.url.path.startswith("/v1/") else sage_error(exc)
+def _check_public(routers: list[APIRouter]) -> None:
+    """A route added to a public router must be listed in auth.PUBLIC_ROUTES, so the one
+    list of what needs no key stays true (tests/test_auth_routes.py walks it)."""
+    paths = {getattr(route, "path", "") for router in routers for route in router.routes}
+    if paths != PUBLIC_ROUTES:
+        raise RuntimeError(f"public routes {sorted(paths)} differ from auth.PUBLIC_ROUTES "
+                           f"{sorted(PUBLIC_ROUTES)}")

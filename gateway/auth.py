@@ -1,5 +1,14 @@
 """API keys: optional, stored as SHA-256 digests, compared in constant time, never logged.
-The access rule of every route is `authorize`, one app-wide dependency.
+
+Access rules are router dependencies, attached in `gateway.app.create_app`, where the public
+and the protected routers are listed:
+
+- `require_key`: every protected router. A Sage status poll refused here still reads as
+  HTTP 200 (`gateway.errors.SAGE_STATUS_ROUTES`).
+- `require_key_or_metrics_token`: `/metrics` (`SPEECH_METRICS_TOKEN`, for Prometheus).
+- `require_key_or_signed_url`: a finished TTS task's audio (a signed `token`, checked by
+  the route, instead of a key).
+- none: the routes in `PUBLIC_ROUTES`, and only those (create_app checks).
 
     python -m gateway.auth NEW-KEY     # prints the digest to put in SPEECH_API_KEYS
 """
@@ -9,75 +18,28 @@ from __future__ import annotations
 import hashlib
 import hmac
 import sys
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Request
 
-from gateway.inputs import RequestError
-from gateway.state import settings_of
+from common.settings import Settings
+from gateway.dependencies import SettingsDep
+from gateway.errors import RequestError
 
 #: the only routes anyone may call; every other route needs a client key when keys are on
 PUBLIC_ROUTES = frozenset({"/health", "/ready",
                            "/", "/static/{name}"})  # the try-it page: files, no data
-#: routes that answer a bad or missing key themselves: a Sage status poll is always HTTP 200
-#: JSON with a `status` (FAILED for a bad key)
-SELF_REPORTING_ROUTES = frozenset({"/api/status", "/api/{backend}-status"})
 #: a finished TTS task's audio: a signed `token` (checked by the route) instead of a key
 SIGNED_AUDIO_ROUTE = "/v1/tasks/{task_id}/audio"
 #: Prometheus: `metrics_token` instead of a key when set
 METRICS_ROUTE = "/metrics"
 
-
-async def authorize(request: Request) -> None:
-    """The access rule of every route (registered once, on the app): 401 unless allowed."""
-    path = getattr(request.scope.get("route"), "path", "")
-    if path in PUBLIC_ROUTES or path in SELF_REPORTING_ROUTES:
-        return
-    if path == SIGNED_AUDIO_ROUTE and request.query_params.get("token"):
-        return
-    if path == METRICS_ROUTE and settings_of(request).metrics_token:
-        if _is_metrics_token(request):
-            return
-        if not settings_of(request).api_keys:
-            raise RequestError(401, "send the metrics token: 'Authorization: Bearer TOKEN'",
-                               code="invalid_api_key", headers=_CHALLENGE)
-    caller(request)
-
-
-def is_authenticated(request: Request) -> bool:
-    """Whether the caller may see internals (keys off, or a valid key)."""
-    try:
-        caller(request)
-    except RequestError:
-        return False
-    return True
-
-
-def _is_metrics_token(request: Request) -> bool:
-    token = settings_of(request).metrics_token
-    presented = presented_key(request) or ""
-    if token.startswith("sha256:"):
-        return hmac.compare_digest(digest(presented), token.removeprefix("sha256:").lower())
-    return hmac.compare_digest(presented.encode(), token.encode())
-
-
 _CHALLENGE = {"www-authenticate": "Bearer"}
 
 
-def digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def presented_key(request: Request) -> str | None:
-    authorization = request.headers.get("authorization", "")
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return token.strip()
-    return request.headers.get("x-api-key") or None
-
-
-def caller(request: Request) -> str:
+def caller(request: Request, settings: SettingsDep) -> str:
     """The owner id of the caller's tasks ("" when keys are off); 401 for a bad key."""
-    digests = [d.removeprefix("sha256:").lower() for d in settings_of(request).api_keys]
+    digests = [d.removeprefix("sha256:").lower() for d in settings.api_keys]
     if not digests:
         return ""
     key = presented_key(request)
@@ -91,6 +53,65 @@ def caller(request: Request) -> str:
     if not matched:
         raise RequestError(401, "invalid API key", code="invalid_api_key", headers=_CHALLENGE)
     return presented[:16]
+
+
+#: the caller's owner id, for routes that read or create their tasks
+Owner = Annotated[str, Depends(caller)]
+
+
+async def require_key(owner: Owner) -> None:
+    """A client key (when keys are on): 401 otherwise."""
+    del owner
+
+
+async def require_key_or_metrics_token(request: Request, settings: SettingsDep) -> None:
+    if settings.metrics_token:
+        if _is_metrics_token(request, settings.metrics_token):
+            return
+        if not settings.api_keys:
+            raise RequestError(401, "send the metrics token: 'Authorization: Bearer TOKEN'",
+                               code="invalid_api_key", headers=_CHALLENGE)
+    caller(request, settings)
+
+
+async def require_key_or_signed_url(request: Request, settings: SettingsDep) -> None:
+    """A request with a `token` goes on to the route, which checks it (a wrong one is a 404,
+    like an unknown task); without one, a key as everywhere."""
+    if not request.query_params.get("token"):
+        caller(request, settings)
+
+
+def owner_or_none(request: Request, settings: Settings) -> str | None:
+    """The caller's owner id, or None for a missing or wrong key (no 401: for routes that
+    answer such a caller in their own way)."""
+    try:
+        return caller(request, settings)
+    except RequestError:
+        return None
+
+
+def is_authenticated(request: Request, settings: Settings) -> bool:
+    """Whether the caller may see internals (keys off, or a valid key)."""
+    return owner_or_none(request, settings) is not None
+
+
+def _is_metrics_token(request: Request, token: str) -> bool:
+    presented = presented_key(request) or ""
+    if token.startswith("sha256:"):
+        return hmac.compare_digest(digest(presented), token.removeprefix("sha256:").lower())
+    return hmac.compare_digest(presented.encode(), token.encode())
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def presented_key(request: Request) -> str | None:
+    authorization = request.headers.get("authorization", "")
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.headers.get("x-api-key") or None
 
 
 if __name__ == "__main__":

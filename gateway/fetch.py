@@ -14,7 +14,7 @@ from urllib.parse import SplitResult, urlsplit
 import httpx
 
 from common.settings import Settings
-from gateway.inputs import RequestError
+from gateway.errors import RequestError
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
 

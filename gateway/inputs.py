@@ -12,27 +12,13 @@ from fastapi import Request
 from starlette.datastructures import UploadFile
 
 from common import paths
+from gateway.errors import RequestError
 from gateway.limits import BodyRefused
 
 MAX_FORM_FIELDS = 64
 MAX_FORM_FILES = 4
 #: parameters that may repeat (form, query) or be a JSON list; every other one is one value
 LIST_PARAMS = frozenset({"timestamp_granularities", "timestamp_granularities[]"})
-
-
-class RequestError(Exception):
-    """A request we refuse: rendered as Sage JSON or OpenAI error JSON by the route."""
-
-    def __init__(self, status_code: int, message: str, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
-        # a message may quote what the client sent: keep it encodable whatever that was
-        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
-        super().__init__(message)
-        self.status_code = status_code
-        self.message = message
-        self.param = param
-        self.code = code
-        self.headers = headers
 
 
 @dataclass(slots=True)

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import Request
-from redis.exceptions import RedisError
 
 from common.audio import AudioError, AudioInfo, probe_audio
 from common.catalog import (
@@ -23,9 +22,10 @@ from common.catalog import (
 )
 from common.schemas import MAX_BEAM_SIZE, TaskState
 from common.settings import Settings
-from common.store import BreakerPolicy, Duplicate, Task, TaskStore, new_task_id
+from common.store import BreakerPolicy, Duplicate, StoreError, Task, TaskStore, new_task_id
+from gateway.errors import RequestError
 from gateway.fetch import fetch_audio_url
-from gateway.inputs import Params, RequestError, read_upload, resolve_allowed_path
+from gateway.inputs import Params, read_upload, resolve_allowed_path
 
 ASR_TASKS = ("transcribe", "translate")
 #: longest `prompt` (Whisper keeps only its last 224 tokens anyway)
@@ -168,9 +168,10 @@ async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: 
     return task
 
 
-async def guard_store(awaitable: Awaitable[T]) -> T:
+async def guard_store(awaitable: Awaitable[T], headers: dict[str, str] | None = None) -> T:
+    """The store call's result; a 503 (with `headers`) while the store is unavailable."""
     try:
         return await awaitable
-    except RedisError as exc:
+    except StoreError as exc:
         raise RequestError(503, f"the task store is unavailable ({type(exc).__name__})",
-                           code="store_unavailable") from None
+                           code="store_unavailable", headers=headers) from None

@@ -20,7 +20,8 @@ from common.audio import AudioError, AudioInfo, probe_audio
 from common.catalog import XTTS_MIN_REFERENCE_SECONDS, xtts_language
 from common.schemas import MAX_SPEED, MIN_SPEED
 from common.settings import Settings
-from gateway.inputs import Params, RequestError, read_upload, resolve_allowed_path
+from gateway.errors import RequestError
+from gateway.inputs import Params, read_upload, resolve_allowed_path
 from gateway.submission import AudioInput
 
 TOKEN_HEX_CHARS = 32  # 128 bits of HMAC-SHA256

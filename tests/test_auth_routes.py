@@ -13,13 +13,8 @@ import pytest
 
 from common.settings import Settings
 from gateway.app import create_app
-from gateway.auth import (
-    METRICS_ROUTE,
-    PUBLIC_ROUTES,
-    SELF_REPORTING_ROUTES,
-    SIGNED_AUDIO_ROUTE,
-    digest,
-)
+from gateway.auth import METRICS_ROUTE, PUBLIC_ROUTES, SIGNED_AUDIO_ROUTE, digest
+from gateway.errors import SAGE_STATUS_ROUTES
 from harness import procs
 
 KEY = "route-walk-key-0123456789"
@@ -71,7 +66,7 @@ def test_every_route_but_the_public_ones_needs_a_key(keyed_gateway: str) -> None
         where = (method, path, reply.status_code, reply.text[:200])
         if path in PUBLIC_ROUTES:
             assert reply.status_code == 200, where
-        elif path in SELF_REPORTING_ROUTES:  # Sage polls: HTTP 200 JSON with a status
+        elif path in SAGE_STATUS_ROUTES:  # Sage polls: HTTP 200 JSON with a status
             assert reply.status_code == 200, where
             if method != "HEAD":
                 assert reply.json()["status"] == "FAILED" and "API key" in reply.json()["error"]

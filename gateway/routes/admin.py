@@ -2,33 +2,29 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from common.store import BreakerPolicy
-from gateway.app_errors import openai_error
-from gateway.auth import caller
-from gateway.inputs import RequestError
-from gateway.state import settings_of, store_of
+from gateway.dependencies import SettingsDep, StoreDep
+from gateway.errors import RequestError, openai_errors
+from gateway.protocol import BreakerReset
 from gateway.submission import guard_store
 
-router = APIRouter()
+router = APIRouter(tags=["Operations"])
 
 
-@router.delete("/v1/breakers/{backend}/{model}")
-async def reset_breaker(request: Request, backend: str, model: str) -> JSONResponse:
+@router.delete("/v1/breakers/{backend}/{model}",
+               responses={200: {"model": BreakerReset}, **openai_errors(401, 404, 503)})
+async def reset_breaker(backend: str, model: str, settings: SettingsDep,
+                        store: StoreDep) -> JSONResponse:
     """Close the breaker now (the files were fixed): the next task loads the model."""
-    settings, store = settings_of(request), store_of(request)
-    try:
-        caller(request)
-        sources = settings.backend_models(backend)
-        if model not in sources:
-            raise RequestError(404, f"no model {model!r} is configured for backend {backend!r}",
-                               param="model", code="model_not_found")
-        before = await guard_store(store.breakers(backend, {model: sources[model]},
-                                                  BreakerPolicy.of(settings)))
-        await guard_store(store.clear_breaker(backend, model))
-    except RequestError as exc:
-        return openai_error(exc)
+    sources = settings.backend_models(backend)
+    if model not in sources:
+        raise RequestError(404, f"no model {model!r} is configured for backend {backend!r}",
+                           param="model", code="model_not_found")
+    before = await guard_store(store.breakers(backend, {model: sources[model]},
+                                              BreakerPolicy.of(settings)))
+    await guard_store(store.clear_breaker(backend, model))
     return JSONResponse({"backend": backend, "model": model, "state": "closed",
                          "previous": before[model].public()})

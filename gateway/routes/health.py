@@ -1,4 +1,4 @@
-"""Liveness, readiness and the public configuration."""
+"""Liveness and readiness (public), and the public configuration (behind the key)."""
 
 from __future__ import annotations
 
@@ -6,42 +6,41 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from redis.exceptions import RedisError
 
 from common.catalog import enabled_backends, public_config
-from common.store import BreakerPolicy, live_workers
+from common.store import BreakerPolicy, StoreError
 from gateway.auth import is_authenticated
-from gateway.state import settings_of, store_of
+from gateway.dependencies import SettingsDep, StoreDep
 
-router = APIRouter()
+#: no key needed: what a load balancer or scripts/run_stack.sh probe
+public = APIRouter(tags=["Health"])
+router = APIRouter(tags=["Health"])
 #: what /ready shows of a live worker only to a caller with a valid key (or with keys off);
 #: a breaker's load error likewise
 PRIVATE_LIVE_FIELDS = frozenset({"url", "pid"})
 
 
-@router.get("/health")
+@public.get("/health")
 async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/ready")
-async def ready(request: Request) -> JSONResponse:
+@public.get("/ready")
+async def ready(request: Request, settings: SettingsDep, store: StoreDep) -> JSONResponse:
     """200 whenever Redis answers: the gateway can queue tasks (a worker that restarts picks
     them up), and scripts/run_stack.sh waits for exactly that. Per backend, `ready` says
     whether a worker is live, and `breakers` how each model's breaker stands."""
-    settings = settings_of(request)
-    store = store_of(request)
-    private = is_authenticated(request)
+    private = is_authenticated(request, settings)
     backends: dict[str, Any] = {name: _backend() for name in enabled_backends(settings)}
     try:
-        await store.redis.ping()
-        workers = await live_workers(store.redis)
+        await store.ping()
+        workers = await store.live_workers()
         policy = BreakerPolicy.of(settings)
         for name, entry in backends.items():
             breakers = await store.breakers(name, settings.backend_models(name), policy)
             entry["breakers"] = {model: _breaker_view(b.public(), private)
                                  for model, b in breakers.items()}
-    except RedisError as exc:
+    except StoreError as exc:
         return JSONResponse({"ready": False, "redis": False, "error": type(exc).__name__,
                              "backends": backends}, status_code=503)
     hidden = frozenset() if private else PRIVATE_LIVE_FIELDS
@@ -65,5 +64,6 @@ def _backend() -> dict[str, Any]:
 
 
 @router.get("/api/config")
-async def config(request: Request) -> dict[str, Any]:
-    return public_config(settings_of(request))
+async def config(settings: SettingsDep) -> dict[str, Any]:
+    """Backends, models, aliases, voices and limits: what every client builds its choices from."""
+    return public_config(settings)

@@ -1,10 +1,11 @@
-"""`GET /metrics`: Prometheus text, built from what workers record in Redis on every host."""
+"""`GET /metrics`: Prometheus text, built from what workers record in Redis on every host
+(read in one `common.store.metrics.snapshot`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -13,16 +14,15 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
-from common import keys
 from common.catalog import enabled_backends
-from common.store import TaskStore, live_workers
-from common.store.metrics import BUCKETS
-from gateway.state import redis_of, settings_of, store_of
+from common.store import StoreError
+from common.store.metrics import BUCKETS, Snapshot, snapshot
+from gateway.auth import METRICS_ROUTE
+from gateway.dependencies import SettingsDep, StoreDep
 
-router = APIRouter()
+#: its own access rule (the metrics token, or a key): see create_app
+router = APIRouter(tags=["Operations"])
 COUNTERS = {
     "worker_starts": "Worker processes started (a respawn counts again)",
     "load_failures": "Model loads that failed (each ended its worker)",
@@ -38,13 +38,12 @@ class _Families:
         return self.families
 
 
-@router.get("/metrics")
-async def metrics(request: Request) -> Response:
-    redis = redis_of(request)
-    backends = enabled_backends(settings_of(request))
+@router.get(METRICS_ROUTE, response_class=Response,
+            responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
+async def metrics(settings: SettingsDep, store: StoreDep) -> Response:
     try:
-        families = await _families(redis, store_of(request), backends)
-    except RedisError:
+        families = _families(await snapshot(store, enabled_backends(settings)))
+    except StoreError:
         up = GaugeMetricFamily("speech_redis_up", "Whether the gateway reaches Redis")
         up.add_metric([], 0)
         families = [up]
@@ -53,7 +52,7 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
-async def _families(redis: Redis, store: TaskStore, backends: list[str]) -> list[Metric]:
+def _families(found: Snapshot) -> list[Metric]:
     up = GaugeMetricFamily("speech_redis_up", "Whether the gateway reaches Redis")
     up.add_metric([], 1)
     waiting = GaugeMetricFamily("speech_queue_waiting", "Tasks not yet handed to a worker",
@@ -66,22 +65,17 @@ async def _families(redis: Redis, store: TaskStore, backends: list[str]) -> list
                 for name, doc in COUNTERS.items()}
     histograms = {name: HistogramMetricFamily(f"speech_{name}", name.replace("_", " "),
                                               labels=["backend"]) for name in BUCKETS}
-    for backend in backends:
-        queued, pending = await store.queue_depth(backend)
-        waiting.add_metric([backend], queued)
-        running.add_metric([backend], pending)
-        raw_counters = await redis.hgetall(keys.counters(backend))
-        values = {k.decode(): int(v) for k, v in raw_counters.items()}
+    for backend, seen in found.backends.items():
+        waiting.add_metric([backend], seen.waiting)
+        running.add_metric([backend], seen.pending)
         for outcome in ("SUCCEEDED", "FAILED"):
-            tasks.add_metric([backend, outcome], values.get(f"tasks_{outcome}", 0))
+            tasks.add_metric([backend, outcome], seen.counters.get(f"tasks_{outcome}", 0))
         for name, family in counters.items():
-            family.add_metric([backend], values.get(name, 0))
-        for name, bounds in BUCKETS.items():
-            raw = {k.decode(): float(v) for k, v in
-                   (await redis.hgetall(keys.histogram(backend, name))).items()}
-            buckets = [(str(b), raw.get(repr(float(b)), 0.0)) for b in bounds]
-            buckets.append(("+Inf", raw.get("count", 0.0)))
-            histograms[name].add_metric([backend], buckets, sum_value=raw.get("sum", 0.0))
+            family.add_metric([backend], seen.counters.get(name, 0))
+        for name, histogram in seen.histograms.items():
+            buckets = [(str(bound), count) for bound, count in histogram.buckets]
+            buckets.append(("+Inf", histogram.count))
+            histograms[name].add_metric([backend], buckets, sum_value=histogram.sum)
     live = GaugeMetricFamily("speech_workers_live", "Workers with a fresh heartbeat",
                              labels=["backend"])
     rss = GaugeMetricFamily("speech_worker_rss_mib", "Worker resident memory",
@@ -90,8 +84,8 @@ async def _families(redis: Redis, store: TaskStore, backends: list[str]) -> list
                             labels=["backend", "consumer"])
     loaded = GaugeMetricFamily("speech_worker_model_loaded", "1 for each resident model",
                                labels=["backend", "consumer", "model"])
-    per_backend = dict.fromkeys(backends, 0)
-    for worker in await live_workers(redis):
+    per_backend = dict.fromkeys(found.backends, 0)
+    for worker in found.workers:
         backend, consumer = worker["backend"], worker["consumer"]
         per_backend[backend] = per_backend.get(backend, 0) + 1
         rss.add_metric([backend, consumer], worker["memory"]["rss_mib"])
@@ -103,8 +97,7 @@ async def _families(redis: Redis, store: TaskStore, backends: list[str]) -> list
         live.add_metric([backend], count)
     breaker = GaugeMetricFamily("speech_breaker_open", "1 while a model is marked unavailable",
                                 labels=["backend", "model"])
-    async for key in redis.scan_iter(match=keys.breaker_pattern(), count=200):
-        backend, model = keys.breaker_parts(key.decode())
-        breaker.add_metric([backend, model], float(await redis.hget(key, "open") == b"1"))
+    for backend, model, is_open in found.breakers:
+        breaker.add_metric([backend, model], float(is_open))
     return [up, waiting, running, tasks, *counters.values(), *histograms.values(), live, rss,
             gpu, loaded, breaker]

@@ -10,16 +10,16 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from redis.exceptions import RedisError
 
 from common.catalog import BACKENDS, backend_info
 from common.formats import fastwhisper_legacy
 from common.schemas import TaskState
-from common.store import Task
-from gateway.app_errors import sage_error
-from gateway.auth import caller
-from gateway.inputs import RequestError, read_params
-from gateway.state import settings_of, store_of
+from common.settings import Settings
+from common.store import StoreError, Task, TaskStore
+from gateway.auth import Owner
+from gateway.dependencies import SettingsDep, StoreDep
+from gateway.errors import RequestError, sage_errors
+from gateway.inputs import read_params
 from gateway.submission import (
     asr_params,
     enqueue,
@@ -29,71 +29,77 @@ from gateway.submission import (
 )
 from gateway.tts import output_url, tts_input
 
-router = APIRouter()
-BOTH = ["GET", "POST"]
+router = APIRouter(tags=["Sage"])
+SUBMIT_ERRORS = sage_errors(400, 401, 404, 409, 413, 503)
+STATUS_REPLY = {200: {"description": "Always HTTP 200 with a `status` (FAILED for a refused "
+                                     "poll: a bad key, body or value)"}}
 
 
-@router.api_route("/api/submit", methods=BOTH)
-async def submit(request: Request) -> JSONResponse:
-    return await _submit(request, None)
+@router.get("/api/submit", responses=SUBMIT_ERRORS)
+@router.post("/api/submit", responses=SUBMIT_ERRORS)
+async def submit(request: Request, owner: Owner, settings: SettingsDep,
+                 store: StoreDep) -> JSONResponse:
+    """Queue a task for the `backend` parameter: query, form or JSON parameters."""
+    return await _submit(request, owner, settings, store, None)
 
 
-@router.api_route("/api/{backend}-submit", methods=BOTH)
-async def submit_to(request: Request, backend: str) -> JSONResponse:
-    return await _submit(request, backend)
+@router.get("/api/{backend}-submit", responses=SUBMIT_ERRORS)
+@router.post("/api/{backend}-submit", responses=SUBMIT_ERRORS)
+async def submit_to(request: Request, backend: str, owner: Owner, settings: SettingsDep,
+                    store: StoreDep) -> JSONResponse:
+    return await _submit(request, owner, settings, store, backend)
 
 
-@router.api_route("/api/status", methods=BOTH)
-async def status(request: Request) -> JSONResponse:
-    return await _status(request)
+@router.get("/api/status", responses=STATUS_REPLY)
+@router.post("/api/status", responses=STATUS_REPLY)
+async def status(request: Request, owner: Owner, settings: SettingsDep,
+                 store: StoreDep) -> JSONResponse:
+    """A task's state (`task_id` or `taskid`), and its result once SUCCEEDED."""
+    return await _status(request, owner, settings, store)
 
 
-@router.api_route("/api/{backend}-status", methods=BOTH)
-async def status_of(request: Request, backend: str) -> JSONResponse:
+@router.get("/api/{backend}-status", responses=STATUS_REPLY)
+@router.post("/api/{backend}-status", responses=STATUS_REPLY)
+async def status_of(request: Request, backend: str, owner: Owner, settings: SettingsDep,
+                    store: StoreDep) -> JSONResponse:
     del backend  # ids are unique across backends
-    return await _status(request)
+    return await _status(request, owner, settings, store)
 
 
-async def _submit(request: Request, backend: str | None) -> JSONResponse:
-    settings = settings_of(request)
-    try:
-        owner = caller(request)
-        params = await read_params(request)
-        backend = backend or params.get("backend")
-        if not backend:
-            raise RequestError(400, "missing 'backend'", param="backend")
-        model = resolve_backend_model(settings, backend, params.get("model"))
-        if backend_info(settings, backend).kind == "tts":
-            options, audio = await tts_input(params, settings)
-        else:
-            options = asr_params(params, settings, backend)
-            audio = await read_audio_input(params, settings)
-        task = await enqueue(store_of(request), settings, backend=backend, model=model,
-                             options=options, audio=audio, owner=owner,
-                             idempotency_key=idempotency_key(request, params))
-    except RequestError as exc:
-        return sage_error(exc)
+async def _submit(request: Request, owner: str, settings: Settings, store: TaskStore,
+                  backend: str | None) -> JSONResponse:
+    params = await read_params(request)
+    backend = backend or params.get("backend")
+    if not backend:
+        raise RequestError(400, "missing 'backend'", param="backend")
+    model = resolve_backend_model(settings, backend, params.get("model"))
+    if backend_info(settings, backend).kind == "tts":
+        options, audio = await tts_input(params, settings)
+    else:
+        options = asr_params(params, settings, backend)
+        audio = await read_audio_input(params, settings)
+    task = await enqueue(store, settings, backend=backend, model=model, options=options,
+                         audio=audio, owner=owner,
+                         idempotency_key=idempotency_key(request, params))
     reply = {"task_id": task.id, "taskid": task.id, "status": "PENDING"}
     if task.state != TaskState.PENDING:  # an idempotent replay of a task that moved on
         reply["state"] = task.state.value
     return JSONResponse(reply)
 
 
-async def _status(request: Request) -> JSONResponse:
-    try:
-        owner = caller(request)
-        params = await read_params(request)
-        task_id = params.get("task_id", "taskid")
-        fmt = params.get("format")
-    except RequestError as exc:  # a bad key, body or value: still HTTP 200, as Sage expects
-        return JSONResponse({"status": "FAILED", "error": exc.message})
+async def _status(request: Request, owner: str, settings: Settings,
+                  store: TaskStore) -> JSONResponse:
+    """A refusal here (a bad key, body or value) is still HTTP 200: gateway.errors renders
+    every refusal on these routes so (SAGE_STATUS_ROUTES)."""
+    params = await read_params(request)
+    task_id = params.get("task_id", "taskid")
+    fmt = params.get("format")
     if not task_id:
-        return JSONResponse({"status": "FAILED", "error": "missing task_id"})
-    store = store_of(request)
+        raise RequestError(400, "missing task_id", param="task_id")
     try:
         task = await store.get(task_id)
         position = await store.queue_position(task) if task and task.state == "PENDING" else None
-    except RedisError:
+    except StoreError:
         return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "PENDING",
                              "detail": "the task store is briefly unavailable; keep polling"})
     if task is None or task.owner != owner:  # another key's task does not exist for you
@@ -101,7 +107,7 @@ async def _status(request: Request) -> JSONResponse:
                              "error": "unknown or expired task"})
     audio_url = None
     if task.state == TaskState.SUCCEEDED and _is_tts(task):
-        audio_url = output_url(request, settings_of(request), task.id)
+        audio_url = output_url(request, settings, task.id)
     return JSONResponse(sage_status(task, position, fmt, audio_url))
 
 

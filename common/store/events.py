@@ -19,13 +19,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError
 
 from common import keys
-from common.store import Task, TaskStore
-from gateway.inputs import RequestError
+from common.store.tasks import Task, TaskStore
 
 log = logging.getLogger("gateway.waiting")
 
@@ -37,11 +35,20 @@ RETRY_AFTER_SECONDS = 2
 RESYNC: dict[str, Any] = {"type": "resync"}  # the hub reconnected: re-read the state
 
 
+class Overloaded(Exception):
+    """This process already has `max_waiters` waiters: retry after `retry_after` seconds."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"too many waiters; retry after {retry_after} s")
+        self.retry_after = retry_after
+
+
 class EventHub:
-    def __init__(self, redis: Redis, max_waiters: int) -> None:
-        # its own connection, outside the client's pool; no health-check PINGs from redis-py,
+    def __init__(self, store: TaskStore, max_waiters: int) -> None:
+        # its own connection, outside the store's pool; no health-check PINGs from redis-py,
         # whose replies would arrive among the messages this hub reads
-        pool = redis.connection_pool
+        self.store = store
+        pool = store.redis.connection_pool
         self._connection_kwargs = {**pool.connection_kwargs, "health_check_interval": 0,
                                    "socket_timeout": None}
         self._connection_class = pool.connection_class
@@ -65,19 +72,15 @@ class EventHub:
 
     # --- the waiter's side -----------------------------------------------------------------
 
-    async def events(self, store: TaskStore, task_id: str,
-                     timeout: float) -> AsyncIterator[dict[str, Any]]:
+    async def events(self, task_id: str, timeout: float) -> AsyncIterator[dict[str, Any]]:
         """First {"type": "subscribed"}, then segment events as the worker publishes them,
         then one {"type": "done", "task": Task}, or {"type": "timeout"} after `timeout` s.
 
-        A 503 with Retry-After (RequestError) when this process already has
+        Overloaded (the caller answers 503 with Retry-After) when this process already has
         `max_waiters` waiters. Leaving the loop early (or cancelling it) releases the waiter.
         """
         if self.waiters >= self.max_waiters:
-            raise RequestError(503, "too many requests are waiting for their tasks; retry "
-                                    "shortly, or submit through /api/submit and poll",
-                               code="overloaded",
-                               headers={"retry-after": str(RETRY_AFTER_SECONDS)})
+            raise Overloaded(RETRY_AFTER_SECONDS)
         deadline = time.monotonic() + timeout
         channel = keys.events(task_id).encode()
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -94,7 +97,7 @@ class EventHub:
                 if event is not None and event.get("type") == "segment":
                     yield event
                     continue
-                task = await _state(store, task_id)
+                task = await _state(self.store, task_id)
                 if task is not None and task.state.terminal:
                     yield {"type": "done", "task": task}
                     return

@@ -1,0 +1,181 @@
+"""One error path: every refusal is a `RequestError`, raised wherever it is found, and the
+app's one exception handler renders it in the caller's dialect.
+
+- OpenAI / REST (`/v1/*`): `{"error": {"message", "type", "param", "code"}}` with the
+  refusal's HTTP status, built only by `openai_body`.
+- Sage (`/api/*` and every other path): `{"status": "FAILED", "error": message}` with the
+  refusal's HTTP status, built only by `sage_body` — except a Sage *status* poll, which is
+  always HTTP 200 (see `SAGE_STATUS_ROUTES`).
+
+FastAPI's own validation errors are 400s, its HTTP errors (404 unknown path, 405) and any
+unexpected exception (500) take the same path.
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException
+
+log = logging.getLogger("gateway")
+
+#: Sage polls a status until it reads SUCCEEDED, FAILED or UNKNOWN and takes any other HTTP
+#: status for a transport error to retry: a refused poll (bad key, body or value) is
+#: therefore HTTP 200 with `"status": "FAILED"`, so Sage stops.
+SAGE_STATUS_ROUTES = frozenset({"/api/status", "/api/{backend}-status"})
+
+
+class ErrorType(StrEnum):
+    """OpenAI's error `type`s that this API uses."""
+
+    INVALID_REQUEST = "invalid_request_error"
+    AUTHENTICATION = "authentication_error"
+    SERVER = "server_error"
+    TIMEOUT = "timeout"
+
+
+class RequestError(Exception):
+    """A request we refuse, rendered by the app's handler in the caller's dialect.
+
+    `code` is a stable machine-readable reason (`model_not_found`, `overloaded`, or a task's
+    `common.schemas.ErrorCode` value); `extra` adds top-level fields to an OpenAI-shaped
+    body (the 504's `task_id`)."""
+
+    def __init__(self, status_code: int, message: str, param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None, *,
+                 type: ErrorType | None = None, extra: dict[str, Any] | None = None) -> None:
+        # a message may quote what the client sent: keep it encodable whatever that was
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers
+        self.extra = extra or {}
+        if type is None:
+            type = (ErrorType.AUTHENTICATION if status_code == 401 else
+                    ErrorType.INVALID_REQUEST if status_code < 500 else ErrorType.SERVER)
+        self.type = type
+
+
+# --- the bodies, each built in one place -----------------------------------------------------
+
+class ErrorDetail(BaseModel):
+    message: str = Field(description="What was wrong, for a person")
+    type: ErrorType
+    param: str | None = Field(None, description="The request parameter at fault, if any")
+    code: str | None = Field(None, description="A stable reason: model_not_found, "
+                                               "overloaded, task_timeout, invalid_audio …")
+
+
+class ErrorResponse(BaseModel):
+    """Every error of the `/v1/` routes (OpenAI's shape)."""
+
+    error: ErrorDetail
+
+
+class TimeoutErrorResponse(ErrorResponse):
+    """The 504 of a call whose task is still running: poll `GET /v1/tasks/{task_id}`."""
+
+    task_id: str
+
+
+class SageError(BaseModel):
+    """Every error of the Sage routes (`/api/*`)."""
+
+    status: Literal["FAILED"] = "FAILED"
+    error: str
+
+
+def openai_error(exc: RequestError) -> dict[str, Any]:
+    """The OpenAI error object (also what an SSE `error` event carries)."""
+    return ErrorDetail(message=exc.message, type=exc.type, param=exc.param,
+                       code=exc.code).model_dump(mode="json")
+
+
+def openai_body(exc: RequestError) -> dict[str, Any]:
+    return {"error": openai_error(exc), **exc.extra}
+
+
+def sage_body(exc: RequestError) -> dict[str, Any]:
+    return SageError(error=exc.message).model_dump()
+
+
+# --- the handler ------------------------------------------------------------------------------
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(RequestError, refused)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, invalid)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, unexpected)
+
+
+async def refused(request: Request, exc: RequestError) -> JSONResponse:
+    """The one handler of a refusal, raised by a route, a dependency or the input readers."""
+    if getattr(request.scope.get("route"), "path", None) in SAGE_STATUS_ROUTES:
+        return JSONResponse(sage_body(exc))  # HTTP 200 for Sage: see SAGE_STATUS_ROUTES
+    return reply(request, exc)
+
+
+async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return await refused(request, RequestError(400, "invalid request: " + "; ".join(
+        f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())))
+
+
+async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Routing's own refusals (an unknown path, a wrong method) and the static files'."""
+    return reply(request, RequestError(exc.status_code, str(exc.detail)))
+
+
+async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s", request.url.path)
+    return reply(request, RequestError(500, f"internal error ({type(exc).__name__})"))
+
+
+def reply(request: Request, exc: RequestError) -> JSONResponse:
+    body = openai_body(exc) if is_openai(request.url.path) else sage_body(exc)
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+def is_openai(path: str) -> bool:
+    return path.startswith("/v1/")
+
+
+def refusal_body(path: str, status_code: int, message: str, code: str) -> dict[str, Any]:
+    """A request body the size and time limits refused (common/body_limit.py answers it
+    outside the app, with this body)."""
+    exc = RequestError(status_code, message, param="file", code=code)
+    return openai_body(exc) if is_openai(path) else sage_body(exc)
+
+
+# --- what routes declare, so /docs shows it ------------------------------------------------------
+
+_WHY = {
+    400: "A parameter, the body or the audio is invalid (`param` names the parameter)",
+    401: "Missing or invalid API key",
+    404: "Unknown model, backend or task",
+    409: "Conflicting state: an expired idempotency key, a cancelled or running task",
+    413: "The upload, or the audio's duration, is over the limit",
+    500: "The task failed in its engine, or the gateway failed",
+    503: "The task store or the model is unavailable, or too many calls are waiting "
+         "(`Retry-After`)",
+    504: "The task did not finish within the request timeout; it goes on (`x-task-id`)",
+}
+
+
+def openai_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` of a `/v1/` route: each status it may answer, with the error model."""
+    return {status: {"model": TimeoutErrorResponse if status == 504 else ErrorResponse,
+                     "description": _WHY[status]} for status in statuses}
+
+
+def sage_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` of a Sage route."""
+    return {status: {"model": SageError, "description": _WHY[status]} for status in statuses}

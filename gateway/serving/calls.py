@@ -1,0 +1,156 @@
+"""What the OpenAI-style calls share: they queue a task like any other, then wait for it.
+
+`SyncCalls.start` subscribes to the task's events before the task exists (so no segment is
+missed) and queues it; `Call.outcome` waits for the terminal state, for the caller to hang
+up, or for the request timeout (a 504 naming the task, which goes on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+
+from common.catalog import UnknownBackend, UnknownModel, resolve_public_model
+from common.schemas import ErrorCode, TaskState
+from common.settings import Settings
+from common.store import Task, TaskStore, new_task_id
+from common.store.events import EventHub, Overloaded
+from gateway.errors import ErrorType, RequestError
+from gateway.inputs import Params
+from gateway.limits import BodyRefused
+from gateway.submission import AudioInput, enqueue
+
+Events = AsyncGenerator[dict[str, Any], None]
+
+
+class Disconnected:
+    """The caller hung up while waiting: nobody reads the reply (the task goes on)."""
+
+
+DISCONNECTED = Disconnected()
+
+
+@dataclass(slots=True)
+class Call:
+    """A queued task its caller waits for: its events, from the first segment on."""
+
+    task_id: str
+    events: Events
+
+    async def outcome(self, request: Request, *,
+                      timeout_headers: dict[str, str] | None = None) -> Task | Disconnected:
+        """The finished task, or DISCONNECTED as soon as the client hangs up (which releases
+        the waiter at once). A 504 naming the task (plus `timeout_headers`) when the wait
+        times out."""
+        waiting = asyncio.ensure_future(_done(self.events))
+        hung_up = asyncio.ensure_future(_client_gone(request))
+        try:
+            await asyncio.wait({waiting, hung_up}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for future in (waiting, hung_up):
+                future.cancel()
+            await asyncio.gather(waiting, hung_up, return_exceptions=True)
+            await self.events.aclose()
+        if not waiting.done() or waiting.cancelled():
+            return DISCONNECTED
+        task = waiting.result()
+        if task is None:
+            raise still_running(self.task_id, timeout_headers)
+        return task
+
+
+class SyncCalls:
+    def __init__(self, settings: Settings, store: TaskStore, hub: EventHub) -> None:
+        self.settings = settings
+        self.store = store
+        self.hub = hub
+
+    async def start(self, *, backend: str, model: str, options: dict[str, Any],
+                    audio: AudioInput, owner: str, idempotency_key: str = "") -> Call:
+        """Queue the task, already subscribed to its events; RequestError if refused (a 503
+        with Retry-After when this process has too many waiting calls). A repeated
+        idempotency key listens to the original task instead."""
+        task_id = new_task_id()
+        events = await self._listen(task_id)  # subscribed before the task exists
+        try:
+            task = await enqueue(self.store, self.settings, backend=backend, model=model,
+                                 options=options, audio=audio, owner=owner, task_id=task_id,
+                                 idempotency_key=idempotency_key)
+        except RequestError:
+            await events.aclose()
+            raise
+        if task.id != task_id:
+            await events.aclose()
+            # The subscription comes before the state is read, so a finished original is seen.
+            events = await self._listen(task.id)
+        return Call(task.id, events)
+
+    async def _listen(self, task_id: str) -> Events:
+        events = self.hub.events(task_id, self.settings.request_timeout_seconds)
+        try:
+            await anext(events)
+        except Overloaded as full:
+            raise RequestError(503, "too many requests are waiting for their tasks; retry "
+                                    "shortly, or submit through /api/submit and poll",
+                               code="overloaded",
+                               headers={"retry-after": str(full.retry_after)}) from None
+        return events
+
+
+def public_model(settings: Settings, params: Params, default: str, kind: str) -> tuple[str, str]:
+    """(backend, model) for the request's OpenAI-style `model`; 404 if unknown."""
+    try:
+        return resolve_public_model(settings, params.get("model") or default, kind)
+    except (UnknownModel, UnknownBackend) as exc:
+        raise RequestError(404, f"{exc}; GET /v1/models lists them", param="model",
+                           code="model_not_found") from None
+
+
+def response_format(params: Params, allowed: tuple[str, ...], default: str) -> str:
+    value = (params.get("response_format") or default).lower()
+    if value not in allowed:
+        raise RequestError(400, f"response_format must be one of {', '.join(allowed)}",
+                           param="response_format")
+    return value
+
+
+def task_failed(task: Task) -> RequestError:
+    """A FAILED or CANCELLED task, as the error its caller gets (with `x-task-id`)."""
+    headers = {"x-task-id": task.id}
+    if task.state == TaskState.CANCELLED:
+        return RequestError(409, "the task was cancelled", code="task_cancelled",
+                            headers=headers)
+    code = ErrorCode(task.error_code or ErrorCode.ENGINE_ERROR)
+    message = task.error or "the task failed"
+    if code == ErrorCode.OUT_OF_MEMORY:
+        message = ("the worker has too little memory for this file right now (not an "
+                   f"upload size limit); retry later or with shorter audio: {message}")
+    return RequestError(code.http_status, message, code=code.value, headers=headers)
+
+
+def still_running(task_id: str, headers: dict[str, str] | None = None) -> RequestError:
+    """The 504 of a wait past the request timeout: the task goes on, under `task_id`."""
+    return RequestError(504, f"the task is still running; poll /v1/tasks/{task_id}",
+                        code="task_timeout", type=ErrorType.TIMEOUT,
+                        headers={"x-task-id": task_id, **(headers or {})},
+                        extra={"task_id": task_id})
+
+
+async def _done(events: Events) -> Task | None:
+    async for event in events:
+        if event["type"] == "done":
+            return event["task"]
+    return None
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects (the request body has been read by then)."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except BodyRefused:  # a body nobody read: stop watching, the wait has its own deadline
+        await asyncio.Event().wait()

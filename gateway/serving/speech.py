@@ -1,0 +1,86 @@
+"""`POST /v1/audio/speech`: validate, queue a TTS task like any other, wait for it and answer
+with its audio transcoded to the asked format; `GET /v1/tasks/{id}/audio`: a finished TTS
+task's WAV, by signed URL or by its owner's key."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from common.audio import OUTPUT_FORMATS, AudioError, transcode
+from common.schemas import TaskState
+from common.store import Task
+from gateway.auth import owner_or_none
+from gateway.errors import RequestError
+from gateway.inputs import read_params
+from gateway.serving.calls import (
+    Disconnected,
+    SyncCalls,
+    public_model,
+    response_format,
+    task_failed,
+)
+from gateway.submission import guard_store, idempotency_key
+from gateway.tts import output_url, token_valid, tts_input
+
+
+class SpeechServing:
+    def __init__(self, calls: SyncCalls) -> None:
+        self.calls = calls
+        self.settings = calls.settings
+        self.store = calls.store
+
+    async def create(self, request: Request, owner: str) -> Response:
+        params = await read_params(request)
+        backend, model = public_model(self.settings, params, "tts-1", "tts")
+        fmt = response_format(params, tuple(OUTPUT_FORMATS), "mp3")
+        if (params.get("stream_format") or "audio") != "audio":
+            raise RequestError(400, "only stream_format 'audio' is supported",
+                               param="stream_format")
+        options, audio = await tts_input(params, self.settings, text_param="input")
+
+        call = await self.calls.start(backend=backend, model=model, options=options,
+                                      audio=audio, owner=owner,
+                                      idempotency_key=idempotency_key(request, params))
+        # past the timeout the audio stays fetchable (as WAV) at its URL once it finishes
+        finished = await call.outcome(request, timeout_headers={
+            "x-output-url": output_url(request, self.settings, call.task_id)})
+        if isinstance(finished, Disconnected):
+            return Response(status_code=499)  # never delivered: the client is gone
+        return await self._audio_reply(finished, fmt)
+
+    async def _audio_reply(self, task: Task, response_format: str) -> Response:
+        if task.state != TaskState.SUCCEEDED:
+            raise task_failed(task)
+        headers = {"x-task-id": task.id}
+        wav = await guard_store(self.store.output_blob(task.id), headers)
+        if wav is None:
+            raise RequestError(500, "the synthesized audio is missing", code="audio_missing",
+                               headers=headers)
+        try:
+            body, content_type = await asyncio.to_thread(transcode, wav, response_format)
+        except AudioError as exc:
+            raise RequestError(500, str(exc), headers=headers) from None
+        return Response(body, media_type=content_type, headers=headers)
+
+    async def task_audio(self, request: Request, task_id: str, token: str | None) -> Response:
+        task = await guard_store(self.store.get(task_id))
+        audio = None
+        if task is not None and task.state == TaskState.SUCCEEDED and self._may_read(
+                request, task, token):
+            audio = await guard_store(self.store.output_blob(task_id))
+        if audio is None:  # unknown, not yours, not finished or expired: all look the same
+            raise RequestError(404, "unknown or expired audio", param="task_id",
+                               code="audio_not_found")
+        return Response(audio, media_type="audio/wav",
+                        headers={"content-disposition": f'inline; filename="{task_id}.wav"'})
+
+    def _may_read(self, request: Request, task: Task, token: str | None) -> bool:
+        """A valid signed token, or (when API keys are on) the key that submitted the task."""
+        if token_valid(self.settings, task.id, token):
+            return True
+        if not self.settings.api_keys:
+            return False  # no keys: the signed URL is the only credential
+        return owner_or_none(request, self.settings) == task.owner

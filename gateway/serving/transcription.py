@@ -1,0 +1,166 @@
+"""`POST /v1/audio/transcriptions` and `/v1/audio/translations`: validate, queue the task
+already subscribed to its events, then stream its segments or wait and answer in the asked
+format. Every refusal is a RequestError, rendered by the app."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from common import formats
+from common.catalog import BACKENDS
+from common.schemas import TaskState
+from common.store import Task
+from gateway.errors import ErrorType, RequestError, openai_error
+from gateway.inputs import Params, read_params
+from gateway.protocol import TRANSCRIPTION_FORMATS
+from gateway.serving.calls import (
+    Disconnected,
+    SyncCalls,
+    public_model,
+    response_format,
+    task_failed,
+)
+from gateway.submission import asr_params, idempotency_key, read_audio_input
+
+SEGMENT_FIELDS = ("id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
+                  "compression_ratio", "no_speech_prob")
+
+
+@dataclass(slots=True)
+class Asked:
+    """What the caller asked for besides the task itself: how to answer."""
+
+    task: str  # transcribe | translate
+    response_format: str
+    granularities: set[str]
+    stream: bool
+
+
+class TranscriptionServing:
+    def __init__(self, calls: SyncCalls) -> None:
+        self.calls = calls
+        self.settings = calls.settings
+
+    async def create(self, request: Request, owner: str, task: str) -> Response:
+        params = await read_params(request)
+        if "file" not in params.files:
+            raise RequestError(400, "missing the 'file' upload", param="file")
+        backend, model = public_model(self.settings, params, "whisper-1", "asr")
+        fmt = response_format(params, TRANSCRIPTION_FORMATS, "json")
+        if fmt == "diarized_json" and not BACKENDS[backend].speakers:
+            raise RequestError(400, f"{backend} does not identify speakers; diarized_json needs "
+                                    "a backend that does (vibevoice)", param="response_format")
+        granularities = _granularities(params)
+        params.override("task", task)
+        params.override("word_timestamps", "true" if "word" in granularities else "false")
+        if "word" in granularities and not BACKENDS[backend].word_timestamps:
+            raise RequestError(400, f"{backend} has no word timestamps",
+                               param="timestamp_granularities[]")
+        if task == "translate":
+            params.override("language", None)  # the output language of a translation is English
+        options = asr_params(params, self.settings, backend)
+        asked = Asked(task, fmt, granularities, params.flag("stream"))
+        audio = await read_audio_input(params, self.settings)
+
+        call = await self.calls.start(backend=backend, model=model, options=options,
+                                      audio=audio, owner=owner,
+                                      idempotency_key=idempotency_key(request, params))
+        if asked.stream:
+            return StreamingResponse(_sse(call.events), media_type="text/event-stream",
+                                     headers={"x-task-id": call.task_id,
+                                              "cache-control": "no-cache"})
+        finished = await call.outcome(request)
+        if isinstance(finished, Disconnected):
+            return Response(status_code=499)  # never delivered: the client is gone
+        return render(finished, asked)
+
+
+def _granularities(params: Params) -> set[str]:
+    values = params.lists.get("timestamp_granularities[]", []) + params.lists.get(
+        "timestamp_granularities", [])
+    found: set[str] = set()
+    for value in values:
+        items: Any = [value]
+        if value.lstrip().startswith("["):  # a JSON list in one field
+            try:
+                items = json.loads(value)
+            except (ValueError, RecursionError):
+                items = None
+        if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+            raise RequestError(400, "timestamp_granularities must be 'word', 'segment' or a "
+                                    "list of them", param="timestamp_granularities[]")
+        found.update(item.strip().lower() for item in items)
+    if found - {"word", "segment"}:
+        raise RequestError(400, "timestamp_granularities may hold 'word' and 'segment'",
+                           param="timestamp_granularities[]")
+    return found or {"segment"}
+
+
+def render(task: Task, asked: Asked) -> Response:
+    """The finished task in the asked format (protocol.Transcription, TranscriptionVerbose,
+    TranscriptionDiarized, or text)."""
+    if task.state != TaskState.SUCCEEDED or task.result is None:
+        raise task_failed(task)
+    result = task.result
+    headers = {"x-task-id": task.id}
+    usage = _usage(result)
+    if asked.response_format == "text":
+        return PlainTextResponse(result["text"] + "\n", headers=headers)
+    if asked.response_format == "srt":
+        return PlainTextResponse(formats.srt(result["segments"]), headers=headers,
+                                 media_type="application/x-subrip")
+    if asked.response_format == "vtt":
+        return PlainTextResponse(formats.vtt(result["segments"]), headers=headers,
+                                 media_type="text/vtt")
+    if asked.response_format == "json":
+        return JSONResponse({"text": result["text"], "usage": usage}, headers=headers)
+    if asked.response_format == "diarized_json":
+        segments = [{"type": "transcript.text.segment", "id": str(s["id"]), "start": s["start"],
+                     "end": s["end"], "text": s["text"], "speaker": s.get("speaker") or "A"}
+                    for s in result["segments"]]
+        return JSONResponse({"task": asked.task, "duration": result["duration"],
+                             "text": result["text"], "segments": segments, "usage": usage},
+                            headers=headers)
+    body: dict[str, Any] = {"task": asked.task, "language": result["language"],
+                            "duration": float(result["duration"]), "text": result["text"],
+                            "usage": usage}
+    if "segment" in asked.granularities:
+        body["segments"] = [{field: s.get(field) for field in SEGMENT_FIELDS}
+                            for s in result["segments"]]
+    if "word" in asked.granularities:
+        body["words"] = [{"word": w["word"], "start": w["start"], "end": w["end"]}
+                         for s in result["segments"] for w in s.get("words") or []]
+    return JSONResponse(body, headers=headers)
+
+
+def _usage(result: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "duration", "seconds": math.ceil(result["usage"]["audio_seconds"])}
+
+
+async def _sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+    async for event in events:
+        if event["type"] == "segment":
+            yield _sse_line({"type": "transcript.text.delta", "delta": event["text"]})
+        elif event["type"] == "done":
+            task: Task = event["task"]
+            if task.state == TaskState.SUCCEEDED and task.result is not None:
+                yield _sse_line({"type": "transcript.text.done", "text": task.result["text"],
+                                 "usage": _usage(task.result)})
+            else:
+                yield _sse_line({"type": "error", "error": openai_error(RequestError(
+                    500, task.error or "the task failed", code="task_failed"))})
+        elif event["type"] == "timeout":
+            yield _sse_line({"type": "error", "error": openai_error(RequestError(
+                504, "the task is still running", code="task_timeout",
+                type=ErrorType.TIMEOUT))})
+
+
+def _sse_line(payload: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
