@@ -41,7 +41,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         calls = SyncCalls(settings, store, hub)
         app.state.settings = settings
         app.state.store = store
-        app.state.hub = hub
         app.state.transcription = TranscriptionServing(calls)
         app.state.speech = SpeechServing(calls)
         sweeper = asyncio.create_task(sweep_forever(store, settings))

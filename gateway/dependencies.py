@@ -1,6 +1,7 @@
 """Typed dependencies: what the app's lifespan built, for routes to declare instead of
 fetching it from `request.app.state` themselves (`settings: SettingsDep`). The caller's
-identity is `gateway.auth.Owner`."""
+identity is `gateway.auth.Owner`; the OpenAI routes' serving objects are declared next to
+their routers."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from fastapi import Depends, Request
 
 from common.settings import Settings
 from common.store import TaskStore
-from common.store.events import EventHub
 
 
 def app_settings(request: Request) -> Settings:
@@ -21,10 +21,5 @@ def app_store(request: Request) -> TaskStore:
     return request.app.state.store
 
 
-def app_hub(request: Request) -> EventHub:
-    return request.app.state.hub
-
-
 SettingsDep = Annotated[Settings, Depends(app_settings)]
 StoreDep = Annotated[TaskStore, Depends(app_store)]
-HubDep = Annotated[EventHub, Depends(app_hub)]
