@@ -6,11 +6,11 @@ import configparser
 import os
 import re
 
+from common.backends import BACKENDS
 from tests.procs import ROOT
 
-WORKERS = {"faster-whisper": "SPEECH_CORE_PYTHON", "qwen3": "SPEECH_HF_PYTHON",
-           "vibevoice": "SPEECH_HF_PYTHON", "parakeet": "SPEECH_NEMO_PYTHON",
-           "xtts": "SPEECH_XTTS_PYTHON"}
+#: backend -> the variable naming its environment's interpreter
+WORKERS = {name: f"SPEECH_{row.env.upper()}_PYTHON" for name, row in BACKENDS.items()}
 
 
 def defaults() -> dict[str, str]:
