@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from common.body_limit import BodyLimitMiddleware
-from common.catalog import xtts_language
+from common.catalog import KINDS, speech_language
 from common.paths import AllowedFile
 from common.schemas import MAX_SPEED, MIN_SPEED, ErrorCode, TranscriptionOptions
 from workers.runtime import TaskError, Worker
@@ -71,7 +71,7 @@ def create_worker_app(worker: Worker, open_health: bool = True) -> ASGIApp:
         temperature: Annotated[float, Form()] = 0.0,
     ) -> JSONResponse:
         if worker.engine_kind() != "asr":
-            return _error("this worker synthesizes; use /synthesize")
+            return _wrong_endpoint(worker)
         params = {"language": language, "task": task, "word_timestamps": word_timestamps,
                   "prompt": prompt, "beam_size": beam_size, "vad_filter": vad_filter,
                   "temperature": temperature}
@@ -98,14 +98,14 @@ def create_worker_app(worker: Worker, open_health: bool = True) -> ASGIApp:
         speaker_wav: Annotated[UploadFile | None, File()] = None,
     ) -> Response:
         if worker.engine_kind() != "tts":
-            return _error("this worker transcribes; use /transcribe")
+            return _wrong_endpoint(worker)
         text = text.strip()
         if not text or len(text) > settings.tts_max_characters:
             return _error(f"'text' must have 1 to {settings.tts_max_characters} characters")
         if not (math.isfinite(speed) and MIN_SPEED <= speed <= MAX_SPEED):
             return _error(f"speed must be a number from {MIN_SPEED} to {MAX_SPEED}")
         try:
-            language = xtts_language(language)
+            language = speech_language(worker.backend, language)
         except ValueError as exc:
             return _error(str(exc))
         reference: bytes | AllowedFile | None = None
@@ -134,6 +134,11 @@ def create_worker_app(worker: Worker, open_health: bool = True) -> ASGIApp:
     # Outside the body limit: a request without the secret is refused before its body is read.
     return RequireSecret(limited, settings.worker_secret,
                          frozenset({"/health"}) if open_health else frozenset())
+
+
+def _wrong_endpoint(worker: Worker) -> JSONResponse:
+    kind = worker.engine_kind()
+    return _error(f"this is a {kind} worker; use {KINDS[kind].worker_path}")
 
 
 def _error(message: str, code: ErrorCode = ErrorCode.INVALID_REQUEST) -> JSONResponse:

@@ -25,6 +25,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from common import keys, logs
 from common.audio import AudioError, AudioTooLong
+from common.backends import BACKENDS
 from common.paths import AllowedFile
 from common.schemas import ErrorCode, Segment, TaskState
 from common.settings import Settings
@@ -275,7 +276,7 @@ class Worker:
     # --- running the engine ----------------------------------------------------------------
 
     def engine_kind(self) -> str:
-        return "tts" if hasattr(self.engine, "synthesize") else "asr"
+        return BACKENDS[self.backend].kind
 
     async def execute(self, model: str, params: dict[str, Any], source: bytes | Path | None,
                       on_segment: Callable[[Segment], None], task: Task | None = None) -> Outcome:

@@ -12,22 +12,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 
-from common.catalog import BACKENDS, backend_info
+from common.catalog import kind_of
 from common.formats import fastwhisper_legacy
 from common.schemas import TaskState
 from common.store import Task
 from gateway.app_errors import sage_error
 from gateway.auth import caller
 from gateway.inputs import RequestError, read_params
+from gateway.kinds import read_task_input
 from gateway.state import settings_of, store_of
-from gateway.submission import (
-    asr_params,
-    enqueue,
-    idempotency_key,
-    read_audio_input,
-    resolve_backend_model,
-)
-from gateway.tts import output_url, tts_input
+from gateway.submission import enqueue, idempotency_key, resolve_backend_model
+from gateway.tts import output_url
 
 router = APIRouter()
 BOTH = ["GET", "POST"]
@@ -63,11 +58,7 @@ async def _submit(request: Request, backend: str | None) -> JSONResponse:
         if not backend:
             raise RequestError(400, "missing 'backend'", param="backend")
         model = resolve_backend_model(settings, backend, params.get("model"))
-        if backend_info(settings, backend).kind == "tts":
-            options, audio = await tts_input(params, settings)
-        else:
-            options = asr_params(params, settings, backend)
-            audio = await read_audio_input(params, settings)
+        options, audio = await read_task_input(params, settings, backend)
         task = await enqueue(store_of(request), settings, backend=backend, model=model,
                              options=options, audio=audio, owner=owner,
                              idempotency_key=idempotency_key(request, params))
@@ -100,14 +91,9 @@ async def _status(request: Request) -> JSONResponse:
         return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "FAILED",
                              "error": "unknown or expired task"})
     audio_url = None
-    if task.state == TaskState.SUCCEEDED and _is_tts(task):
+    if task.state == TaskState.SUCCEEDED and (kind := kind_of(task.backend)) and kind.audio_output:
         audio_url = output_url(request, settings_of(request), task.id)
     return JSONResponse(sage_status(task, position, fmt, audio_url))
-
-
-def _is_tts(task: Task) -> bool:
-    info = BACKENDS.get(task.backend)
-    return info is not None and info.kind == "tts"
 
 
 def sage_status(task: Task, queue_position: int | None, fmt: str | None,
@@ -118,7 +104,8 @@ def sage_status(task: Task, queue_position: int | None, fmt: str | None,
     elif task.state == TaskState.SUCCEEDED and task.result is not None:
         result = task.result
         reply["usage"] = result.get("usage", {})
-        legacy = fmt == "fastwhisper" and not _is_tts(task)
+        kind = kind_of(task.backend)
+        legacy = fmt == "fastwhisper" and kind is not None and kind.name == "asr"
         reply["result"] = fastwhisper_legacy(result) if legacy else result
         if audio_url:
             reply["output_url"] = audio_url

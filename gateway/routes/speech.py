@@ -74,7 +74,7 @@ async def speech(request: Request) -> Response:
         if (params.get("stream_format") or "audio") != "audio":
             raise RequestError(400, "only stream_format 'audio' is supported",
                                param="stream_format")
-        options, audio = await tts_input(params, settings, text_param="input")
+        options, audio = await tts_input(params, settings, backend, text_param="input")
         task_id, events = await submit_and_listen(request, settings, backend=backend,
                                                   model=model, options=options, audio=audio,
                                                   owner=owner,
