@@ -17,6 +17,7 @@ Standard library only: the gateway, every worker environment and the deploy scri
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from common.languages import QWEN3_LANGUAGES, WHISPER_LANGUAGES, XTTS_LANGUAGES
@@ -37,6 +38,8 @@ class Kind:
     openai_names: tuple[str, ...] = ()
     #: a finished task's output is audio, served at its `output_url`
     audio_output: bool = False
+    #: its requests name a language, so each of its backends lists the languages it takes
+    languages: bool = True
 
 
 KINDS: dict[str, Kind] = {
@@ -46,8 +49,73 @@ KINDS: dict[str, Kind] = {
              openai_names=("whisper-1",)),
         Kind("tts", "/synthesize", "tts_submit_request.json.j2", "tts_status_response.json.j2",
              openai_names=("tts-1", "tts-1-hd"), audio_output=True),
+        # audio in, a JSON result out; the row declares its clips and params, so the gateway,
+        # the worker's direct endpoint, Sage and the smoke test need nothing of their own
+        Kind("analysis", "/analyze", "analysis_submit_request.json.j2",
+             "analysis_status_response.json.j2", languages=False),
     )
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Clip:
+    """An audio input of an `analysis` backend. The first is the task's main clip, named
+    `file` and given like an ASR input (a `file` upload, `audio_path`, `audio_url`); any other
+    is an upload under its name, or a path under an allowed root given as its value."""
+
+    name: str
+    required: bool = True
+    doc: str = ""
+
+    def public(self) -> dict[str, object]:
+        return {"name": self.name, "required": self.required, "doc": self.doc}
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+PARAM_TYPES = ("number", "integer", "boolean")
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """An option of an `analysis` backend: the gateway checks it before queueing (a 400 naming
+    it), the worker again before its engine sees it."""
+
+    name: str
+    type: str = "number"  # one of PARAM_TYPES
+    default: float | int | bool | None = None
+    #: the range of a number or integer (None: unbounded)
+    low: float | None = None
+    high: float | None = None
+    doc: str = ""
+
+    def value(self, raw: object) -> float | int | bool | None:
+        """`default` when `raw` is absent, else `parse(raw)`."""
+        return self.default if raw is None or raw == "" else self.parse(raw)
+
+    def parse(self, raw: object) -> float | int | bool:
+        """The value a request's text or a task's JSON gives; ValueError naming the param."""
+        if self.type == "boolean":
+            text = str(raw).strip().lower() if not isinstance(raw, bool) else str(raw).lower()
+            if text in _TRUE or text in _FALSE:
+                return text in _TRUE
+            raise ValueError(f"{self.name} must be true or false")
+        try:
+            number = math.nan if isinstance(raw, bool) else float(raw)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            number = math.nan
+        low = -math.inf if self.low is None else self.low
+        high = math.inf if self.high is None else self.high
+        integral = self.type != "integer" or number.is_integer()
+        if not (math.isfinite(number) and low <= number <= high and integral):  # refuses nan
+            what = "an integer" if self.type == "integer" else "a number"
+            bounds = (f" from {self.low:g} to {self.high:g}"
+                      if self.low is not None and self.high is not None else "")
+            raise ValueError(f"{self.name} must be {what}{bounds}")
+        return int(number) if self.type == "integer" else number
+
+    def public(self) -> dict[str, object]:
+        return {"name": self.name, "type": self.type, "default": self.default,
+                "min": self.low, "max": self.high, "doc": self.doc}
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +166,10 @@ class Backend:
     label: str = ""
     #: (tts) the shortest voice reference clip it clones from, in seconds
     min_reference_seconds: float = 0.0
+    #: (analysis) its audio inputs, the first the main clip `file`
+    inputs: tuple[Clip, ...] = ()
+    #: (analysis) its options, with their defaults
+    params: tuple[Param, ...] = ()
     # --- program defaults (deploy/defaults.env) ---
     replicas: int = 1
     device: str = "auto"
@@ -106,9 +178,14 @@ class Backend:
 
     def public(self) -> dict[str, object]:
         """What `/api/config` shows of it: its capabilities, none of its deployment."""
-        return {"name": self.name, "kind": self.kind, "translate": self.translate,
-                "word_timestamps": self.word_timestamps, "speakers": self.speakers,
-                "diarization": self.diarization, "languages": list(self.languages)}
+        public: dict[str, object] = {
+            "name": self.name, "kind": self.kind, "translate": self.translate,
+            "word_timestamps": self.word_timestamps, "speakers": self.speakers,
+            "diarization": self.diarization, "languages": list(self.languages)}
+        if self.inputs or self.params:  # what a client sends an analysis backend
+            public["inputs"] = [clip.public() for clip in self.inputs]
+            public["params"] = [param.public() for param in self.params]
+        return public
 
     @property
     def display_name(self) -> str:
@@ -152,20 +229,46 @@ BACKENDS: dict[str, Backend] = {
 }
 
 
-def _check_table() -> None:
+#: request names an analysis backend's clips and params may not take: the submit's own, and
+#: the task option that carries clip paths to the worker
+RESERVED_NAMES = frozenset({"backend", "model", "audio_path", "audio_file", "audio_url",
+                            "idempotency_key", "task_id", "taskid", "clip_paths"})
+
+
+def check_row(row: Backend) -> None:
+    """ValueError naming what is wrong with a row (run on the whole table at import)."""
+    where = f"backend {row.name!r}"
+    if row.kind not in KINDS:
+        raise ValueError(f"{where}: unknown kind {row.kind!r}")
+    if ":" not in row.engine:
+        raise ValueError(f"{where}: engine must be 'module:Class'")
+    if not row.prefix.isidentifier() or not row.prefix.isupper():
+        raise ValueError(f"{where}: prefix {row.prefix!r} is no VARIABLE name")
+    if bool(row.fixture.source) == bool(row.fixture.builder):
+        raise ValueError(f"{where}: its fixture needs a source or a builder")
+    if KINDS[row.kind].languages and not row.languages:
+        raise ValueError(f"{where}: a {row.kind} backend lists the languages it takes")
+    if (row.kind == "analysis") != bool(row.inputs):
+        raise ValueError(f"{where}: an analysis backend, and only one, declares its inputs")
+    if row.inputs and (row.inputs[0].name != "file" or not row.inputs[0].required):
+        raise ValueError(f"{where}: its first input is the required main clip 'file'")
+    names = [item.name for item in (*row.inputs[1:], *row.params)]
+    if len(set(names)) != len(names) or RESERVED_NAMES & {"file", *names}:
+        raise ValueError(f"{where}: input and param names must be distinct and not reserved")
+    for param in row.params:
+        if param.type not in PARAM_TYPES:
+            raise ValueError(f"{where}: param {param.name!r} has an unknown type")
+        if param.default is not None:
+            param.parse(param.default)  # a default out of its own range is a typo
+
+
+def check_table(rows: dict[str, Backend]) -> None:
     """A row with a typo fails every process at import, not one request at a time."""
-    prefixes = [row.prefix for row in BACKENDS.values()]
+    prefixes = [row.prefix for row in rows.values()]
     if len(set(prefixes)) != len(prefixes):
         raise ValueError(f"two backends share a supervisord prefix: {prefixes}")
-    for row in BACKENDS.values():
-        if row.kind not in KINDS:
-            raise ValueError(f"backend {row.name!r}: unknown kind {row.kind!r}")
-        if ":" not in row.engine:
-            raise ValueError(f"backend {row.name!r}: engine must be 'module:Class'")
-        if not row.prefix.isidentifier() or not row.prefix.isupper():
-            raise ValueError(f"backend {row.name!r}: prefix {row.prefix!r} is no VARIABLE name")
-        if bool(row.fixture.source) == bool(row.fixture.builder):
-            raise ValueError(f"backend {row.name!r}: its fixture needs a source or a builder")
+    for row in rows.values():
+        check_row(row)
 
 
-_check_table()
+check_table(BACKENDS)

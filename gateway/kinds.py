@@ -11,6 +11,7 @@ from typing import Any
 
 from common.catalog import KINDS, UnknownBackend, backend_info
 from common.settings import Settings
+from gateway.analysis import analysis_input
 from gateway.inputs import Params, RequestError
 from gateway.submission import AudioInput, asr_params, read_audio_input
 from gateway.tts import tts_input
@@ -30,7 +31,7 @@ async def _tts_input(params: Params, settings: Settings,
     return await tts_input(params, settings, backend)
 
 
-READERS: dict[str, Reader] = {"asr": _asr_input, "tts": _tts_input}
+READERS: dict[str, Reader] = {"asr": _asr_input, "tts": _tts_input, "analysis": analysis_input}
 if missing := sorted(set(KINDS) - set(READERS)):  # a kind no submit could read: fail at start
     raise RuntimeError(f"no gateway reader for the kinds {missing}")
 

@@ -291,7 +291,8 @@ class Worker:
                 outcome = await self._call(
                     run_engine, self.engine, handle, backend=self.backend, model=model,
                     params=params, source=source, on_segment=on_segment,
-                    max_audio_seconds=self.settings.max_audio_seconds)
+                    max_audio_seconds=self.settings.max_audio_seconds,
+                    allowed_roots=tuple(self.settings.allowed_roots))
             except Exception as exc:
                 failure = _task_error(exc)
             # Past the except block the engine's exception is gone, and with its traceback
