@@ -51,7 +51,11 @@ async def analysis_input(params: Params, settings: Settings,
                 raise
             await _probe(uploads[clip.name], clip.name, settings)
         elif raw_path:
-            path = resolve_allowed_path(raw_path, settings.allowed_roots, clip.name)
+            try:
+                path = resolve_allowed_path(raw_path, settings.allowed_roots, clip.name)
+            except RequestError as exc:
+                exc.message = f"the '{clip.name}' clip: {exc.message}"
+                raise
             await _probe(path, clip.name, settings)
             paths[clip.name] = str(path)
         elif clip.required:
