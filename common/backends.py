@@ -225,6 +225,15 @@ BACKENDS: dict[str, Backend] = {
                 languages=XTTS_LANGUAGES, label="XTTS",
                 language_aliases=(("zh", "zh-cn"), ("zh-hans", "zh-cn")),
                 min_reference_seconds=XTTS_MIN_REFERENCE_SECONDS),
+        # Resemblyzer's speaker encoder, shipped inside its package: the fixture is the real model
+        Backend("voiceprint", "analysis", "workers.engines.voiceprint:VoiceprintEngine",
+                env="voiceprint", prefix="VOICEPRINT", sage_poll_seconds=1,
+                fixture=Fixture(model="resemblyzer", source="bundled"),
+                inputs=(Clip("file", doc="the clip whose speaker embedding is returned"),
+                        Clip("reference", required=False,
+                             doc="a second clip: adds score (cosine similarity) and same_speaker")),
+                params=(Param("threshold", default=0.8, low=0.0, high=1.0,
+                              doc="the score from which the two clips count as one speaker"),)),
     )
 }
 
