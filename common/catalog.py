@@ -1,76 +1,33 @@
 """Backends, their capabilities, models and public names: what `/api/config` serves.
 
-The gateway never imports an engine (engines live in other environments); what it
-must know about a backend to validate a request is written here once.
+The gateway never imports an engine (engines live in other environments); what it must
+know about a backend to validate a request is its row of the table (common/backends.py),
+combined here with the settings (which models are configured).
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from dataclasses import asdict, dataclass
 from typing import Any
 
+from common.backends import BACKENDS, KINDS, XTTS_MIN_REFERENCE_SECONDS, Backend, Kind
+from common.languages import QWEN3_LANGUAGES, WHISPER_LANGUAGES, XTTS_LANGUAGES
 from common.schemas import MAX_SPEED, MIN_SPEED
 from common.settings import Settings
 
-
-@dataclass(frozen=True, slots=True)
-class BackendInfo:
-    name: str
-    kind: str  # "asr" | "tts"
-    translate: bool = False
-    word_timestamps: bool = False
-    speakers: bool = False
-    #: the language codes a backend accepts; the gateway refuses any other before queueing
-    languages: tuple[str, ...] = ()
+__all__ = ["BACKENDS", "KINDS", "QWEN3_LANGUAGES", "WHISPER_LANGUAGES", "XTTS_LANGUAGES",
+           "XTTS_MIN_REFERENCE_SECONDS", "Backend", "Kind"]
 
 
-#: languages XTTS v2 speaks, as its config names them. Kept here, not in the engine module,
-#: so the gateway can refuse a language before queueing without importing an engine.
-XTTS_LANGUAGES: tuple[str, ...] = (
-    "en", "es", "fr", "de", "it", "pt", "pl", "tr", "ru", "nl", "cs", "ar", "zh-cn", "hu",
-    "ko", "ja", "hi",
-)  # fmt: skip
-#: Whisper's language codes (faster_whisper.tokenizer._LANGUAGE_CODES)
-WHISPER_LANGUAGES: tuple[str, ...] = (
-    "af", "am", "ar", "as", "az", "ba", "be", "bg", "bn", "bo", "br", "bs", "ca", "cs", "cy",
-    "da", "de", "el", "en", "es", "et", "eu", "fa", "fi", "fo", "fr", "gl", "gu", "ha", "haw",
-    "he", "hi", "hr", "ht", "hu", "hy", "id", "is", "it", "ja", "jw", "ka", "kk", "km", "kn",
-    "ko", "la", "lb", "ln", "lo", "lt", "lv", "mg", "mi", "mk", "ml", "mn", "mr", "ms", "mt",
-    "my", "ne", "nl", "nn", "no", "oc", "pa", "pl", "ps", "pt", "ro", "ru", "sa", "sd", "si",
-    "sk", "sl", "sn", "so", "sq", "sr", "su", "sv", "sw", "ta", "te", "tg", "th", "tk", "tl",
-    "tr", "tt", "uk", "ur", "uz", "vi", "yi", "yo", "zh", "yue",
-)  # fmt: skip
-#: Qwen3-ASR's languages (workers/engines/qwen3_text.py LANGUAGE_NAMES, and its aliases)
-QWEN3_LANGUAGES: tuple[str, ...] = (
-    "ar", "yue", "zh", "cs", "da", "nl", "en", "fil", "fi", "fr", "de", "el", "hi", "hu", "id",
-    "it", "ja", "ko", "mk", "ms", "fa", "pl", "pt", "ro", "ru", "es", "sv", "th", "tr", "vi",
-    "tl", "cmn", "zh-cn", "zh-tw", "pt-br",
-)  # fmt: skip
 #: a language value meaning "detect it" (the same as giving none)
 AUTO_LANGUAGE = "auto"
 _REGIONAL = re.compile(r"[a-z]{2,3}(-[a-z0-9]{2,8})+")  # BCP 47 style: en-us, zh-hant-tw
-#: shortest reference clip XTTS clones from (5-30 s works best)
-XTTS_MIN_REFERENCE_SECONDS = 0.5
 
-BACKENDS: dict[str, BackendInfo] = {
-    info.name: info
-    for info in (
-        BackendInfo("faster-whisper", "asr", translate=True, word_timestamps=True,
-                    languages=WHISPER_LANGUAGES),
-        BackendInfo("qwen3", "asr", languages=QWEN3_LANGUAGES),
-        # VibeVoice-ASR publishes no language list ("over 50"), detects the language itself
-        # and only echoes a given one: Whisper's codes stand in for "a real language"
-        BackendInfo("vibevoice", "asr", speakers=True, languages=WHISPER_LANGUAGES),
-        BackendInfo("parakeet", "asr", word_timestamps=True, languages=("en",)),
-        BackendInfo("xtts", "tts", languages=XTTS_LANGUAGES),
-    )
+#: OpenAI's model names, mapped to the default model of the first enabled backend of a kind
+OPENAI_DEFAULTS: dict[str, str] = {
+    public: kind.name for kind in KINDS.values() for public in kind.openai_names
 }
-
-#: OpenAI's model names, mapped to the default model of the first configured backend of a kind
-OPENAI_DEFAULTS: dict[str, str] = {"whisper-1": "asr", "tts-1": "tts", "tts-1-hd": "tts"}
-ASR_PREFERENCE = ("faster-whisper", "parakeet", "qwen3", "vibevoice")
 
 
 class UnknownBackend(LookupError):
@@ -81,16 +38,24 @@ class UnknownModel(LookupError):
     pass
 
 
-def xtts_language(language: str) -> str:
-    """The XTTS code for `language` ("EN" -> "en", "zh" -> "zh-cn"); ValueError if unsupported."""
+def speech_language(backend: str, language: str) -> str:
+    """The code the TTS `backend` is given for `language` ("EN" -> "en", for XTTS "zh" ->
+    "zh-cn"); ValueError if unsupported."""
+    row = BACKENDS[backend]
     code = language.strip().lower().replace("_", "-")
-    code = "zh-cn" if code in ("zh", "zh-hans") else code
-    if code not in XTTS_LANGUAGES:
+    code = dict(row.language_aliases).get(code, code)
+    if code not in row.languages:
         raise ValueError(
-            f"language {language!r} is not supported by XTTS; use one of "
-            + ", ".join(XTTS_LANGUAGES)
+            f"language {language!r} is not supported by {row.display_name}; use one of "
+            + ", ".join(row.languages)
         )
     return code
+
+
+def xtts_language(language: str) -> str:
+    """The XTTS code for `language` ("EN" -> "en", "zh" -> "zh-cn"); ValueError if unsupported.
+    (The XTTS engine module's own rule; the gateway asks `speech_language` of any backend.)"""
+    return speech_language("xtts", language)
 
 
 def asr_language(backend: str, language: str) -> str | None:
@@ -113,7 +78,7 @@ def enabled_backends(settings: Settings) -> list[str]:
     return [name for name in BACKENDS if settings.backend_models(name)]
 
 
-def backend_info(settings: Settings, backend: str) -> BackendInfo:
+def backend_info(settings: Settings, backend: str) -> Backend:
     if backend not in BACKENDS:
         raise UnknownBackend(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     if backend not in enabled_backends(settings):
@@ -144,8 +109,8 @@ def resolve_public_model(settings: Settings, name: str, kind: str) -> tuple[str,
     if name in settings.aliases:
         name = settings.aliases[name]
     if name in OPENAI_DEFAULTS and OPENAI_DEFAULTS[name] == kind:
-        for backend in (*ASR_PREFERENCE, "xtts"):
-            if BACKENDS[backend].kind == kind and backend in enabled_backends(settings):
+        for backend in enabled_backends(settings):  # in table order
+            if BACKENDS[backend].kind == kind:
                 return backend, settings.default_model(backend) or ""
         raise UnknownModel(f"no {kind} backend is enabled for {name!r}")
     if "/" in name:
@@ -167,7 +132,7 @@ def public_config(settings: Settings) -> dict[str, Any]:
     backends = {}
     for name in enabled_backends(settings):
         backends[name] = {
-            **asdict(BACKENDS[name]),
+            **BACKENDS[name].public(),
             "models": list(settings.backend_models(name)),
             "default_model": settings.default_model(name),
         }
@@ -195,5 +160,18 @@ def tts_config(settings: Settings) -> dict[str, Any]:
         "default_voice": next(iter(settings.voices), None),
         "max_characters": settings.tts_max_characters,
         "speed": {"min": MIN_SPEED, "max": MAX_SPEED, "default": 1.0},
-        "min_reference_seconds": XTTS_MIN_REFERENCE_SECONDS,
+        "min_reference_seconds": _first_of_kind(settings, "tts").min_reference_seconds,
     }
+
+
+def kind_of(backend: str) -> Kind | None:
+    """The kind of a backend of the table; None for a name it does not hold."""
+    row = BACKENDS.get(backend)
+    return KINDS[row.kind] if row is not None else None
+
+
+def _first_of_kind(settings: Settings, kind: str) -> Backend:
+    """The kind's first enabled backend, else its first row (what a client sees first)."""
+    rows = [row for row in BACKENDS.values() if row.kind == kind]
+    enabled = set(enabled_backends(settings))
+    return next((row for row in rows if row.name in enabled), rows[0])

@@ -1,7 +1,9 @@
 """Text-to-speech requests: validate text, language, voice and speed before anything is queued;
 sign the URLs that serve a finished task's audio.
 
-A voice is either a built-in XTTS speaker (sent to the worker by name) or a reference clip:
+What differs between TTS backends (languages, their spellings, the shortest reference clip)
+is read from the backend's row of the table (common/backends.py).
+A voice is either a built-in speaker (sent to the worker by name) or a reference clip:
 an upload (stored as the task's input blob), a path under an allowed root, or a configured
 `file:` voice. Every clip is probed here, so an unreadable or too short one is a 400.
 """
@@ -17,7 +19,7 @@ from typing import Any
 from fastapi import Request
 
 from common.audio import AudioError, AudioInfo, probe_audio
-from common.catalog import XTTS_MIN_REFERENCE_SECONDS, xtts_language
+from common.catalog import BACKENDS, speech_language
 from common.schemas import MAX_SPEED, MIN_SPEED
 from common.settings import Settings
 from gateway.errors import RequestError
@@ -28,9 +30,10 @@ TOKEN_HEX_CHARS = 32  # 128 bits of HMAC-SHA256
 NO_REFERENCE = AudioInfo(0.0, 0, 0, "")
 
 
-async def tts_input(params: Params, settings: Settings,
+async def tts_input(params: Params, settings: Settings, backend: str,
                     text_param: str = "text") -> tuple[dict[str, Any], AudioInput]:
-    """(the task params a TTS worker reads, its reference clip if any); RequestError if invalid."""
+    """(the task params a TTS worker of `backend` reads, its reference clip if any);
+    RequestError if invalid."""
     text = (params.get(text_param) or "").strip()
     if not text:
         raise RequestError(400, f"'{text_param}' is empty: give the text to speak",
@@ -40,7 +43,7 @@ async def tts_input(params: Params, settings: Settings,
                                 f"{settings.tts_max_characters}", param=text_param,
                            code="text_too_long")
     try:
-        language = xtts_language(params.get("language") or "en")
+        language = speech_language(backend, params.get("language") or "en")
     except ValueError as exc:
         raise RequestError(400, str(exc), param="language", code="unsupported_language") from None
     options: dict[str, Any] = {"text": text, "language": language, "speed": _speed(params)}
@@ -51,11 +54,11 @@ async def tts_input(params: Params, settings: Settings,
         raise RequestError(400, "give either 'voice' or 'speaker_wav', not both", param="voice")
     if upload is not None:
         blob = await read_upload(upload, int(settings.max_upload_mib * 1024 * 1024))
-        return options, AudioInput(blob, None, await _probe(blob, settings))
+        return options, AudioInput(blob, None, await _probe(blob, settings, backend))
     if raw_path:
         path = resolve_allowed_path(raw_path, settings.allowed_roots, "speaker_wav")
         options["speaker_wav"] = str(path)
-        return options, AudioInput(None, path, await _probe(path, settings))
+        return options, AudioInput(None, path, await _probe(path, settings, backend))
     kind, target = _voice(settings, voice)
     if kind == "speaker":
         options["voice"] = target
@@ -66,7 +69,7 @@ async def tts_input(params: Params, settings: Settings,
         raise RequestError(400, f"the reference clip of voice {voice!r} is unusable: "
                                 f"{exc.message}", param="voice") from None
     options["speaker_wav"] = str(path)
-    return options, AudioInput(None, path, await _probe(path, settings))
+    return options, AudioInput(None, path, await _probe(path, settings, backend))
 
 
 def _speed(params: Params) -> float:
@@ -94,7 +97,7 @@ def _voice(settings: Settings, voice: str | None) -> tuple[str, str]:
                            param="voice", code="unknown_voice") from None
 
 
-async def _probe(source: bytes | Path, settings: Settings) -> AudioInfo:
+async def _probe(source: bytes | Path, settings: Settings, backend: str) -> AudioInfo:
     try:
         info = await asyncio.to_thread(probe_audio, source)
     except AudioError as exc:
@@ -103,10 +106,11 @@ async def _probe(source: bytes | Path, settings: Settings) -> AudioInfo:
     except OSError as exc:
         raise RequestError(400, f"cannot read the reference clip ({exc.strerror})",
                            param="speaker_wav") from None
-    if info.duration < XTTS_MIN_REFERENCE_SECONDS:
-        raise RequestError(400, f"the reference clip lasts {info.duration:.2f} s; XTTS needs at "
-                                f"least {XTTS_MIN_REFERENCE_SECONDS} s (5-30 s works best)",
-                           param="speaker_wav", code="invalid_audio")
+    row = BACKENDS[backend]
+    if info.duration < row.min_reference_seconds:
+        raise RequestError(400, f"the reference clip lasts {info.duration:.2f} s; "
+                                f"{row.display_name} needs at least {row.min_reference_seconds} s "
+                                "(5-30 s works best)", param="speaker_wav", code="invalid_audio")
     if info.duration > settings.max_audio_seconds:
         raise RequestError(413, f"the reference clip lasts {info.duration:.0f} s; the limit is "
                                 f"{settings.max_audio_seconds:.0f} s", param="speaker_wav")

@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 import redis
 
+from common.backends import BACKENDS
+
 ROOT = Path(__file__).resolve().parents[1]
 TEST_AUDIO = ROOT / "tests" / "audio"  # in the repo: see tests/audio/README.md
 VENVS = ROOT / ".venvs"
@@ -247,4 +249,4 @@ def stack_env(**overrides: Any) -> dict[str, str]:
     return env
 
 
-_WORKER_PREFIXES = ("FW", "QWEN3", "VIBEVOICE", "PARAKEET", "XTTS")
+_WORKER_PREFIXES = tuple(row.prefix for row in BACKENDS.values())

@@ -20,10 +20,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the backend table, when run as a script
+from common.backends import BACKENDS, Fixture  # noqa: E402
+
 BUILDERS = ROOT / "scripts" / "tiny_models"
 JFK = ROOT / "tests" / "audio" / "jfk.flac"
 
@@ -37,15 +40,19 @@ class Recipe:
     #: the file inside the output directory that SPEECH_MODELS names ("" = the directory)
     entry: str = ""
 
+    @classmethod
+    def of(cls, env: str, fixture: Fixture) -> Recipe:
+        # an argument naming a file of the repository is passed as its absolute path
+        args = tuple(str(ROOT / a) if (ROOT / a).is_file() else a for a in fixture.args)
+        return cls(env, fixture.builder, args, fixture.helpers, fixture.entry)
 
+
+#: every backend whose fixture is built (the table's rows), and variants the tests also use
 RECIPES: dict[str, Recipe] = {
-    # --teach: a few dozen steps so the model answers JFK's clip in the real output format
-    "qwen3": Recipe("hf", "qwen3.py", ("--teach", str(JFK)), ("hf_tiny.py",)),
-    "vibevoice": Recipe("hf", "vibevoice.py", ("--teach", str(JFK)), ("hf_tiny.py",)),
-    "vibevoice-random": Recipe("hf", "vibevoice.py", (), ("hf_tiny.py",)),
-    "parakeet": Recipe("nemo", "parakeet.py", entry="parakeet-tiny.nemo"),
-    "xtts": Recipe("xtts", "xtts.py"),
+    name: Recipe.of(row.env, row.fixture) for name, row in BACKENDS.items() if row.fixture.builder
 }
+# untaught: what a model that has learnt nothing answers (tests/test_engines_hf.py)
+RECIPES["vibevoice-random"] = replace(RECIPES["vibevoice"], args=())
 
 
 def python_of(env: str) -> Path:

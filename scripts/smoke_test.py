@@ -3,6 +3,8 @@
 
 Standard library only, so it runs from any python3 (inside the container or outside).
 Prints one `OK name: detail` or `FAIL name: reason` line per check and exits 1 on any FAIL.
+What it sends a backend follows its kind in /api/config (CHECKS: one function per kind of
+the backend table); an analysis backend gets the clip for every input it declares.
 See scripts/smoke_test.sh for the options.
 """
 
@@ -23,6 +25,8 @@ import urllib.parse
 import urllib.request
 import uuid
 import wave
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +67,19 @@ class Client:
             return status, json.loads(data)
         except ValueError:
             return status, {"error": data[:200].decode(errors="replace")}
+
+
+@dataclass
+class Run:
+    """What every check of one smoke run shares."""
+
+    check: Check
+    client: Client
+    worker_client: Client
+    base: str
+    clip: bytes
+    voice: str
+    deadline: float
 
 
 def multipart(fields: dict[str, str], files: dict[str, tuple[str, bytes]]) -> tuple[bytes, str]:
@@ -114,8 +131,9 @@ def poll(client: Client, base: str, task_id: str, deadline: float) -> dict[str, 
     return {"status": "FAILED", "error": f"still not finished after the timeout ({task_id})"}
 
 
-def check_asr(check: Check, client: Client, worker_client: Client, base: str, backend: str,
-              model: str, workers: list[dict], clip: bytes, deadline: float) -> None:
+def check_asr(run: Run, backend: str, info: dict[str, Any], workers: list[dict]) -> None:
+    check, client, worker_client, base = run.check, run.client, run.worker_client, run.base
+    clip, deadline, model = run.clip, run.deadline, info["default_model"]
     for worker in workers:
         body, ctype = multipart({"model": model}, {"file": ("smoke.wav", clip)})
         status, reply = worker_client.json("POST", f"{worker['url']}/transcribe", body, ctype)
@@ -139,8 +157,9 @@ def check_asr(check: Check, client: Client, worker_client: Client, base: str, ba
                  else f"HTTP {status}: {reply}")
 
 
-def check_tts(check: Check, client: Client, worker_client: Client, base: str, backend: str,
-              model: str, workers: list[dict], voice: str, deadline: float) -> None:
+def check_tts(run: Run, backend: str, info: dict[str, Any], workers: list[dict]) -> None:
+    check, client, worker_client, base = run.check, run.client, run.worker_client, run.base
+    voice, deadline, model = run.voice, run.deadline, info["default_model"]
     for worker in workers:
         body, ctype = multipart({"text": SPEECH_TEXT, "model": model, "voice": voice}, {})
         status, data, _ = worker_client.request("POST", f"{worker['url']}/synthesize", body,
@@ -169,6 +188,42 @@ def check_tts(check: Check, client: Client, worker_client: Client, base: str, ba
     ok = status == 200 and data[:4] == b"RIFF"
     check.report(f"{backend} openai", ok, f"{wav_seconds(data):.2f} s of audio" if ok
                  else f"HTTP {status}: {data[:200]!r}")
+
+
+def check_analysis(run: Run, backend: str, info: dict[str, Any], workers: list[dict]) -> None:
+    """Any analysis backend: the smoke clip for each audio input /api/config declares, the
+    params left at their defaults; a SUCCEEDED task with a JSON result and usage."""
+    model = info["default_model"]
+    files = {clip["name"]: ("smoke.wav", run.clip) for clip in info.get("inputs", [])}
+    for worker in workers:
+        body, ctype = multipart({"model": model}, files)
+        status, reply = run.worker_client.json("POST", f"{worker['url']}/analyze", body, ctype)
+        ok = status == 200 and "error" not in reply
+        run.check.report(f"{backend} worker {worker['consumer']}", ok,
+                         summary(reply) if ok else f"HTTP {status}: {reply}")
+    body, ctype = multipart({"model": model}, files)
+    status, reply = run.client.json("POST", f"{run.base}/api/{backend}-submit", body, ctype)
+    if status != 200:
+        run.check.report(f"{backend} sage", False, f"submit HTTP {status}: {reply}")
+        return
+    final = poll(run.client, run.base, reply["taskid"], run.deadline)
+    ok = (final["status"] == "SUCCEEDED" and isinstance(final.get("result"), dict)
+          and final.get("usage", {}).get("audio_seconds", 0) > 0)
+    run.check.report(f"{backend} sage", ok, summary(final["result"]) if ok
+                     else final.get("error", final))
+
+
+def summary(result: dict[str, Any]) -> str:
+    """A result's plain values (`score=0.93 same_speaker=True`), for the report line."""
+    shown = [f"{key}={value!r}" for key, value in result.items()
+             if isinstance(value, str | int | float | bool) and key not in ("backend", "model")]
+    return " ".join(shown[:6]) or f"{len(result)} fields"
+
+
+#: kind (common/backends.py KINDS) -> the checks of one backend of that kind
+CHECKS: dict[str, Callable[[Run, str, dict[str, Any], list[dict]], None]] = {
+    "asr": check_asr, "tts": check_tts, "analysis": check_analysis,
+}
 
 
 def main() -> int:
@@ -205,6 +260,7 @@ def main() -> int:
     wanted = [b for b in args.backends.split(",") if b] or list(config["backends"])
     with tempfile.TemporaryDirectory() as tmp:
         clip, clip_kind = make_clip(Path(tmp))
+        run = Run(check, client, worker_client, base, clip, args.voice, deadline)
         print(f"# clip: {clip_kind}; backends: {', '.join(wanted)}", flush=True)
         for backend in wanted:
             info = config["backends"].get(backend)
@@ -215,12 +271,11 @@ def main() -> int:
             if not workers:
                 check.report(backend, False, "no live worker (see /ready and its log)")
                 continue
-            if info["kind"] == "tts":
-                check_tts(check, client, worker_client, base, backend, info["default_model"],
-                          workers, args.voice, deadline)
-            else:
-                check_asr(check, client, worker_client, base, backend, info["default_model"],
-                          workers, clip, deadline)
+            kind_check = CHECKS.get(info["kind"])
+            if kind_check is None:
+                check.report(backend, False, f"no smoke check for its kind {info['kind']!r}")
+                continue
+            kind_check(run, backend, info, workers)
     print(f"# {check.failures} failure(s)", flush=True)
     return 1 if check.failures else 0
 

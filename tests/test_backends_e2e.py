@@ -11,13 +11,15 @@ import httpx
 import pytest
 
 from common import keys
+from common.backends import BACKENDS as TABLE
 from harness import procs
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, submit_file, wait_done
 from tests.tiny import env_python, tiny_model
 
-BACKENDS = {"qwen3": ("hf", "qwen3"), "vibevoice": ("hf", "vibevoice"),
-            "parakeet": ("nemo", "parakeet")}
+#: every ASR backend on a tiny checkpoint: backend -> (environment, tiny model)
+BACKENDS = {name: (row.env, name) for name, row in TABLE.items()
+            if row.kind == "asr" and row.fixture.builder}
 IDLE_UNLOAD_SECONDS = 3
 PARAKEET_WINDOW_SECONDS = 20
 SEGMENT_FIELDS = {"id", "seek", "start", "end", "text", "tokens", "temperature",
@@ -34,10 +36,12 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     broken = workdir / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
-    (broken / "parakeet-broken.nemo").write_bytes(b"not a tar archive")
     models = {}
     for backend, source in available.items():
-        broken_source = broken / "parakeet-broken.nemo" if backend == "parakeet" else broken
+        broken_source = broken  # a directory, or a checkpoint file that is none
+        if entry := TABLE[backend].fixture.entry:
+            broken_source = broken / f"{backend}-broken{Path(entry).suffix}"
+            broken_source.write_bytes(b"not a tar archive")
         copy = workdir / f"{backend}-copy"
         if source.is_dir():
             shutil.copytree(source, copy)
@@ -92,8 +96,8 @@ def test_sage_and_openai_endpoints(e2e: dict, backend: str) -> None:
     assert final["status"] == "SUCCEEDED", final
     assert_well_formed(final["result"], backend, 11.0)
     assert final["usage"]["audio_seconds"] == pytest.approx(11.0, abs=0.1)
-    if backend != "parakeet":  # the taught tiny checkpoints answer with the jfk sentence
-        assert "ask not what your country" in final["result"]["text"]
+    if words := TABLE[backend].fixture.transcript:  # the taught tiny checkpoints
+        assert words in final["result"]["text"]
 
     url = f"{gateway}/v1/audio/transcriptions"
     verbose = httpx.post(url, files={"file": JFK.open("rb")}, timeout=240,
@@ -107,7 +111,7 @@ def test_sage_and_openai_endpoints(e2e: dict, backend: str) -> None:
     assert plain.status_code == 200 and plain.text.strip() == body["text"].strip()
     diarized = httpx.post(url, files={"file": JFK.open("rb")}, timeout=240,
                           data={"model": f"{backend}/tiny", "response_format": "diarized_json"})
-    if backend == "vibevoice":
+    if TABLE[backend].speakers:
         assert diarized.status_code == 200, diarized.text
         assert {s["speaker"] for s in diarized.json()["segments"]} == {"0", "1"}
     else:

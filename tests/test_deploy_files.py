@@ -5,12 +5,14 @@ from __future__ import annotations
 import configparser
 import os
 import re
+import subprocess
+import sys
 
+from common.backends import BACKENDS
 from harness.procs import ROOT
 
-WORKERS = {"faster-whisper": "SPEECH_CORE_PYTHON", "qwen3": "SPEECH_HF_PYTHON",
-           "vibevoice": "SPEECH_HF_PYTHON", "parakeet": "SPEECH_NEMO_PYTHON",
-           "xtts": "SPEECH_XTTS_PYTHON"}
+#: backend -> the variable naming its environment's interpreter
+WORKERS = {name: f"SPEECH_{row.env.upper()}_PYTHON" for name, row in BACKENDS.items()}
 
 
 def defaults() -> dict[str, str]:
@@ -52,3 +54,20 @@ def test_supervisord_conf_runs_every_worker_in_its_environment() -> None:
     for env_var in set(WORKERS.values()):
         env_name = defaults()[env_var].split("/")[1]
         assert (ROOT / "deploy" / "envs" / f"{env_name}.txt").is_file()
+
+
+def test_generated_deploy_files_match_the_backend_table() -> None:
+    """supervisord's worker programs, their defaults and the Sage map are what
+    scripts/gen_deploy.py makes of common/backends.py: a row changed without rerunning it fails."""
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_deploy.py"), "--check"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_backend_names_an_existing_engine_module_and_environment() -> None:
+    for name, row in BACKENDS.items():
+        module = row.engine.split(":")[0]
+        assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), (name, row.engine)
+        assert (ROOT / "deploy" / "envs" / f"{row.env}.txt").is_file(), (name, row.env)
+        if row.fixture.builder:
+            assert (ROOT / "scripts" / "tiny_models" / row.fixture.builder).is_file(), name

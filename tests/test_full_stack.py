@@ -1,6 +1,6 @@
-"""The whole product as an operator runs it: supervisord with Redis, the gateway and all
-five workers (each in its own environment, tiny checkpoints), checked by the post-deploy
-smoke test, which must also name a worker that is down (issue 8)."""
+"""The whole product as an operator runs it: supervisord with Redis, the gateway and every
+worker of the backend table (each in its own environment, on its test fixture), checked by
+the post-deploy smoke test, which must also name a worker that is down (issue 8)."""
 
 from __future__ import annotations
 
@@ -10,25 +10,31 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from common.backends import BACKENDS, KINDS
 from harness import procs
 from harness.procs import ROOT, TEST_AUDIO, wait_until
 from tests.tiny import env_python, tiny_model
 
-ENGINES = {"qwen3": "hf", "vibevoice": "hf", "parakeet": "nemo", "xtts": "xtts"}
-PREFIX = {"faster-whisper": "FW", "qwen3": "QWEN3", "vibevoice": "VIBEVOICE",
-          "parakeet": "PARAKEET", "xtts": "XTTS"}
+
+def fixture_source(backend: str) -> str:
+    fixture = BACKENDS[backend].fixture
+    return fixture.source or str(tiny_model(backend))
+
+
+def smoke_checks(backend: str) -> tuple[str, ...]:
+    """The smoke test's gateway checks of a backend: Sage, and OpenAI where its kind has one."""
+    return ("sage", "openai") if KINDS[BACKENDS[backend].kind].openai_names else ("sage",)
 
 
 @pytest.fixture(scope="module")
 def full_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    missing = [env for env in set(ENGINES.values()) if not env_python(env).exists()]
+    missing = sorted({row.env for row in BACKENDS.values() if not env_python(row.env).exists()})
     if missing:
         pytest.skip(f"environments missing: {', '.join(missing)} (scripts/install.sh all)")
-    models = {"faster-whisper": {"tiny.en": "bundled"}}
-    models |= {backend: {"tiny": str(tiny_model(backend))} for backend in ENGINES}
+    models = {name: {row.fixture.model: fixture_source(name)} for name, row in BACKENDS.items()}
     workdir = tmp_path_factory.mktemp("full")
     port, redis_port = procs.free_port(), procs.free_port()
-    overrides = {f"{prefix}_ENABLED": "true" for prefix in PREFIX.values()}
+    overrides = {f"{row.prefix}_ENABLED": "true" for row in BACKENDS.values()}
     env = procs.stack_env(
         SPEECH_RUN_DIR=str(workdir), SPEECH_PORT=str(port), SPEECH_LOCAL_REDIS="true",
         SPEECH_REDIS_PORT=str(redis_port), SPEECH_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
@@ -46,7 +52,7 @@ def full_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         return {name for name, entry in ready.get("backends", {}).items() if entry["live"]}
 
     try:
-        wait_until(lambda: live_backends() == set(PREFIX), 180, "all five workers live", 0.5)
+        wait_until(lambda: live_backends() == set(BACKENDS), 180, "every worker live", 0.5)
         yield {"url": url, "supervisor": supervisor, "live": live_backends}
     finally:
         supervisor.stop()
@@ -62,8 +68,8 @@ def test_smoke_test_passes_on_the_full_stack(full_stack: dict) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert not [line for line in lines if line.startswith("FAIL")]
-    for backend in PREFIX:
-        for check in ("sage", "openai"):
+    for backend in BACKENDS:
+        for check in smoke_checks(backend):
             assert f"OK {backend} {check}:" in result.stdout, (backend, check)
         assert any(line.startswith(f"OK {backend} worker ") for line in lines), backend
 

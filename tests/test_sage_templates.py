@@ -13,6 +13,7 @@ import httpx
 import jinja2
 import pytest
 
+from common.backends import BACKENDS, KINDS
 from harness.procs import ROOT, TEST_AUDIO, wait_until
 from tests.helpers import JFK, status, submit_file, wait_done
 
@@ -28,9 +29,11 @@ def render(template: str, context: dict[str, Any]) -> dict[str, Any]:
 def test_llm_api_map_names_existing_templates() -> None:
     with (SAGE / "llm_api_map.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    assert {row["model"] for row in rows} == {"faster-whisper", "qwen3", "vibevoice", "parakeet",
-                                             "xtts"}
+    assert {row["model"] for row in rows} == set(BACKENDS)
     for row in rows:
+        kind = KINDS[BACKENDS[row["model"]].kind]
+        assert (row["request_template"], row["response_template"]) == (kind.sage_request,
+                                                                      kind.sage_response)
         assert (SAGE / row["request_template"]).is_file()
         assert (SAGE / row["response_template"]).is_file()
         assert row["submit_url"].endswith(f"/api/{row['model']}-submit")

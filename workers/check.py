@@ -2,8 +2,10 @@
 
     python -m workers.check --backend qwen3 --model-source models/tiny/qwen3 audio.flac
     python -m workers.check --backend xtts --model-source DIR --text "Hello there."
+    python -m workers.check --backend voiceprint --model-source bundled a.wav --clip reference=b.wav
 
-Prints the result as JSON (for TTS: the synthesis length; `--out` writes a WAV).
+Prints the result as JSON (for TTS: the synthesis length; `--out` writes a WAV). An analysis
+backend runs through the worker's own path (workers.execute: decode, params checked).
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import sys
 import time
 from pathlib import Path
 
+from common import clips
 from common.audio import decode_audio, encode_wav
+from common.backends import BACKENDS
 from common.schemas import SynthesisOptions, TranscriptionOptions
 from workers.engines import create_engine
 from workers.engines.base import ModelRef, SpeechEngine
+from workers.execute import run_engine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,8 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--voice")
     parser.add_argument("--out", type=Path, help="where to write synthesized audio (WAV)")
     parser.add_argument("--repeat", type=int, default=1, help="run the call N times")
-    parser.add_argument("audio", nargs="?", help="input audio (ASR) or reference clip (TTS)")
+    parser.add_argument("--clip", action="append", default=[], metavar="NAME=PATH",
+                        help="another clip an analysis backend declares (repeatable)")
+    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="a param an analysis backend declares (repeatable)")
+    parser.add_argument("audio", nargs="?",
+                        help="input audio (ASR), reference clip (TTS), main clip (analysis)")
     args = parser.parse_args(argv)
+    kind = BACKENDS[args.backend].kind
 
     engine = create_engine(args.backend)
     started = time.perf_counter()
@@ -45,7 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     outputs = []
     for _ in range(args.repeat):
         started = time.perf_counter()
-        if isinstance(engine, SpeechEngine) and args.text is not None:
+        if kind == "analysis":
+            uploads = {"file": Path(args.audio).read_bytes()}
+            uploads |= {name: Path(path).read_bytes()
+                        for name, path in (item.split("=", 1) for item in args.clip)}
+            output = run_engine(engine, handle, backend=args.backend, model=args.model_name,
+                                params=dict(item.split("=", 1) for item in args.param),
+                                source=clips.pack(uploads), on_segment=lambda segment: None).result
+        elif isinstance(engine, SpeechEngine) and args.text is not None:
             options = SynthesisOptions(text=args.text, language=args.language or "en",
                                        voice=args.voice)
             synthesis = engine.synthesize(handle, options, audio)

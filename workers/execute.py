@@ -1,4 +1,8 @@
-"""One engine call for one task: decode the input, run the engine, shape the result."""
+"""One engine call for one task: decode the input, run the engine, shape the result.
+
+What a call takes and gives follows the backend's kind (common/backends.py): ASR decodes one
+clip and streams segments, TTS decodes an optional voice clip and returns audio, analysis
+decodes the clips the row declares and returns the engine's JSON."""
 
 from __future__ import annotations
 
@@ -9,10 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from common.audio import decode_audio, encode_wav
+from common import clips
+from common.audio import AudioError, decode_audio, encode_wav
+from common.backends import BACKENDS
 from common.paths import AllowedFile
 from common.schemas import Segment, SynthesisOptions, TranscriptionOptions
-from workers.engines.base import Engine, SpeechEngine, TranscriptionEngine
+from workers.engines.base import AnalysisEngine, Engine, SpeechEngine, TranscriptionEngine
 
 #: an engine call's input: bytes (an upload), a path the worker trusts, or a file a request
 #: named, checked against the allowed roots as it is opened
@@ -35,10 +41,18 @@ def run_engine(
     source: Source | None,
     on_segment: Callable[[Segment], None],
     max_audio_seconds: float | None = None,
+    allowed_roots: tuple[Path, ...] = (),
 ) -> Outcome:
-    """`max_audio_seconds` bounds the decoded input (AudioTooLong past it)."""
-    if isinstance(engine, SpeechEngine):
+    """`max_audio_seconds` bounds the decoded input (AudioTooLong past it); `allowed_roots`
+    are what the paths in a task's options are checked against as they are opened."""
+    kind = BACKENDS[backend].kind
+    if kind == "tts":
+        assert isinstance(engine, SpeechEngine)
         return _synthesize(engine, handle, backend, model, params, source, max_audio_seconds)
+    if kind == "analysis":
+        assert isinstance(engine, AnalysisEngine)
+        return _analyze(engine, handle, backend, model, params, source, max_audio_seconds,
+                        allowed_roots)
     assert isinstance(engine, TranscriptionEngine)
     if source is None:
         raise ValueError("no input audio")
@@ -70,3 +84,31 @@ def _synthesize(engine: SpeechEngine, handle: Any, backend: str, model: str,
               "characters": len(options.text), "usage": usage, "backend": backend,
               "model": model}
     return Outcome(result, encode_wav(synthesis.audio, synthesis.sample_rate))
+
+
+def _analyze(engine: AnalysisEngine, handle: Any, backend: str, model: str,
+             params: dict[str, Any], source: Source | None, max_audio_seconds: float | None,
+             allowed_roots: tuple[Path, ...]) -> Outcome:
+    """The clips (uploads in the input blob, paths in `clip_paths`) and the params the row
+    declares, checked again here (whatever queued them)."""
+    row = BACKENDS[backend]
+    sources: dict[str, Source] = {}
+    if isinstance(source, bytes):
+        sources.update(clips.unpack(source))
+    elif source is not None:  # a trusted caller's own file: the main clip
+        sources[row.inputs[0].name] = source
+    for name, path in (params.get("clip_paths") or {}).items():
+        sources[name] = AllowedFile(str(path), allowed_roots)
+    declared = {clip.name for clip in row.inputs}
+    if unknown := sorted(set(sources) - declared):
+        raise ValueError(f"{backend} takes no clip named {', '.join(unknown)}")
+    if missing := [clip.name for clip in row.inputs if clip.required and clip.name not in sources]:
+        raise AudioError(f"the task's {', '.join(missing)} audio is missing or has expired")
+    values = {param.name: param.value(params.get(param.name)) for param in row.params}
+    decoded = {name: _decode(item, engine.sample_rate, max_audio_seconds)
+               for name, item in sources.items()}
+    seconds = round(sum(len(audio) for audio in decoded.values()) / engine.sample_rate, 3)
+    result = engine.analyze(handle, decoded, values)
+    del decoded
+    return Outcome({**result, "usage": {"audio_seconds": seconds}, "backend": backend,
+                    "model": model})

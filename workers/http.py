@@ -1,5 +1,6 @@
-"""The worker's own small HTTP server: `GET /health`, and direct `POST /transcribe` or
-`POST /synthesize` (no queue: used by the smoke test and for debugging a worker).
+"""The worker's own small HTTP server: `GET /health`, and a direct `POST /transcribe`,
+`/synthesize` or `/analyze`, as the backend's kind has it (no queue: used by the smoke test
+and for debugging a worker).
 
 It takes the gateway's limits (upload size while the body streams in, decoded audio length,
 option ranges) and, where `worker_secret` is set, a bearer token. Bound to anything but
@@ -23,10 +24,12 @@ from fastapi import FastAPI, File, Form, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from redis.exceptions import RedisError
+from starlette.datastructures import UploadFile as FormFile
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from common import clips
 from common.body_limit import BodyLimitMiddleware
-from common.catalog import xtts_language
+from common.catalog import BACKENDS, KINDS, speech_language
 from common.paths import AllowedFile
 from common.schemas import MAX_SPEED, MIN_SPEED, ErrorCode, TranscriptionOptions
 from workers.runtime import TaskError, Worker
@@ -71,7 +74,7 @@ def create_worker_app(worker: Worker, open_health: bool = True) -> ASGIApp:
         temperature: Annotated[float, Form()] = 0.0,
     ) -> JSONResponse:
         if worker.engine_kind() != "asr":
-            return _error("this worker synthesizes; use /synthesize")
+            return _wrong_endpoint(worker)
         params = {"language": language, "task": task, "word_timestamps": word_timestamps,
                   "prompt": prompt, "beam_size": beam_size, "vad_filter": vad_filter,
                   "temperature": temperature}
@@ -98,14 +101,14 @@ def create_worker_app(worker: Worker, open_health: bool = True) -> ASGIApp:
         speaker_wav: Annotated[UploadFile | None, File()] = None,
     ) -> Response:
         if worker.engine_kind() != "tts":
-            return _error("this worker transcribes; use /transcribe")
+            return _wrong_endpoint(worker)
         text = text.strip()
         if not text or len(text) > settings.tts_max_characters:
             return _error(f"'text' must have 1 to {settings.tts_max_characters} characters")
         if not (math.isfinite(speed) and MIN_SPEED <= speed <= MAX_SPEED):
             return _error(f"speed must be a number from {MIN_SPEED} to {MAX_SPEED}")
         try:
-            language = xtts_language(language)
+            language = speech_language(worker.backend, language)
         except ValueError as exc:
             return _error(str(exc))
         reference: bytes | AllowedFile | None = None
@@ -127,6 +130,43 @@ def create_worker_app(worker: Worker, open_health: bool = True) -> ASGIApp:
         return Response(outcome.output or b"", media_type="audio/wav",
                         headers={"x-audio-seconds": str(outcome.result["audio_seconds"])})
 
+    @app.post("/analyze")
+    async def analyze(request: Request) -> JSONResponse:
+        """An analysis backend's clips as uploads under their declared names, its params and
+        `model` as form fields (what /api/config lists under `inputs` and `params`)."""
+        if worker.engine_kind() != "analysis":
+            return _wrong_endpoint(worker)
+        row = BACKENDS[worker.backend]
+        try:
+            form = await request.form(max_files=len(row.inputs),
+                                      max_fields=len(row.params) + 1)
+        except Exception as exc:  # starlette raises HTTPException/MultiPartException variants
+            return _error(f"malformed form body: {getattr(exc, 'detail', exc)}")
+        fields = {key: value for key, value in form.items() if not isinstance(value, FormFile)}
+        params: dict[str, Any] = {}
+        for param in row.params:
+            try:
+                params[param.name] = param.value(fields.get(param.name))
+            except ValueError as exc:
+                return _error(str(exc))
+        uploads: dict[str, bytes] = {}
+        for clip in row.inputs:
+            upload = form.get(clip.name)
+            if isinstance(upload, FormFile):
+                uploads[clip.name] = await upload.read()
+                if not uploads[clip.name]:
+                    return _error(f"the uploaded {clip.name!r} is empty", ErrorCode.INVALID_AUDIO)
+            elif clip.required:
+                return _error(f"upload the {clip.name!r} clip")
+        model = fields.get("model")
+        try:
+            outcome = await worker.execute(model_or_default(model if isinstance(model, str)
+                                                            else None),
+                                           params, clips.pack(uploads), _ignore)
+        except TaskError as exc:
+            return _error(str(exc), exc.code)
+        return JSONResponse(outcome.result)
+
     limited = BodyLimitMiddleware(
         app, max_bytes=int(settings.max_upload_mib * 1024 * 1024) + MULTIPART_OVERHEAD_BYTES)
     if not settings.worker_secret:
@@ -134,6 +174,11 @@ def create_worker_app(worker: Worker, open_health: bool = True) -> ASGIApp:
     # Outside the body limit: a request without the secret is refused before its body is read.
     return RequireSecret(limited, settings.worker_secret,
                          frozenset({"/health"}) if open_health else frozenset())
+
+
+def _wrong_endpoint(worker: Worker) -> JSONResponse:
+    kind = worker.engine_kind()
+    return _error(f"this is a {kind} worker; use {KINDS[kind].worker_path}")
 
 
 def _error(message: str, code: ErrorCode = ErrorCode.INVALID_REQUEST) -> JSONResponse:

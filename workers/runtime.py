@@ -25,6 +25,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from common import keys, logs
 from common.audio import AudioError, AudioTooLong
+from common.backends import BACKENDS
 from common.paths import AllowedFile
 from common.schemas import ErrorCode, Segment, TaskState
 from common.settings import Settings
@@ -275,7 +276,7 @@ class Worker:
     # --- running the engine ----------------------------------------------------------------
 
     def engine_kind(self) -> str:
-        return "tts" if hasattr(self.engine, "synthesize") else "asr"
+        return BACKENDS[self.backend].kind
 
     async def execute(self, model: str, params: dict[str, Any], source: bytes | Path | None,
                       on_segment: Callable[[Segment], None], task: Task | None = None) -> Outcome:
@@ -290,7 +291,8 @@ class Worker:
                 outcome = await self._call(
                     run_engine, self.engine, handle, backend=self.backend, model=model,
                     params=params, source=source, on_segment=on_segment,
-                    max_audio_seconds=self.settings.max_audio_seconds)
+                    max_audio_seconds=self.settings.max_audio_seconds,
+                    allowed_roots=tuple(self.settings.allowed_roots))
             except Exception as exc:
                 failure = _task_error(exc)
             # Past the except block the engine's exception is gone, and with its traceback

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from common.catalog import BACKENDS, backend_info
+from common.catalog import kind_of
 from common.formats import fastwhisper_legacy
 from common.schemas import TaskState
 from common.settings import Settings
@@ -20,14 +20,9 @@ from gateway.auth import Owner
 from gateway.dependencies import SettingsDep, StoreDep
 from gateway.errors import RequestError, sage_errors
 from gateway.inputs import read_params
-from gateway.submission import (
-    asr_params,
-    enqueue,
-    idempotency_key,
-    read_audio_input,
-    resolve_backend_model,
-)
-from gateway.tts import output_url, tts_input
+from gateway.kinds import read_task_input
+from gateway.submission import enqueue, idempotency_key, resolve_backend_model
+from gateway.tts import output_url
 
 router = APIRouter(tags=["Sage"])
 SUBMIT_ERRORS = sage_errors(400, 401, 404, 409, 413, 503)
@@ -73,11 +68,7 @@ async def _submit(request: Request, owner: str, settings: Settings, store: TaskS
     if not backend:
         raise RequestError(400, "missing 'backend'", param="backend")
     model = resolve_backend_model(settings, backend, params.get("model"))
-    if backend_info(settings, backend).kind == "tts":
-        options, audio = await tts_input(params, settings)
-    else:
-        options = asr_params(params, settings, backend)
-        audio = await read_audio_input(params, settings)
+    options, audio = await read_task_input(params, settings, backend)
     task = await enqueue(store, settings, backend=backend, model=model, options=options,
                          audio=audio, owner=owner,
                          idempotency_key=idempotency_key(request, params))
@@ -106,14 +97,9 @@ async def _status(request: Request, owner: str, settings: Settings,
         return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "FAILED",
                              "error": "unknown or expired task"})
     audio_url = None
-    if task.state == TaskState.SUCCEEDED and _is_tts(task):
+    if task.state == TaskState.SUCCEEDED and (kind := kind_of(task.backend)) and kind.audio_output:
         audio_url = output_url(request, settings, task.id)
     return JSONResponse(sage_status(task, position, fmt, audio_url))
-
-
-def _is_tts(task: Task) -> bool:
-    info = BACKENDS.get(task.backend)
-    return info is not None and info.kind == "tts"
 
 
 def sage_status(task: Task, queue_position: int | None, fmt: str | None,
@@ -124,7 +110,8 @@ def sage_status(task: Task, queue_position: int | None, fmt: str | None,
     elif task.state == TaskState.SUCCEEDED and task.result is not None:
         result = task.result
         reply["usage"] = result.get("usage", {})
-        legacy = fmt == "fastwhisper" and not _is_tts(task)
+        kind = kind_of(task.backend)
+        legacy = fmt == "fastwhisper" and kind is not None and kind.name == "asr"
         reply["result"] = fastwhisper_legacy(result) if legacy else result
         if audio_url:
             reply["output_url"] = audio_url

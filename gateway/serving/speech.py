@@ -39,7 +39,7 @@ class SpeechServing:
         if (params.get("stream_format") or "audio") != "audio":
             raise RequestError(400, "only stream_format 'audio' is supported",
                                param="stream_format")
-        options, audio = await tts_input(params, self.settings, text_param="input")
+        options, audio = await tts_input(params, self.settings, backend, text_param="input")
 
         call = await self.calls.start(backend=backend, model=model, options=options,
                                       audio=audio, owner=owner,

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import importlib
 
+from common.backends import BACKENDS
 from workers.engines.base import Engine
 
-ENGINE_CLASSES: dict[str, str] = {
-    "faster-whisper": "workers.engines.faster_whisper:FasterWhisperEngine",
-    "qwen3": "workers.engines.qwen3:Qwen3Engine",
-    "vibevoice": "workers.engines.vibevoice:VibeVoiceEngine",
-    "parakeet": "workers.engines.parakeet:ParakeetEngine",
-    "xtts": "workers.engines.xtts:XttsEngine",
-}
+#: backend -> "module:Class", from the backend table (common/backends.py)
+ENGINE_CLASSES: dict[str, str] = {name: row.engine for name, row in BACKENDS.items()}
 
 
 def create_engine(backend: str) -> Engine:

@@ -92,6 +92,16 @@ class TranscriptionEngine(Engine, Protocol):
 
 
 @runtime_checkable
+class AnalysisEngine(Engine, Protocol):
+    def analyze(self, handle: Any, clips: dict[str, np.ndarray],
+                params: dict[str, Any]) -> dict[str, Any]:
+        """Analyse the task's clips (by the names the backend's row declares, mono float32 at
+        `sample_rate`; an optional clip only when given) with its declared params (checked,
+        defaults filled in); return its result, a JSON-serialisable dict."""
+        ...
+
+
+@runtime_checkable
 class SpeechEngine(Engine, Protocol):
     def synthesize(
         self, handle: Any, options: SynthesisOptions, reference: np.ndarray | None

@@ -1,0 +1,87 @@
+"""Submits to an `analysis` backend (audio in, a JSON result out): every clip and param its
+row declares (common/backends.py), checked before anything is queued.
+
+The main clip comes like an ASR input (a `file` upload, `audio_path`, `audio_url`); each
+other clip is an upload under its name or an allowed path given as its value. Uploaded clips
+travel in the task's one input blob (common/clips.py); paths travel in the task's options
+(`clip_paths`), and the worker checks them against the allowed roots again as it opens them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from common import clips
+from common.audio import AudioError, probe_audio
+from common.catalog import BACKENDS
+from common.settings import Settings
+from gateway.errors import RequestError
+from gateway.inputs import Params, read_upload, resolve_allowed_path
+from gateway.submission import AudioInput, read_audio_input
+
+
+async def analysis_input(params: Params, settings: Settings,
+                         backend: str) -> tuple[dict[str, Any], AudioInput]:
+    row = BACKENDS[backend]
+    options: dict[str, Any] = {}
+    for param in row.params:
+        try:
+            value = param.value(params.get(param.name))
+        except ValueError as exc:
+            raise RequestError(400, str(exc), param=param.name) from None
+        if value is not None:
+            options[param.name] = value
+    main, *others = row.inputs
+    audio = await read_audio_input(params, settings)
+    uploads: dict[str, bytes] = {}
+    paths: dict[str, str] = {}
+    if audio.blob is not None:
+        uploads[main.name] = audio.blob
+    else:
+        paths[main.name] = str(audio.path)
+    for clip in others:
+        upload = params.files.get(clip.name)
+        raw_path = None if upload is not None else params.get(clip.name)
+        if upload is not None:
+            try:
+                uploads[clip.name] = await read_upload(upload, _max_bytes(settings))
+            except RequestError as exc:
+                exc.param = clip.name
+                raise
+            await _probe(uploads[clip.name], clip.name, settings)
+        elif raw_path:
+            try:
+                path = resolve_allowed_path(raw_path, settings.allowed_roots, clip.name)
+            except RequestError as exc:
+                exc.message = f"the '{clip.name}' clip: {exc.message}"
+                raise
+            await _probe(path, clip.name, settings)
+            paths[clip.name] = str(path)
+        elif clip.required:
+            raise RequestError(400, f"no '{clip.name}' clip: upload it under that name or give "
+                                    "a path under an allowed root", param=clip.name)
+    if paths:
+        options["clip_paths"] = paths
+    # the task's audio_seconds (and so its queue metrics) are the main clip's
+    return options, AudioInput(clips.pack(uploads) if uploads else None, None, audio.info)
+
+
+def _max_bytes(settings: Settings) -> int:
+    return int(settings.max_upload_mib * 1024 * 1024)
+
+
+async def _probe(source: bytes | Path, name: str, settings: Settings) -> None:
+    """Garbage never reaches a queue: each clip is demuxed here, as the main one is."""
+    try:
+        info = await asyncio.to_thread(probe_audio, source)
+    except AudioError as exc:
+        raise RequestError(400, f"the '{name}' clip is unusable: {exc}", param=name,
+                           code="invalid_audio") from None
+    except OSError as exc:
+        raise RequestError(400, f"cannot read the '{name}' clip ({exc.strerror})",
+                           param=name) from None
+    if info.duration > settings.max_audio_seconds:
+        raise RequestError(413, f"the '{name}' clip lasts {info.duration:.0f} s; the limit is "
+                                f"{settings.max_audio_seconds:.0f} s", param=name)

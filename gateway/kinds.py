@@ -1,0 +1,48 @@
+"""What a submit reads for each kind of backend (common/backends.py KINDS).
+
+A new backend of an existing kind needs no edit here: what differs between backends of a
+kind is in their rows. A new kind adds its reader to READERS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from common.catalog import KINDS, UnknownBackend, backend_info
+from common.settings import Settings
+from gateway.analysis import analysis_input
+from gateway.errors import RequestError
+from gateway.inputs import Params
+from gateway.submission import AudioInput, asr_params, read_audio_input
+from gateway.tts import tts_input
+
+#: (request params, settings, backend) -> (the task's options, its input audio)
+Reader = Callable[[Params, Settings, str], Awaitable[tuple[dict[str, Any], AudioInput]]]
+
+
+async def _asr_input(params: Params, settings: Settings,
+                     backend: str) -> tuple[dict[str, Any], AudioInput]:
+    options = asr_params(params, settings, backend)
+    return options, await read_audio_input(params, settings)
+
+
+async def _tts_input(params: Params, settings: Settings,
+                     backend: str) -> tuple[dict[str, Any], AudioInput]:
+    return await tts_input(params, settings, backend)
+
+
+READERS: dict[str, Reader] = {"asr": _asr_input, "tts": _tts_input, "analysis": analysis_input}
+if missing := sorted(set(KINDS) - set(READERS)):  # a kind no submit could read: fail at start
+    raise RuntimeError(f"no gateway reader for the kinds {missing}")
+
+
+async def read_task_input(params: Params, settings: Settings,
+                          backend: str) -> tuple[dict[str, Any], AudioInput]:
+    """The options and input audio of a task for `backend`, checked as its kind requires;
+    RequestError (nothing queued) for anything it would refuse."""
+    try:
+        kind = backend_info(settings, backend).kind
+    except UnknownBackend as exc:
+        raise RequestError(404, str(exc), param="backend", code="unknown_backend") from None
+    return await READERS[kind](params, settings, backend)

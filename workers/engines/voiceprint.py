@@ -1,0 +1,111 @@
+"""Voiceprint: the speaker embedding of a clip (Resemblyzer's GE2E speaker encoder, 256
+dimensions, L2-normed) and, given a `reference` clip, a same-speaker score: the cosine
+similarity of the two embeddings, with `same_speaker` true from the `threshold` param up.
+
+Model sources: `bundled`, the encoder Resemblyzer ships (resemblyzer/pretrained.pt), or a
+local checkpoint file of the same network. Runs in its own environment (.venvs/voiceprint):
+torch and resemblyzer are imported only by `load`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from workers.engines.base import ModelRef, local_path
+
+BUNDLED = "bundled"
+#: shortest stretch of voice embedded (Resemblyzer pads shorter ones; this little is noise)
+MIN_VOICE_SECONDS = 0.2
+#: a clip quieter than this (about -80 dBFS) holds no voice; Resemblyzer would still embed it
+SILENCE_RMS = 1e-4
+
+
+@dataclass(slots=True)
+class VoiceprintHandle:
+    encoder: Any  # resemblyzer.VoiceEncoder
+
+
+class VoiceprintEngine:
+    #: Resemblyzer's sampling rate (resemblyzer.hparams.sampling_rate): the runtime decodes to it
+    sample_rate = 16000
+    uses_torch = True
+
+    def __init__(self, settings: object | None = None) -> None:
+        del settings  # nothing to configure
+
+    def cuda_available(self) -> bool:
+        import torch
+
+        return torch.cuda.is_available()
+
+    def check_source(self, model: ModelRef) -> None:
+        if model.source == BUNDLED:
+            return
+        path = local_path(model.source)
+        if path is None or not path.is_file():
+            raise FileNotFoundError(f"voiceprint takes {BUNDLED!r} or a checkpoint file, and "
+                                    f"{model.source!r} is neither")
+
+    def load(self, model: ModelRef, device: str) -> VoiceprintHandle:
+        self.check_source(model)
+        import resemblyzer
+        import torch
+        from resemblyzer import VoiceEncoder
+
+        path = (Path(resemblyzer.__file__).parent / "pretrained.pt" if model.source == BUNDLED
+                else Path(model.source))
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)["model_state"]
+        except Exception as exc:  # torch.load's errors for a file of something else are cryptic
+            raise ValueError(f"{path} is not a Resemblyzer voice encoder checkpoint "
+                             f"({type(exc).__name__}: {exc})") from None
+        encoder = VoiceEncoder(device=device, verbose=False, weights_fpath=path)
+        # VoiceEncoder loads with strict=False (its checkpoints carry training-only extras), so
+        # a checkpoint of another network would load nothing and embed at random: refuse it.
+        if missing := sorted(set(encoder.state_dict()) - set(state)):
+            raise ValueError(f"{path} is not a Resemblyzer voice encoder checkpoint "
+                             f"(it lacks {', '.join(missing[:3])})")
+        encoder.eval()
+        return VoiceprintHandle(encoder)
+
+    def warm_up(self, handle: VoiceprintHandle) -> None:
+        # the first embedding pays for librosa's and torch's lazy set-up; not the first task
+        noise = np.random.default_rng(0).normal(0.0, 0.05, self.sample_rate).astype(np.float32)
+        self._embed(handle, noise, "warm-up")
+
+    def unload(self, handle: VoiceprintHandle) -> None:
+        handle.encoder = None
+
+    def analyze(self, handle: VoiceprintHandle, clips: dict[str, np.ndarray],
+                params: dict[str, Any]) -> dict[str, Any]:
+        embedding = self._embed(handle, clips["file"], "file")
+        result: dict[str, Any] = {
+            "embedding": [round(float(value), 6) for value in embedding],
+            "dimensions": len(embedding),
+            "duration": round(len(clips["file"]) / self.sample_rate, 3),
+        }
+        if (reference := clips.get("reference")) is not None:
+            # both embeddings are L2-normed: their dot product is the cosine similarity
+            score = float(np.dot(embedding, self._embed(handle, reference, "reference")))
+            result.update(score=round(score, 6), threshold=params["threshold"],
+                          same_speaker=score >= params["threshold"])
+        return result
+
+    def _embed(self, handle: VoiceprintHandle, audio: np.ndarray, name: str) -> np.ndarray:
+        import torch
+        from resemblyzer import preprocess_wav
+
+        if not len(audio) or float(np.sqrt(np.mean(np.square(audio)))) < SILENCE_RMS:
+            raise ValueError(f"no voice in the {name!r} clip: it is silent")
+        voice = preprocess_wav(audio)  # volume normalised, long silences cut (webrtcvad)
+        if len(voice) < MIN_VOICE_SECONDS * self.sample_rate:
+            voice = audio  # the VAD heard no speech (a tone, noise): embed the clip as it is
+        if len(voice) < MIN_VOICE_SECONDS * self.sample_rate:
+            raise ValueError(f"the {name!r} clip is too short: at least {MIN_VOICE_SECONDS} s "
+                             "of voice is needed")
+        with torch.inference_mode():
+            return handle.encoder.embed_utterance(voice)
