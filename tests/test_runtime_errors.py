@@ -23,8 +23,8 @@ held: list[weakref.ref] = []
 class ExhaustedOnce(FasterWhisperEngine):
     """The real engine; its first transcription dies the way CUDA does when memory runs out."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
         self.failed = False
 
     def transcribe(self, handle: Any, audio: np.ndarray, options: TranscriptionOptions,
@@ -39,7 +39,7 @@ class ExhaustedOnce(FasterWhisperEngine):
 
 def test_out_of_memory_is_a_clear_error_that_frees_the_call_and_keeps_serving() -> None:
     settings = Settings(redis_url="redis://127.0.0.1:1/0", idle_unload_seconds=-1)
-    worker = Worker(settings, ExhaustedOnce())
+    worker = Worker(settings, ExhaustedOnce(settings))
 
     async def run() -> Any:
         return await worker.execute("tiny.en", {}, JFK.read_bytes(), lambda s: None)

@@ -140,7 +140,7 @@ def test_loopback_rule() -> None:
 def test_off_loopback_health_needs_the_secret_too() -> None:
     """The app as served off loopback, called in process (no socket): only /health differs."""
     settings = Settings(redis_url="redis://127.0.0.1:1/0", worker_secret=SECRET)
-    worker = Worker(settings, FasterWhisperEngine())
+    worker = Worker(settings, FasterWhisperEngine(settings))
 
     async def health(open_health: bool, headers: dict | None = None) -> int:
         transport = httpx.ASGITransport(app=create_worker_app(worker, open_health=open_health))

@@ -18,7 +18,7 @@ def main() -> None:
     from workers.http import serve_http
     from workers.runtime import Worker
 
-    worker = Worker(settings, create_engine(settings.backend))
+    worker = Worker(settings, create_engine(settings.backend, settings))
     asyncio.run(worker.run(serve_http))
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from common.audio import decode_audio, encode_wav
 from common.schemas import SynthesisOptions, TranscriptionOptions
+from common.settings import get_settings
 from workers.engines import create_engine
 from workers.engines.base import ModelRef, SpeechEngine
 
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("audio", nargs="?", help="input audio (ASR) or reference clip (TTS)")
     args = parser.parse_args(argv)
 
-    engine = create_engine(args.backend)
+    engine = create_engine(args.backend, get_settings())  # options from SPEECH_* env
     started = time.perf_counter()
     handle = engine.load(ModelRef(args.model_name, args.model_source), args.device)
     engine.warm_up(handle)

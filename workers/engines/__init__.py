@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 
+from common.settings import Settings
 from workers.engines.base import Engine
 
 ENGINE_CLASSES: dict[str, str] = {
@@ -15,6 +16,7 @@ ENGINE_CLASSES: dict[str, str] = {
 }
 
 
-def create_engine(backend: str) -> Engine:
+def create_engine(backend: str, settings: Settings) -> Engine:
+    """The engine of `backend`, given the settings it reads its options from."""
     module_name, class_name = ENGINE_CLASSES[backend].split(":")
-    return getattr(importlib.import_module(module_name), class_name)()
+    return getattr(importlib.import_module(module_name), class_name)(settings)
