@@ -13,12 +13,14 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 from common.audio import decode_audio, encode_wav
+from common.catalog import BACKENDS
 from common.schemas import SynthesisOptions, TranscriptionOptions
 from common.settings import get_settings
 from workers.engines import create_engine
-from workers.engines.base import ModelRef, SpeechEngine
+from workers.engines.base import ModelRef, SpeechEngine, TranscriptionEngine
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,17 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     outputs = []
     for _ in range(args.repeat):
         started = time.perf_counter()
-        if isinstance(engine, SpeechEngine) and args.text is not None:
+        if BACKENDS[args.backend].kind == "tts" and args.text is not None:
             options = SynthesisOptions(text=args.text, language=args.language or "en",
                                        voice=args.voice)
-            synthesis = engine.synthesize(handle, options, audio)
+            synthesis = cast(SpeechEngine, engine).synthesize(handle, options, audio)
             if args.out:
                 args.out.write_bytes(encode_wav(synthesis.audio, synthesis.sample_rate))
             output = {"audio_seconds": synthesis.duration, "sample_rate": synthesis.sample_rate}
         else:
             options = TranscriptionOptions(language=args.language, task=args.task,
                                            word_timestamps=args.word_timestamps)
-            transcription = engine.transcribe(handle, audio, options, lambda segment: None)
+            transcription = cast(TranscriptionEngine, engine).transcribe(
+                handle, audio, options, lambda segment: None)
             output = transcription.to_result(args.backend, args.model_name,
                                               args.word_timestamps)
         output["seconds"] = round(time.perf_counter() - started, 3)
