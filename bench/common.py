@@ -447,11 +447,12 @@ class Direct:
     default thread count."""
 
     def __init__(self, model: str = "tiny.en", source: str = "bundled") -> None:
+        from common.settings import get_settings
         from workers.engines.base import ModelRef
         from workers.engines.faster_whisper import FasterWhisperEngine
 
         self.model = model
-        self.engine = FasterWhisperEngine()
+        self.engine = FasterWhisperEngine(get_settings())
         self.device = "cuda" if self.engine.cuda_available() else "cpu"
         self.handle = self.engine.load(ModelRef(model, source), self.device)
 

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from common.audio import decode_audio
 from common.schemas import TranscriptionOptions
+from common.settings import get_settings
 from workers.engines.base import ModelRef
 from workers.engines.parakeet import ParakeetEngine
 from workers.memory import is_out_of_memory
@@ -58,7 +59,8 @@ def run(engine, handle):
 
 results = {}
 for graphs in (True, False):
-    engine = ParakeetEngine(cuda_graphs=graphs, dtype=None if device == "cuda" else "bfloat16")
+    engine = ParakeetEngine(get_settings(), cuda_graphs=graphs,
+                            dtype=None if device == "cuda" else "bfloat16")
     started = time.perf_counter()
     handle = engine.load(ModelRef("check", model), device)
     engine.warm_up(handle)
@@ -121,7 +123,7 @@ from common.audio import decode_audio
 from common.schemas import TranscriptionOptions
 from workers.engines.base import ModelRef
 from workers.engines.faster_whisper import FasterWhisperEngine
-engine = FasterWhisperEngine()
+engine = FasterWhisperEngine(get_settings())
 ok = engine.cuda_available()
 print(("PASS" if ok else "FAIL"), "CTranslate2 sees a CUDA device")
 handle = engine.load(ModelRef("tiny.en", "bundled"), "cuda")

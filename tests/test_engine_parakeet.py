@@ -75,6 +75,7 @@ WINDOWS_SCRIPT = """
 import json, sys
 from common.audio import decode_audio
 from common.schemas import TranscriptionOptions
+from common.settings import get_settings
 from workers.engines import parakeet
 from workers.engines.base import ModelRef
 
@@ -86,7 +87,7 @@ def counting_forward(handle, audio):
     return hypothesis
 parakeet._forward = counting_forward
 
-engine = parakeet.ParakeetEngine()  # window size from SPEECH_PARAKEET_WINDOW_SECONDS
+engine = parakeet.ParakeetEngine(get_settings())  # window from SPEECH_PARAKEET_WINDOW_SECONDS
 handle = engine.load(ModelRef("tiny", sys.argv[1]), "cpu")
 audio = decode_audio(sys.argv[2], 16000)
 result = engine.transcribe(handle, audio, TranscriptionOptions(word_timestamps=True),
@@ -117,9 +118,10 @@ import json, sys
 import numpy as np, torch
 from common.schemas import TranscriptionOptions
 from workers.engines.base import ModelRef
+from common.settings import Settings
 from workers.engines.parakeet import LOCAL_ATTENTION, ParakeetEngine
 
-engine = ParakeetEngine(dtype="bfloat16", warmup_seconds=[1])  # forced bf16, as on CUDA
+engine = ParakeetEngine(Settings(), dtype="bfloat16", warmup_seconds=[1])  # bf16, as on CUDA
 handle = engine.load(ModelRef("tiny", sys.argv[1]), "cpu")
 engine.warm_up(handle)
 asr = handle.model
@@ -169,13 +171,14 @@ def test_bf16_cast_after_local_attention_leaves_no_fp32_islands(tiny_model: Path
 
 BAD_PATHS_SCRIPT = """
 import json, sys
+from common.settings import Settings
 from workers.engines.base import ModelRef
 from workers.engines.parakeet import ParakeetEngine
 
 errors = []
 for source in sys.argv[1:]:
     try:
-        ParakeetEngine().load(ModelRef("bad", source), "cpu")
+        ParakeetEngine(Settings()).load(ModelRef("bad", source), "cpu")
         errors.append(None)
     except Exception as exc:
         errors.append(f"{type(exc).__name__}: {exc}")

@@ -104,10 +104,11 @@ import json, sys
 import numpy as np
 from common.audio import decode_audio
 from common.schemas import SynthesisOptions
+from common.settings import Settings
 from workers.engines.base import ModelRef
 from workers.engines.xtts import XttsEngine
 
-engine = XttsEngine()
+engine = XttsEngine(Settings())
 handle = engine.load(ModelRef("tiny", sys.argv[1]), "cpu")
 clip = decode_audio(sys.argv[2], engine.sample_rate)
 clones = []

@@ -97,11 +97,13 @@ PROBE_SCRIPT = """
 import json, sys
 from common.audio import decode_audio
 from common.schemas import TranscriptionOptions
+from common.settings import Settings
 from workers.engines.base import ModelRef
 from workers.engines.qwen3 import Qwen3Engine
 from workers.engines.vibevoice import VibeVoiceEngine
 
 qwen3_dir, missing, empty, clip = sys.argv[1:]
+settings = Settings()
 
 def error(call):
     try:
@@ -111,11 +113,12 @@ def error(call):
     return None
 
 answer = {
-    "missing": error(lambda: Qwen3Engine().load(ModelRef("bad", missing), "cpu")),
-    "empty": error(lambda: VibeVoiceEngine().load(ModelRef("bad", empty), "cpu")),
-    "wrong_family": error(lambda: VibeVoiceEngine().load(ModelRef("bad", qwen3_dir), "cpu")),
+    "missing": error(lambda: Qwen3Engine(settings).load(ModelRef("bad", missing), "cpu")),
+    "empty": error(lambda: VibeVoiceEngine(settings).load(ModelRef("bad", empty), "cpu")),
+    "wrong_family": error(lambda: VibeVoiceEngine(settings).load(ModelRef("bad", qwen3_dir),
+                                                                 "cpu")),
 }
-engine = Qwen3Engine()
+engine = Qwen3Engine(settings)
 handle = engine.load(ModelRef("tiny", qwen3_dir), "cpu")
 audio = decode_audio(clip, engine.sample_rate)
 def transcribe(**options):

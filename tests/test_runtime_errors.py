@@ -1,5 +1,5 @@
-"""How the runtime turns an engine's failure into a task error, on the real faster-whisper
-engine with a GPU out-of-memory injected (this machine has no GPU to exhaust)."""
+"""How the worker's engine host turns an engine's failure into a task error, on the real
+faster-whisper engine with a GPU out-of-memory injected (this machine has no GPU to exhaust)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import pytest
 from common.schemas import ErrorCode, Segment, Transcription, TranscriptionOptions
 from common.settings import Settings
 from tests.helpers import JFK, JFK_TEXT, wer
+from workers.engine_host import EngineHost
 from workers.engines.faster_whisper import FasterWhisperEngine
-from workers.runtime import MEMORY_LIMIT_ERROR, TaskError, Worker
+from workers.execute import MEMORY_LIMIT_ERROR, TaskError
 
 held: list[weakref.ref] = []
 
@@ -23,8 +24,8 @@ held: list[weakref.ref] = []
 class ExhaustedOnce(FasterWhisperEngine):
     """The real engine; its first transcription dies the way CUDA does when memory runs out."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
         self.failed = False
 
     def transcribe(self, handle: Any, audio: np.ndarray, options: TranscriptionOptions,
@@ -39,10 +40,10 @@ class ExhaustedOnce(FasterWhisperEngine):
 
 def test_out_of_memory_is_a_clear_error_that_frees_the_call_and_keeps_serving() -> None:
     settings = Settings(redis_url="redis://127.0.0.1:1/0", idle_unload_seconds=-1)
-    worker = Worker(settings, ExhaustedOnce())
+    host = EngineHost(settings, ExhaustedOnce(settings))
 
     async def run() -> Any:
-        return await worker.execute("tiny.en", {}, JFK.read_bytes(), lambda s: None)
+        return await host.execute("tiny.en", {}, JFK.read_bytes(), lambda s: None)
 
     with pytest.raises(TaskError) as failure:
         asyncio.run(run())
@@ -51,6 +52,6 @@ def test_out_of_memory_is_a_clear_error_that_frees_the_call_and_keeps_serving() 
     assert error.code.http_status == 503  # the server is short of memory, not the upload too big
     assert error.__context__ is None and error.__cause__ is None
     assert held[0]() is None, "the failed call's tensors outlived it"
-    assert worker.running_calls == 0 and worker.slot.loaded_models == ["tiny.en"]
+    assert host.running_calls == 0 and host.slot.loaded_models == ["tiny.en"]
     outcome = asyncio.run(run())  # the worker goes on with the next task
     assert wer(JFK_TEXT, outcome.result["text"]) <= 0.10

@@ -15,9 +15,9 @@ from common.settings import Settings
 from harness import procs
 from tests.audio_fakes import lying_matroska
 from tests.helpers import JFK, JFK_TEXT, wer
+from workers.engine_host import EngineHost
 from workers.engines.faster_whisper import FasterWhisperEngine
 from workers.http import create_worker_app, is_loopback
-from workers.runtime import Worker
 
 SECRET = "worker-test-secret"
 AUTH = {"Authorization": f"Bearer {SECRET}"}
@@ -140,10 +140,10 @@ def test_loopback_rule() -> None:
 def test_off_loopback_health_needs_the_secret_too() -> None:
     """The app as served off loopback, called in process (no socket): only /health differs."""
     settings = Settings(redis_url="redis://127.0.0.1:1/0", worker_secret=SECRET)
-    worker = Worker(settings, FasterWhisperEngine())
+    host = EngineHost(settings, FasterWhisperEngine(settings))
 
     async def health(open_health: bool, headers: dict | None = None) -> int:
-        transport = httpx.ASGITransport(app=create_worker_app(worker, open_health=open_health))
+        transport = httpx.ASGITransport(app=create_worker_app(host, open_health=open_health))
         async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:
             return (await client.get("/health", headers=headers)).status_code
 

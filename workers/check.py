@@ -15,13 +15,15 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 from common import clips
 from common.audio import decode_audio, encode_wav
 from common.backends import BACKENDS
 from common.schemas import SynthesisOptions, TranscriptionOptions
+from common.settings import get_settings
 from workers.engines import create_engine
-from workers.engines.base import ModelRef, SpeechEngine
+from workers.engines.base import ModelRef, SpeechEngine, TranscriptionEngine
 from workers.execute import run_engine
 
 
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     kind = BACKENDS[args.backend].kind
 
-    engine = create_engine(args.backend)
+    engine = create_engine(args.backend, get_settings())  # options from SPEECH_* env
     started = time.perf_counter()
     handle = engine.load(ModelRef(args.model_name, args.model_source), args.device)
     engine.warm_up(handle)
@@ -63,17 +65,18 @@ def main(argv: list[str] | None = None) -> int:
             output = run_engine(engine, handle, backend=args.backend, model=args.model_name,
                                 params=dict(item.split("=", 1) for item in args.param),
                                 source=clips.pack(uploads), on_segment=lambda segment: None).result
-        elif isinstance(engine, SpeechEngine) and args.text is not None:
+        elif kind == "tts" and args.text is not None:
             options = SynthesisOptions(text=args.text, language=args.language or "en",
                                        voice=args.voice)
-            synthesis = engine.synthesize(handle, options, audio)
+            synthesis = cast(SpeechEngine, engine).synthesize(handle, options, audio)
             if args.out:
                 args.out.write_bytes(encode_wav(synthesis.audio, synthesis.sample_rate))
             output = {"audio_seconds": synthesis.duration, "sample_rate": synthesis.sample_rate}
         else:
             options = TranscriptionOptions(language=args.language, task=args.task,
                                            word_timestamps=args.word_timestamps)
-            transcription = engine.transcribe(handle, audio, options, lambda segment: None)
+            transcription = cast(TranscriptionEngine, engine).transcribe(
+                handle, audio, options, lambda segment: None)
             output = transcription.to_result(args.backend, args.model_name,
                                               args.word_timestamps)
         output["seconds"] = round(time.perf_counter() - started, 3)

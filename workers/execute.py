@@ -1,4 +1,5 @@
-"""One engine call for one task: decode the input, run the engine, shape the result.
+"""One engine call for one task: decode the input, run the engine, shape the result, and
+say in one TaskError why a call failed.
 
 What a call takes and gives follows the backend's kind (common/backends.py): ASR decodes one
 clip and streams segments, TTS decodes an optional voice clip and returns audio, analysis
@@ -9,20 +10,45 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from common import clips
-from common.audio import AudioError, decode_audio, encode_wav
+from common.audio import AudioError, AudioTooLong, decode_audio, encode_wav
 from common.backends import BACKENDS
 from common.paths import AllowedFile
-from common.schemas import Segment, SynthesisOptions, TranscriptionOptions
+from common.schemas import ErrorCode, Segment, SynthesisOptions, TranscriptionOptions
+from workers import memory
 from workers.engines.base import AnalysisEngine, Engine, SpeechEngine, TranscriptionEngine
 
 #: an engine call's input: bytes (an upload), a path the worker trusts, or a file a request
 #: named, checked against the allowed roots as it is opened
 Source = bytes | Path | AllowedFile
+MEMORY_LIMIT_ERROR = "GPU memory limit reached for this file"
+
+
+class TaskError(Exception):
+    """The task cannot succeed (bad audio, engine error, out of memory); no retry."""
+
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.ENGINE_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def task_error(exc: Exception) -> TaskError:
+    """A fresh, traceback-free TaskError saying why an engine call failed."""
+    if isinstance(exc, TaskError):
+        return TaskError(str(exc), exc.code)
+    if isinstance(exc, AudioTooLong):
+        return TaskError(str(exc), ErrorCode.AUDIO_TOO_LONG)
+    if isinstance(exc, AudioError):
+        return TaskError(str(exc), ErrorCode.INVALID_AUDIO)
+    if memory.is_out_of_memory(exc):
+        return TaskError(MEMORY_LIMIT_ERROR, ErrorCode.OUT_OF_MEMORY)
+    if isinstance(exc, ValueError):
+        return TaskError(str(exc), ErrorCode.INVALID_REQUEST)
+    return TaskError(f"{type(exc).__name__}: {exc}")
 
 
 @dataclass(slots=True)
@@ -44,21 +70,21 @@ def run_engine(
     allowed_roots: tuple[Path, ...] = (),
 ) -> Outcome:
     """`max_audio_seconds` bounds the decoded input (AudioTooLong past it); `allowed_roots`
-    are what the paths in a task's options are checked against as they are opened."""
+    are what the paths in a task's options are checked against as they are opened. What the
+    engine does is the backend's kind in the table."""
     kind = BACKENDS[backend].kind
     if kind == "tts":
-        assert isinstance(engine, SpeechEngine)
-        return _synthesize(engine, handle, backend, model, params, source, max_audio_seconds)
+        return _synthesize(cast(SpeechEngine, engine), handle, backend, model, params, source,
+                           max_audio_seconds)
     if kind == "analysis":
-        assert isinstance(engine, AnalysisEngine)
-        return _analyze(engine, handle, backend, model, params, source, max_audio_seconds,
-                        allowed_roots)
-    assert isinstance(engine, TranscriptionEngine)
+        return _analyze(cast(AnalysisEngine, engine), handle, backend, model, params, source,
+                        max_audio_seconds, allowed_roots)
+    transcriber = cast(TranscriptionEngine, engine)
     if source is None:
         raise ValueError("no input audio")
     options = TranscriptionOptions.from_params(params)
-    audio = _decode(source, engine.sample_rate, max_audio_seconds)
-    transcription = engine.transcribe(handle, audio, options, on_segment)
+    audio = _decode(source, transcriber.sample_rate, max_audio_seconds)
+    transcription = transcriber.transcribe(handle, audio, options, on_segment)
     del audio
     return Outcome(transcription.to_result(backend, model, options.word_timestamps))
 

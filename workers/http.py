@@ -16,14 +16,13 @@ import json
 import logging
 import math
 import socket
-from collections.abc import Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import Annotated, Any
 
 import uvicorn
 from fastapi import FastAPI, File, Form, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from redis.exceptions import RedisError
 from starlette.datastructures import UploadFile as FormFile
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -32,16 +31,21 @@ from common.body_limit import BodyLimitMiddleware
 from common.catalog import BACKENDS, KINDS, speech_language
 from common.paths import AllowedFile
 from common.schemas import MAX_SPEED, MIN_SPEED, ErrorCode, TranscriptionOptions
-from workers.runtime import TaskError, Worker
+from workers.engine_host import EngineHost
+from workers.execute import TaskError
 
 log = logging.getLogger("worker.http")
 MULTIPART_OVERHEAD_BYTES = 64 * 1024  # form fields and boundaries on top of the largest file
+#: what /health answers: the worker's whole snapshot (the host's own when none is given)
+Health = Callable[[], Awaitable[dict[str, Any]]]
 
 
-def create_worker_app(worker: Worker, open_health: bool = True) -> ASGIApp:
-    """The worker's ASGI app; `open_health`: /health needs no secret (loopback binds)."""
-    settings = worker.settings
-    app = FastAPI(title=f"speech-gateway worker ({worker.backend})", docs_url=None,
+def create_worker_app(host: EngineHost, health: Health | None = None,
+                      open_health: bool = True) -> ASGIApp:
+    """The worker's ASGI app over `host`; `open_health`: /health needs no secret (loopback
+    binds)."""
+    settings = host.settings
+    app = FastAPI(title=f"speech-gateway worker ({host.backend})", docs_url=None,
                   redoc_url=None, openapi_url=None)
 
     @app.exception_handler(RequestValidationError)
@@ -50,16 +54,11 @@ def create_worker_app(worker: Worker, open_health: bool = True) -> ASGIApp:
         return _error(f"invalid request: {message}")
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        snapshot = worker.health()
-        try:
-            snapshot["breakers"] = await worker.open_breakers()
-        except RedisError:
-            snapshot["breakers"] = None  # unknown while Redis is unreachable
-        return snapshot
+    async def health_route() -> dict[str, Any]:
+        return await health() if health is not None else host.health()
 
     def model_or_default(model: str | None) -> str:
-        return model or settings.default_model(worker.backend) or ""
+        return model or settings.default_model(host.backend) or ""
 
     @app.post("/transcribe")
     async def transcribe(
@@ -73,8 +72,8 @@ def create_worker_app(worker: Worker, open_health: bool = True) -> ASGIApp:
         vad_filter: Annotated[bool, Form()] = False,
         temperature: Annotated[float, Form()] = 0.0,
     ) -> JSONResponse:
-        if worker.engine_kind() != "asr":
-            return _wrong_endpoint(worker)
+        if host.kind != "asr":
+            return _wrong_endpoint(host)
         params = {"language": language, "task": task, "word_timestamps": word_timestamps,
                   "prompt": prompt, "beam_size": beam_size, "vad_filter": vad_filter,
                   "temperature": temperature}
@@ -86,7 +85,7 @@ def create_worker_app(worker: Worker, open_health: bool = True) -> ASGIApp:
         if not data:
             return _error("the uploaded file is empty", ErrorCode.INVALID_AUDIO)
         try:
-            outcome = await worker.execute(model_or_default(model), params, data, _ignore)
+            outcome = await host.execute(model_or_default(model), params, data, _ignore)
         except TaskError as exc:
             return _error(str(exc), exc.code)
         return JSONResponse(outcome.result)
@@ -100,15 +99,15 @@ def create_worker_app(worker: Worker, open_health: bool = True) -> ASGIApp:
         speed: Annotated[float, Form()] = 1.0,
         speaker_wav: Annotated[UploadFile | None, File()] = None,
     ) -> Response:
-        if worker.engine_kind() != "tts":
-            return _wrong_endpoint(worker)
+        if host.kind != "tts":
+            return _wrong_endpoint(host)
         text = text.strip()
         if not text or len(text) > settings.tts_max_characters:
             return _error(f"'text' must have 1 to {settings.tts_max_characters} characters")
         if not (math.isfinite(speed) and MIN_SPEED <= speed <= MAX_SPEED):
             return _error(f"speed must be a number from {MIN_SPEED} to {MAX_SPEED}")
         try:
-            language = speech_language(worker.backend, language)
+            language = speech_language(host.backend, language)
         except ValueError as exc:
             return _error(str(exc))
         reference: bytes | AllowedFile | None = None
@@ -124,7 +123,7 @@ def create_worker_app(worker: Worker, open_health: bool = True) -> ASGIApp:
                 voice, reference = None, AllowedFile(target, tuple(settings.allowed_roots))
         params = {"text": text, "language": language, "voice": voice, "speed": speed}
         try:
-            outcome = await worker.execute(model_or_default(model), params, reference, _ignore)
+            outcome = await host.execute(model_or_default(model), params, reference, _ignore)
         except TaskError as exc:
             return _error(str(exc), exc.code)
         return Response(outcome.output or b"", media_type="audio/wav",
@@ -134,9 +133,9 @@ def create_worker_app(worker: Worker, open_health: bool = True) -> ASGIApp:
     async def analyze(request: Request) -> JSONResponse:
         """An analysis backend's clips as uploads under their declared names, its params and
         `model` as form fields (what /api/config lists under `inputs` and `params`)."""
-        if worker.engine_kind() != "analysis":
-            return _wrong_endpoint(worker)
-        row = BACKENDS[worker.backend]
+        if host.kind != "analysis":
+            return _wrong_endpoint(host)
+        row = BACKENDS[host.backend]
         try:
             form = await request.form(max_files=len(row.inputs),
                                       max_fields=len(row.params) + 1)
@@ -160,7 +159,7 @@ def create_worker_app(worker: Worker, open_health: bool = True) -> ASGIApp:
                 return _error(f"upload the {clip.name!r} clip")
         model = fields.get("model")
         try:
-            outcome = await worker.execute(model_or_default(model if isinstance(model, str)
+            outcome = await host.execute(model_or_default(model if isinstance(model, str)
                                                             else None),
                                            params, clips.pack(uploads), _ignore)
         except TaskError as exc:
@@ -176,8 +175,8 @@ def create_worker_app(worker: Worker, open_health: bool = True) -> ASGIApp:
                          frozenset({"/health"}) if open_health else frozenset())
 
 
-def _wrong_endpoint(worker: Worker) -> JSONResponse:
-    kind = worker.engine_kind()
+def _wrong_endpoint(host: EngineHost) -> JSONResponse:
+    kind = host.kind
     return _error(f"this is a {kind} worker; use {KINDS[kind].worker_path}")
 
 
@@ -231,12 +230,14 @@ class _Server(uvicorn.Server):
         yield  # the worker runtime owns SIGTERM/SIGINT
 
 
-async def serve_http(worker: Worker) -> None:
-    """Serve on `worker_host`:`worker_port` (0 = a free port, published in /health).
+async def serve_http(host: EngineHost, health: Health | None = None,
+                     on_bound: Callable[[str], None] | None = None) -> None:
+    """Serve on `worker_host`:`worker_port` (0 = a free port, told to `on_bound`, which
+    publishes it in /health).
 
     Off loopback without `worker_secret` it does not bind at all: it raises, and the worker
     exits (a direct endpoint open to the network would bypass every gateway key)."""
-    settings = worker.settings
+    settings = host.settings
     loopback = is_loopback(settings.worker_host)
     if not loopback and not settings.worker_secret:
         log.critical("refusing to serve worker HTTP on %r: not a loopback address and "
@@ -246,10 +247,12 @@ async def serve_http(worker: Worker) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((settings.worker_host, settings.worker_port))
-    host, port = sock.getsockname()[:2]
-    worker.url = f"http://{host}:{port}"
-    log.info("worker HTTP on %s (%s)", worker.url,
+    bound_host, port = sock.getsockname()[:2]
+    url = f"http://{bound_host}:{port}"
+    if on_bound is not None:
+        on_bound(url)
+    log.info("worker HTTP on %s (%s)", url,
              "secret required" if settings.worker_secret else "no secret: loopback only")
-    config = uvicorn.Config(create_worker_app(worker, open_health=loopback), log_level="warning",
-                            access_log=False, lifespan="off")
+    config = uvicorn.Config(create_worker_app(host, health, open_health=loopback),
+                            log_level="warning", access_log=False, lifespan="off")
     await _Server(config).serve(sockets=[sock])

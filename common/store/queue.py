@@ -37,9 +37,10 @@ class Queue:
         self.consumer = consumer
         self._extend = redis.register_script(_EXTEND_LEASE)
 
-    async def read(self, *, after: str | None = None, block_ms: int = 1000) -> list[Delivery]:
+    async def read(self, *, after: str | None = None,
+                   block_ms: int | None = 1000) -> list[Delivery]:
         """With `after`: our own unacked entries past that id (re-read after a restart).
-        Without: one new entry, waiting up to `block_ms`."""
+        Without: one new entry, waiting up to `block_ms` (None: not at all)."""
         reply = await self.redis.xreadgroup(
             keys.WORKER_GROUP, self.consumer, {self.stream: after or ">"}, count=1,
             block=None if after else block_ms)

@@ -1,9 +1,12 @@
 """What an engine module implements: load, run and unload one model family.
 
-Everything about *when* to load, unload, cap memory, retry or exit lives in
-`workers.runtime`; an engine only knows how to drive its library. An engine may add
-`check_source(model: ModelRef) -> None`, a cheap look at its layout on disk that raises
-before anything is allocated (see `check_source` below, which always runs first).
+Everything about *when* to load, unload, cap memory, retry or exit lives in the worker
+(`workers.engine_host`, `workers.consumer`, `workers.runtime`); an engine only knows how to
+drive its library. Its class is built with the worker's `Settings` as its first argument
+(`workers.engines.create_engine`) and reads its options from them, never from the
+environment. An engine may add `check_source(model: ModelRef) -> None`, a cheap look at its
+layout on disk that raises before anything is allocated (see `check_source` below, which
+always runs first).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import numpy as np
 from faster_whisper import WhisperModel
 
 from common.schemas import Segment, Transcription, TranscriptionOptions, Word
-from common.settings import get_settings
+from common.settings import Settings
 from workers.engines.base import ModelRef
 
 BUNDLED = "bundled"
@@ -27,8 +27,8 @@ class FasterWhisperEngine:
     sample_rate = 16000
     uses_torch = False
 
-    def __init__(self, compute_type: str | None = None, cpu_threads: int | None = None) -> None:
-        settings = get_settings()
+    def __init__(self, settings: Settings, compute_type: str | None = None,
+                 cpu_threads: int | None = None) -> None:
         self.compute_type = compute_type or settings.compute_type
         self.cpu_threads = settings.cpu_threads if cpu_threads is None else cpu_threads
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.settings import Settings
 from workers.engines.base import ModelRef
 
 
@@ -21,6 +22,9 @@ class HfAsrEngine:
 
     name = ""
     uses_torch = True
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings  # no option of these engines comes from the settings yet
 
     def cuda_available(self) -> bool:
         import torch

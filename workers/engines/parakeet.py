@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from common.schemas import Segment, Transcription, TranscriptionOptions, Word
-from common.settings import get_settings
+from common.settings import Settings
 from workers.engines.base import ModelRef
 
 if TYPE_CHECKING:
@@ -46,10 +46,9 @@ class ParakeetEngine:
     sample_rate = 16000
     uses_torch = True
 
-    def __init__(self, window_seconds: float | None = None,
+    def __init__(self, settings: Settings, window_seconds: float | None = None,
                  warmup_seconds: Sequence[float] | None = None,
                  cuda_graphs: bool | None = None, dtype: str | None = None) -> None:
-        settings = get_settings()
         self.window_seconds = window_seconds or settings.parakeet_window_seconds
         self.warmup_seconds = list(warmup_seconds if warmup_seconds is not None
                                    else settings.parakeet_warmup_seconds)

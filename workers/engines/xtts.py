@@ -19,6 +19,7 @@ import numpy as np
 
 from common.catalog import XTTS_LANGUAGES, XTTS_MIN_REFERENCE_SECONDS, xtts_language
 from common.schemas import Synthesis, SynthesisOptions
+from common.settings import Settings
 from workers.engines.base import ModelRef
 
 #: the gateway validates with the same list and rules (common.catalog); kept under these names
@@ -62,6 +63,9 @@ class XttsEngine:
     uses_torch = True
     #: seeds sampling before each request, so the same text and voice give the same audio
     seed: int | None = 0
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings  # no option of this engine comes from the settings yet
 
     def cuda_available(self) -> bool:
         import torch

@@ -1,0 +1,115 @@
+"""A worker's whole side of Redis, for one backend and one consumer name: its stream (read,
+claim, lease, ack, dead-letter), its tasks (start, finish, note, publish), the breakers of its
+models, its metrics and its heartbeat.
+
+A worker process holds this one object and nothing else of Redis: it never sees a key or the
+client, so the key layout (`common/keys.py`) stays inside this package.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.asyncio import Redis
+
+from common import keys
+from common.schemas import TaskState
+from common.settings import Settings
+from common.store import metrics
+from common.store.queue import Delivery, Queue
+from common.store.tasks import Admission, Breaker, BreakerPolicy, Task, TaskStore, write_heartbeat
+
+
+class WorkerStore:
+    def __init__(self, redis: Redis, settings: Settings, consumer: str) -> None:
+        self.backend = settings.backend
+        self.consumer = consumer
+        self.breaker_policy = BreakerPolicy.of(settings)
+        self.heartbeat_ttl = 3 * settings.heartbeat_seconds
+        self._redis = redis
+        self._tasks = TaskStore.for_settings(redis, settings)
+        self._queue = Queue(redis, self.backend, consumer)
+
+    # --- the stream ---
+    async def ensure_queue(self) -> None:
+        """Create the backend's stream and consumer group unless they exist."""
+        await self._tasks.ensure_queue(self.backend)
+
+    async def read(self, *, after: str | None = None,
+                   block_ms: int | None = 1000) -> list[Delivery]:
+        """With `after`: our own unacked entries past that id. Without: one new entry,
+        waiting up to `block_ms` (None: not at all)."""
+        return await self._queue.read(after=after, block_ms=block_ms)
+
+    async def claim_abandoned(self, min_idle_seconds: float) -> list[Delivery]:
+        return await self._queue.claim_abandoned(min_idle_seconds)
+
+    async def deliveries(self, entry_id: str) -> int:
+        return await self._queue.deliveries(entry_id)
+
+    async def extend_lease(self, entry_id: str) -> bool:
+        """False when another worker has claimed the entry meanwhile."""
+        return await self._queue.extend_lease(entry_id)
+
+    async def ack(self, entry_id: str) -> None:
+        await self._queue.ack(entry_id)
+
+    async def dead_letter(self, task_id: str, reason: str, deliveries: int) -> None:
+        await self._queue.dead_letter(task_id, reason, deliveries)
+
+    # --- tasks ---
+    async def get(self, task_id: str) -> Task | None:
+        return await self._tasks.get(task_id)
+
+    async def input_blob(self, task_id: str) -> bytes | None:
+        return await self._tasks.input_blob(task_id)
+
+    async def start(self, task_id: str, deliveries: int) -> int:
+        """Mark RUNNING by this consumer and open a new attempt: its number, 0 if the task is
+        already terminal, -1 if it is gone."""
+        return await self._tasks.start(task_id, self.consumer, deliveries)
+
+    async def finish(self, task: Task, state: TaskState, *, attempt: int | None, entry_id: str,
+                     result: dict[str, Any] | None = None, error: str = "", error_code: str = "",
+                     output: bytes | None = None) -> bool:
+        """The terminal state, fenced by `attempt` (None: unfenced), then the ack; False when
+        this write lost."""
+        return await self._tasks.finish(task, state, attempt=attempt, entry_id=entry_id,
+                                        result=result, error=error, error_code=error_code,
+                                        output=output)
+
+    async def note_error(self, task_id: str, error: str) -> None:
+        await self._tasks.note_error(task_id, error)
+
+    async def publish(self, task_id: str, event: dict[str, Any]) -> None:
+        await self._tasks.publish(task_id, event)
+
+    # --- breakers ---
+    async def admit(self, model: str, source: str) -> Admission:
+        return await self._tasks.admit(self.backend, model, source, self.consumer,
+                                       self.breaker_policy)
+
+    async def record_load_failure(self, model: str, source: str, error: str) -> bool:
+        """Count a load failure; True when the model's breaker is open after it."""
+        return await self._tasks.record_load_failure(self.backend, model, source, error,
+                                                     self.breaker_policy)
+
+    async def clear_breaker(self, model: str) -> bool:
+        return await self._tasks.clear_breaker(self.backend, model)
+
+    async def breakers(self, sources: dict[str, str]) -> dict[str, Breaker]:
+        return await self._tasks.breakers(self.backend, sources, self.breaker_policy)
+
+    # --- metrics and heartbeat ---
+    async def record(self, counters: tuple[str, ...] = (),
+                     observations: dict[str, float] | None = None) -> None:
+        await metrics.record(self._redis, self.backend, counters, observations)
+
+    async def beat(self, snapshot: dict[str, Any]) -> None:
+        """Publish this worker's health snapshot; it expires unless renewed."""
+        await write_heartbeat(self._redis, self.backend, self.consumer, snapshot,
+                              ttl_seconds=self.heartbeat_ttl)
+
+    async def forget_heartbeat(self) -> None:
+        """This worker is leaving: stop counting it as live at once, not at the TTL."""
+        await self._redis.delete(keys.heartbeat(self.backend, self.consumer))

@@ -1,0 +1,175 @@
+"""A real worker run inside the test process (issue 14): engine host, consumer and
+WorkerStore composed as `python -m workers` composes them, on a real redis-server with the
+real faster-whisper engine and the bundled tiny.en, but handed no signal handling, an exit
+policy that records instead of exiting, and burst mode: it drains the queue and returns."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from common import keys
+from common.schemas import TaskState
+from common.settings import Settings
+from common.store import BreakerPolicy, Task, TaskStore, new_task_id
+from harness import procs
+from tests.helpers import JFK, JFK_TEXT, pending_count, wer
+from workers.engines.faster_whisper import FasterWhisperEngine, bundled_model_dir
+from workers.runtime import Worker
+
+BACKEND = "faster-whisper"
+CONSUMER = "in-process"
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[procs.RedisServer]:
+    server = procs.RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+def worker_settings(redis_url: str, models: dict[str, str]) -> Settings:
+    return Settings(redis_url=redis_url, models={BACKEND: models}, consumer=CONSUMER,
+                    allowed_roots=[procs.TEST_AUDIO], heartbeat_seconds=0.1,
+                    idle_unload_seconds=-1, min_uptime_seconds=0)
+
+
+async def submit(redis_url: str, model: str, by_path: bool = False) -> str:
+    """Queue a task as the gateway does: its record, entry and input blob in one write."""
+    client = Redis.from_url(redis_url)
+    task = Task(id=new_task_id(), backend=BACKEND, model=model, state=TaskState.PENDING,
+                input_path=str(JFK) if by_path else "", audio_seconds=11.0)
+    await TaskStore(client, 600).submit(task, None if by_path else JFK.read_bytes())
+    await client.aclose()
+    return task.id
+
+
+async def run_worker(settings: Settings) -> dict[str, Any]:
+    """Run one Worker in burst mode until it returns: what it left, the exits it asked for,
+    and every heartbeat seen while it ran."""
+    exits: list[int] = []
+    client, watcher = Redis.from_url(settings.redis_url), Redis.from_url(settings.redis_url)
+    worker = Worker(settings, FasterWhisperEngine(settings), client, handle_signals=False,
+                    exit=exits.append, burst=True)
+    heartbeat = keys.heartbeat(BACKEND, CONSUMER)
+    beats = []
+    run = asyncio.create_task(worker.run())
+    while not run.done():
+        if raw := await watcher.get(heartbeat):
+            beats.append(json.loads(raw))
+        await asyncio.wait({run}, timeout=0.05)
+    await run  # raises what the worker raised
+    left = {"worker": worker, "exits": exits, "heartbeats": beats,
+            "heartbeat_left": await watcher.exists(heartbeat)}
+    await client.aclose()
+    await watcher.aclose()
+    return left
+
+
+async def task_of(redis_url: str, task_id: str) -> Task:
+    client = Redis.from_url(redis_url)
+    task = await TaskStore(client, 600).get(task_id)
+    await client.aclose()
+    assert task is not None
+    return task
+
+
+def counters(redis: procs.RedisServer) -> dict[str, int]:
+    raw = redis.client().hgetall(keys.counters(BACKEND))
+    return {k.decode(): int(v) for k, v in raw.items()}
+
+
+def test_a_worker_in_process_drains_the_queue_and_returns(redis: procs.RedisServer) -> None:
+    settings = worker_settings(redis.url, {"tiny.en": "bundled"})
+
+    async def scenario() -> tuple[list[str], dict[str, Any]]:
+        task_ids = [await submit(redis.url, "tiny.en"),
+                    await submit(redis.url, "tiny.en", by_path=True)]
+        return task_ids, await run_worker(settings)
+
+    task_ids, run = asyncio.run(scenario())
+    assert run["exits"] == []
+    for task_id in task_ids:
+        task = asyncio.run(task_of(redis.url, task_id))
+        assert task.state == TaskState.SUCCEEDED, task
+        assert task.result is not None and wer(JFK_TEXT, task.result["text"]) <= 0.10, task.result
+        assert task.attempt == 1 and task.worker == CONSUMER
+    assert pending_count(redis.client()) == 0
+    assert run["worker"].consumer.tasks_done == 2
+    # the heartbeat was written while it ran, and taken away when it returned
+    beats = run["heartbeats"]
+    assert beats and {b["consumer"] for b in beats} == {CONSUMER}
+    assert all(b["backend"] == BACKEND and b["pid"] == os.getpid() for b in beats)
+    assert {"loading", "busy", "ready"} & {b["state"] for b in beats}, beats
+    assert not run["heartbeat_left"]
+    # metrics went through WorkerStore
+    assert counters(redis) == {"worker_starts": 1, "tasks_SUCCEEDED": 2}
+    client = redis.client()
+    assert int(client.hget(keys.histogram(BACKEND, "inference_seconds"), "count")) == 2
+    assert int(client.hget(keys.histogram(BACKEND, "model_load_seconds"), "count")) == 1
+
+
+def test_a_corrupt_model_asks_for_an_exit_instead_of_exiting(
+        redis: procs.RedisServer, tmp_path: Path) -> None:
+    """A load that fails half-built ends a real worker's process; here the exit policy only
+    records it, so the test process lives to check what the worker did before."""
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+        shutil.copy(bundled_model_dir() / name, corrupt / name)
+    (corrupt / "model.bin").write_bytes(os.urandom(4096))
+    settings = worker_settings(redis.url, {"tiny.en": "bundled", "corrupt": str(corrupt)})
+
+    async def scenario() -> tuple[str, str, dict[str, Any]]:
+        broken = await submit(redis.url, "corrupt")
+        behind = await submit(redis.url, "tiny.en")
+        return broken, behind, await run_worker(settings)
+
+    broken, behind, run = asyncio.run(scenario())
+    assert run["exits"] == [1]
+    failed = asyncio.run(task_of(redis.url, broken))
+    assert failed.state == TaskState.FAILED and "failed to load" in failed.error, failed
+    assert failed.error_code == "model_load_failed" and failed.attempt == 1
+    assert counters(redis) == {"worker_starts": 1, "load_failures": 1, "tasks_FAILED": 1}
+    assert asyncio.run(breaker_failures(redis.url, str(corrupt))) == 1
+    assert not run["heartbeat_left"]
+    # a worker that asked to exit takes no further task: the next one (supervisord's
+    # restart, here a second in-process worker under the same name) runs it
+    assert asyncio.run(task_of(redis.url, behind)).state == TaskState.PENDING
+    again = asyncio.run(run_worker(settings))
+    assert again["exits"] == []
+    done = asyncio.run(task_of(redis.url, behind))
+    assert done.state == TaskState.SUCCEEDED and done.attempt == 1, done
+    assert pending_count(redis.client()) == 0
+
+
+async def breaker_failures(redis_url: str, source: str) -> int:
+    client = Redis.from_url(redis_url)
+    breakers = await TaskStore(client, 600).breakers(BACKEND, {"corrupt": source},
+                                                      BreakerPolicy())
+    await client.aclose()
+    return breakers["corrupt"].failures
+
+
+def test_workers_reach_redis_only_through_the_store() -> None:
+    """No worker module builds a key or touches a Redis client's commands: WorkerStore
+    (common/store/worker.py) does."""
+    for path in sorted((procs.ROOT / "workers").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                names = {f"{node.module}.{alias.name}" for alias in node.names}
+                assert "common.keys" not in {node.module, *names}, path
+            elif isinstance(node, ast.Import):
+                assert all(alias.name != "common.keys" for alias in node.names), path
+            elif isinstance(node, ast.Attribute):
+                assert node.attr not in ("redis", "_redis"), (path, node.lineno)

@@ -1,0 +1,209 @@
+"""The engine side of a worker: one resident model, one engine thread, one engine call at a
+time, the memory cap and idle unload, for every engine.
+
+It knows nothing of Redis, tasks or breakers. Whoever calls it (the queue consumer, the
+direct HTTP server) hears of every model acquisition through an `on_load` callback, a
+`LoadReport`, and decides what a failed load means for the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from common.catalog import BACKENDS
+from common.schemas import ErrorCode, Segment
+from common.settings import Settings
+from workers import memory
+from workers.engines.base import Engine
+from workers.execute import Outcome, Source, TaskError, run_engine, task_error
+from workers.models import LoadFailed, ModelSlot, SourceUnusable
+
+log = logging.getLogger("worker")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """What became of acquiring `model` for one engine call."""
+
+    model: str
+    source: str
+    ok: bool
+    #: a load ran (False when ok: the model was already resident)
+    loaded: bool = False
+    #: a failed load got as far as allocating: only an exit returns what it may hold.
+    #: False for a source that failed its pre-check (the resident model stays).
+    allocated: bool = False
+    error: str = ""
+    seconds: float = 0.0  # of a successful load
+
+
+OnLoad = Callable[[LoadReport], Awaitable[None]]
+
+
+async def _no_report(report: LoadReport) -> None:
+    del report
+
+
+class EngineHost:
+    def __init__(self, settings: Settings, engine: Engine, on_load: OnLoad = _no_report) -> None:
+        self.settings = settings
+        self.backend = settings.backend
+        self.kind = BACKENDS[self.backend].kind  # "asr", "tts" or "analysis"
+        self.engine = engine
+        self.device = _resolve_device(settings.device, engine)
+        self.slot = ModelSlot(engine, self.device, settings.backend_models(self.backend))
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine")
+        self.lock = asyncio.Lock()  # one engine call at a time: queue and direct HTTP
+        self.running_calls = 0  # engine calls in progress (queue or direct HTTP): "busy"
+        self.on_load = on_load  # for calls that bring none (direct HTTP, preload)
+
+    @property
+    def busy(self) -> bool:
+        return self.lock.locked()
+
+    @property
+    def sources(self) -> dict[str, str]:
+        """The configured models: name -> source."""
+        return self.slot.sources
+
+    async def start(self) -> None:
+        """Before any model: bound torch's share of the GPU."""
+        if self.device == "cuda" and self.engine.uses_torch and self.settings.memory_cap_mib > 0:
+            await self._call(memory.apply_torch_cap, self.settings.memory_cap_mib)
+
+    async def preload(self, model: str, on_load: OnLoad | None = None) -> None:
+        async with self.lock:
+            with contextlib.suppress(TaskError):  # already reported through on_load
+                await self._acquire(model, on_load or self.on_load)
+
+    async def execute(self, model: str, params: dict[str, Any], source: Source | None,
+                      on_segment: Callable[[Segment], None],
+                      on_load: OnLoad | None = None) -> Outcome:
+        """Load `model` if needed and run one engine call, serialised with every other;
+        a TaskError says why it failed."""
+        async with self.lock:
+            self.running_calls += 1
+            outcome: Outcome | None = None
+            failure: TaskError | None = None
+            try:
+                handle = await self._acquire(model, on_load or self.on_load)
+                await self._call(self._refuse_over_cap)
+                outcome = await self._call(
+                    run_engine, self.engine, handle, backend=self.backend, model=model,
+                    params=params, source=source, on_segment=on_segment,
+                    max_audio_seconds=self.settings.max_audio_seconds,
+                    allowed_roots=tuple(self.settings.allowed_roots))
+            except Exception as exc:
+                failure = task_error(exc)
+            # Past the except block the engine's exception is gone, and with its traceback
+            # the tensors its frames held: only now can releasing memory return them.
+            handle = None
+            try:
+                await self._call(self._after_engine_call)
+            finally:
+                self.running_calls -= 1
+            if failure is not None:
+                raise failure
+            assert outcome is not None
+            return outcome
+
+    async def _acquire(self, model: str, on_load: OnLoad) -> Any:
+        loads_before = self.slot.loads
+        source = self.slot.sources.get(model, "")
+        try:
+            handle = await self._call(self.slot.acquire, model)
+        except KeyError as exc:
+            raise TaskError(str(exc.args[0]), ErrorCode.INVALID_REQUEST) from None
+        except SourceUnusable as exc:  # found before anything was allocated
+            report = LoadReport(model, source, ok=False, error=str(exc))
+        except LoadFailed as exc:
+            report = LoadReport(model, source, ok=False, allocated=True, error=str(exc))
+        else:
+            loaded = self.slot.loads > loads_before
+            await on_load(LoadReport(model, source, ok=True, loaded=loaded,
+                                     seconds=self.slot.last_load_seconds if loaded else 0.0))
+            return handle
+        # Reported outside the except block: a caller that ends the process after a failed
+        # load waits there, and must not hold the exception (or its frames) meanwhile.
+        await on_load(report)
+        raise TaskError(report.error, ErrorCode.MODEL_LOAD_FAILED)
+
+    def _memory_over_cap(self) -> float | None:
+        """MiB in use if over `memory_cap_mib` (GPU memory on cuda, RSS on cpu), else None."""
+        cap = self.settings.memory_cap_mib
+        if cap <= 0:
+            return None
+        used = memory.used_mib(memory.snapshot(self.engine.uses_torch, self.device), self.device)
+        return used if used > cap else None
+
+    def _refuse_over_cap(self) -> None:
+        """With its model loaded the worker is already over its cap: running would only grow
+        it, so the task is refused (and the model dropped) rather than the cap broken."""
+        used = self._memory_over_cap()
+        if used is not None:
+            self.slot.unload()
+            raise TaskError(f"this worker's memory cap is {self.settings.memory_cap_mib} MiB and "
+                            f"it uses {used:.0f} MiB with the model loaded: raise "
+                            "SPEECH_MEMORY_CAP_MIB or use a smaller model",
+                            ErrorCode.OUT_OF_MEMORY)
+
+    def _after_engine_call(self) -> None:
+        memory.release(self.engine.uses_torch)
+        if self.settings.idle_unload_seconds == 0:
+            self.slot.unload()
+        elif (used := self._memory_over_cap()) is not None:
+            log.warning("memory %.0f MiB over the %d MiB cap: unloading", used,
+                        self.settings.memory_cap_mib)
+            self.slot.unload()
+
+    async def unload_when_idle(self) -> None:
+        """Runs for ever: unload the model once unused for `idle_unload_seconds` (> 0)."""
+        idle_limit = self.settings.idle_unload_seconds
+        while True:
+            await asyncio.sleep(min(1.0, idle_limit / 4))
+            if self.slot.handle is None or self.lock.locked():
+                continue
+            if self.slot.idle_for() >= idle_limit:
+                async with self.lock:
+                    if self.slot.idle_for() >= idle_limit:
+                        log.info("idle for %.0f s: unloading", self.slot.idle_for())
+                        await self._call(self.slot.unload)
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run on the engine thread, carrying the task id into its log lines."""
+        context = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor,
+                                          lambda: context.run(fn, *args, **kwargs))
+
+    def health(self) -> dict[str, Any]:
+        """The engine side of the worker's /health snapshot."""
+        if self.slot.loading:
+            state = "loading"
+        elif self.running_calls:
+            state = "busy"
+        else:
+            state = "ready" if self.slot.handle is not None else "idle"
+        return {
+            "state": state,
+            "device": self.device,
+            "loaded_models": self.slot.loaded_models,
+            "last_used": self.slot.last_used,
+            "memory": memory.snapshot(self.engine.uses_torch, self.device),
+            "memory_cap_mib": self.settings.memory_cap_mib,
+            "idle_unload_seconds": self.settings.idle_unload_seconds,
+        }
+
+
+def _resolve_device(setting: str, engine: Engine) -> str:
+    if setting != "auto":
+        return setting
+    return "cuda" if engine.cuda_available() else "cpu"
