@@ -19,7 +19,7 @@ import pytest
 from common import keys
 from harness import procs
 from harness.procs import TEST_AUDIO, wait_until
-from tests.helpers import JFK, pending_count, submit_file, wait_done
+from tests.helpers import JFK, TERMINAL, pending_count, status, submit_file, wait_done
 
 PROGRAM = "faster-whisper:faster-whisper_00"
 LONG = TEST_AUDIO / "multilingual.mp3"  # ~5 s of work with tiny.en on 2 cores
@@ -131,11 +131,19 @@ def test_idle_unload_returns_memory_and_reloads(stack: Stack) -> None:
     unloaded = wait_until(lambda: (h := stack.worker_health())["loaded_models"] == [] and h,
                           20, "idle unload", 0.2)
     assert unloaded["state"] == "idle"
-    # load again and measure the loaded RSS right away, then after the unload
+    # load again; the loaded RSS is the highest seen while the model was resident (right
+    # after the load it is lower than after the first inference), then after the unload
     task_id = submit_file(stack.url, JFK).json()["taskid"]
-    loaded_rss = max(wait_until(lambda: (h := stack.worker_health())["loaded_models"] and
-                                h["memory"]["rss_mib"], 30, "reload", 0.05), 0)
-    wait_done(stack.url, task_id)
+    loaded_samples: list[float] = []
+
+    def sample_until_done() -> bool:
+        health = stack.worker_health()
+        if health["loaded_models"]:
+            loaded_samples.append(health["memory"]["rss_mib"])
+        return status(stack.url, task_id)["status"] in TERMINAL and bool(loaded_samples)
+
+    wait_until(sample_until_done, 60, "the reloaded task", 0.05)
+    loaded_rss = max(loaded_samples)
     unloaded = wait_until(lambda: (h := stack.worker_health())["loaded_models"] == [] and h,
                           20, "idle unload", 0.2)
     assert unloaded["memory"]["rss_mib"] < loaded_rss - 20, (loaded_rss, unloaded["memory"])

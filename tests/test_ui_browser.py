@@ -21,7 +21,7 @@ import pytest
 from gateway.auth import digest
 from harness import procs
 from harness.procs import ROOT, TEST_AUDIO
-from tests.helpers import JFK, JFK_TEXT, wer
+from tests.helpers import JFK, JFK_TEXT, normalise, wer
 from tests.tiny import env_python, tiny_model
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -207,7 +207,10 @@ def test_drop_a_file_then_record_from_the_microphone_and_transcribe(
         "document.querySelector('#asr-source').textContent.startsWith('Recording:')")
     page.click("#asr-go")
     wait_done(page, "#asr-state")
-    assert "hello world" in transcript(page).lower(), transcript(page)
+    # Chromium loops the fake microphone's clip from wherever it is when the capture opens,
+    # so the first word may be cut ("the low world"): the rest of the clip must be there.
+    words = set(normalise(transcript(page)))
+    assert {"world", "testing"} <= words, transcript(page)
 
 
 def test_speak_with_a_voice_and_with_a_reference_clip(ui_stack: dict[str, Any],
