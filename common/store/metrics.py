@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from redis.asyncio import Redis
 
 from common import keys
+from common.store.devices import DeviceView, devices
 
 if TYPE_CHECKING:
     from common.store.tasks import TaskStore
@@ -65,6 +66,7 @@ class Snapshot:
     backends: dict[str, BackendMetrics]
     workers: list[dict[str, Any]]  # live workers' heartbeat snapshots
     breakers: list[tuple[str, str, bool]] = field(default_factory=list)  # backend, model, open
+    devices: list[DeviceView] = field(default_factory=list)  # the memory broker's devices
 
 
 async def snapshot(store: TaskStore, backends: list[str]) -> Snapshot:
@@ -87,4 +89,5 @@ async def snapshot(store: TaskStore, backends: list[str]) -> Snapshot:
     async for key in redis.scan_iter(match=keys.breaker_pattern(), count=200):
         backend, model = keys.breaker_parts(key.decode())
         found.breakers.append((backend, model, await redis.hget(key, "open") == b"1"))
+    found.devices = await devices(redis)
     return found
