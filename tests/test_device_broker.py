@@ -234,6 +234,8 @@ def test_three_models_on_a_budget_of_two_all_succeed(trio: dict) -> None:
     metrics = httpx.get(f"{gateway}/metrics", timeout=10).text
     assert f'speech_device_budget_mib{{device="{next(iter(ready["devices"]))}"}} 2000.0' in metrics
     assert "speech_device_evictions_total" in metrics and "speech_device_waiting_loads" in metrics
+    # the loads' waits in line are observed, apart from the loads themselves
+    assert 'speech_device_wait_seconds_count{backend="qwen3"}' in metrics
 
 
 def test_a_busy_holder_finishes_and_a_killed_one_lapses(trio: dict) -> None:

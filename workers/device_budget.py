@@ -31,6 +31,7 @@ class DeviceBudget:
     enabled = False
     device_id = ""
     budget_mib = 0
+    last_wait_seconds = 0.0  # how long the last reserve waited in line
 
     async def register(self) -> None:
         return None
@@ -86,7 +87,7 @@ class BrokeredBudget(DeviceBudget):
                                                    settings.device_lease_seconds)
                 if answer.reserved:
                     reserved = True
-                    waited = time.monotonic() - started
+                    waited = self.last_wait_seconds = time.monotonic() - started
                     if waited > settings.device_poll_seconds:
                         log.info("reserved %.0f MiB of %s for %s after waiting %.1f s",
                                  answer.need, self.device_id, model, waited)

@@ -44,6 +44,8 @@ class LoadReport:
     allocated: bool = False
     error: str = ""
     seconds: float = 0.0  # of a successful load
+    #: how long the load waited in line for device memory (None: no broker, or no load)
+    device_wait_seconds: float | None = None
 
 
 OnLoad = Callable[[LoadReport], Awaitable[None]]
@@ -71,6 +73,7 @@ class EngineHost:
         self.held: str | None = None  # the model whose reservation this worker holds
         self.reserved_mib = 0.0
         self._peak_from: float | None = None  # MiB in use before the load being measured
+        self._waited: float | None = None  # the last reservation's wait, for its LoadReport
 
     @property
     def busy(self) -> bool:
@@ -151,6 +154,7 @@ class EngineHost:
             self.held, self.reserved_mib = None, 0.0
         self.reserved_mib = await self.budget.reserve(model)
         self.held = model
+        self._waited = self.budget.last_wait_seconds
         self._peak_from = await self._call(memory.reset_peak, self.engine.uses_torch,
                                            self.device)
 
@@ -231,8 +235,10 @@ class EngineHost:
             report = LoadReport(model, source, ok=False, allocated=True, error=str(exc))
         else:
             loaded = self.slot.loads > loads_before
+            waited, self._waited = (self._waited if loaded else None), None
             await on_load(LoadReport(model, source, ok=True, loaded=loaded,
-                                     seconds=self.slot.last_load_seconds if loaded else 0.0))
+                                     seconds=self.slot.last_load_seconds if loaded else 0.0,
+                                     device_wait_seconds=waited))
             return handle
         # Reported outside the except block: a caller that ends the process after a failed
         # load waits there, and must not hold the exception (or its frames) meanwhile.

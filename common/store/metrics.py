@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 BUCKETS: dict[str, tuple[float, ...]] = {
     "queue_wait_seconds": (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 1800),
     "model_load_seconds": (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+    #: a load's wait in line for device memory (the broker), before the load itself
+    "device_wait_seconds": (0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 1800),
     "inference_seconds": (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800),
     "end_to_end_seconds": (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800),
     "realtime_factor": (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
