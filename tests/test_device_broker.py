@@ -22,12 +22,14 @@ from redis.asyncio import Redis
 
 from common import keys
 from common.schemas import TaskState
+from common.store import WorkerStore
 from common.store.devices import DeviceLedger, devices
 from harness import procs
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, submit_file, wait_done
 from tests.test_consumer_inprocess import run_worker, submit, task_of, worker_settings
 from tests.tiny import env_python, tiny_model
+from workers.device_budget import device_label, for_worker
 
 LONG = TEST_AUDIO / "multilingual.mp3"  # seconds of work for tiny.en on cpu
 LEASE = 2.0
@@ -137,6 +139,43 @@ def test_a_peak_past_its_reservation_is_refused_and_recorded(redis: procs.RedisS
     asyncio.run(run_worker(settings))
     assert asyncio.run(task_of(redis.url, second)).state == TaskState.SUCCEEDED
     assert asyncio.run(_devices(redis.url))[0].holders == {}  # released as it left
+
+
+def test_a_load_that_waits_past_its_bound_fails_device_busy(redis: procs.RedisServer) -> None:
+    """The whole budget held by a busy reservation (another worker's, mid-task): the load
+    waits in line `device_wait_seconds`, then its task FAILS with device_busy."""
+    settings = worker_settings(redis.url, {"tiny.en": "bundled"}).model_copy(update={
+        "device_memory_mib": {"cpu": MIB}, "model_memory_mib": {"faster-whisper/tiny.en": MIB},
+        "device_wait_seconds": 1.0})
+    async def hold() -> None:
+        client = Redis.from_url(redis.url)
+        budget = for_worker(settings, WorkerStore(client, settings, "x"), "cpu", 0)
+        ledger = DeviceLedger(client, budget.device_id, "busy-neighbour")
+        assert (await ledger.reserve("other", "big", MIB, MIB, 600.0)).reserved
+        await client.aclose()
+
+    asyncio.run(hold())
+    task_id = asyncio.run(submit(redis.url, "tiny.en"))
+    started = time.monotonic()
+    asyncio.run(run_worker(settings))
+    assert 1.0 <= time.monotonic() - started < 20
+    task = asyncio.run(task_of(redis.url, task_id))
+    assert task.state == TaskState.FAILED and task.error_code == "device_busy", task
+    assert "waited 1 s for 1000 MiB" in task.error
+    (view,) = asyncio.run(_devices(redis.url))
+    assert view.waiting == [] and set(view.holders) == {"busy-neighbour"}
+    assert view.device.endswith("/" + device_label("cpu"))
+
+
+def test_a_model_of_unknown_size_is_measured_not_refused(redis: procs.RedisServer) -> None:
+    """No size configured and no cap (the cuda default): its first load reserves 0 MiB,
+    serves, and records the peak its next loads reserve."""
+    settings = worker_settings(redis.url, {"tiny.en": "bundled"}).model_copy(update={
+        "device_memory_mib": {"cpu": 100_000}})
+    task_id = asyncio.run(submit(redis.url, "tiny.en"))
+    asyncio.run(run_worker(settings))
+    assert asyncio.run(task_of(redis.url, task_id)).state == TaskState.SUCCEEDED
+    assert float(redis.client().hget(keys.model_peaks(), "faster-whisper/tiny.en")) > 1
 
 
 async def _devices(url: str) -> list[Any]:

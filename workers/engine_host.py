@@ -169,7 +169,8 @@ class EngineHost:
             self._peak_from = None
             log.info("model %s peaked at %.0f MiB (reserved %.0f)", model, peak,
                      self.reserved_mib)
-        over = peak_over(peak, self.reserved_mib)
+        # a reservation of 0 (no size known yet) is a measuring load: recorded, not refused
+        over = self.reserved_mib > 0 and peak_over(peak, self.reserved_mib)
         if after_task or over:
             try:
                 await self.budget.record_peak(model, peak)
