@@ -87,3 +87,30 @@ def counters(backend: str) -> str:
 def histogram(backend: str, metric: str) -> str:
     """Hash: one latency histogram's cumulative buckets, sum and count."""
     return f"{PREFIX}hist:{backend}:{metric}"
+
+
+def devices() -> str:
+    """Set: every device id a worker registered with the memory broker."""
+    return f"{PREFIX}devices"
+
+
+def device(device_id: str) -> str:
+    """Hash: one device's memory budget (MiB) and its evictions so far."""
+    return f"{PREFIX}device:{device_id}"
+
+
+def device_holders(device_id: str) -> str:
+    """Hash: consumer -> JSON reservation (backend, model, mib, busy, evict, last_used,
+    expires): who holds how much of the device's budget, until when unless renewed."""
+    return f"{PREFIX}device:{device_id}:holders"
+
+
+def device_waiting(device_id: str) -> str:
+    """Hash: consumer -> JSON waiting load (backend, model, need, since, expires): loads in
+    line for the device, first come first served by `since`."""
+    return f"{PREFIX}device:{device_id}:waiting"
+
+
+def model_peaks() -> str:
+    """Hash: "backend/model" -> the MiB its last measured load and first task peaked at."""
+    return f"{PREFIX}model-peaks"

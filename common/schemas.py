@@ -36,6 +36,7 @@ class ErrorCode(StrEnum):
     MODEL_LOAD_FAILED = "model_load_failed"  # its model failed to load for this task
     DELIVERY_LIMIT = "delivery_limit"  # its worker died on every delivery
     NO_WORKER = "no_worker"  # no worker took it in time, or its backend has no live worker
+    DEVICE_BUSY = "device_busy"  # its load waited past device_wait_seconds for device memory
     ENGINE_ERROR = "engine_error"
 
     @property
@@ -43,7 +44,7 @@ class ErrorCode(StrEnum):
         return {ErrorCode.INVALID_AUDIO: 400, ErrorCode.INVALID_REQUEST: 400,
                 ErrorCode.AUDIO_TOO_LONG: 413, ErrorCode.OUT_OF_MEMORY: 503,
                 ErrorCode.MODEL_UNAVAILABLE: 503, ErrorCode.MODEL_LOAD_FAILED: 503,
-                ErrorCode.NO_WORKER: 503}.get(self, 500)
+                ErrorCode.NO_WORKER: 503, ErrorCode.DEVICE_BUSY: 503}.get(self, 500)
 
 
 #: the widest beam an engine is asked for: each beam costs decoder memory and time

@@ -139,6 +139,20 @@ class Settings(BaseSettings):
     #: tasks whose worker is gone, FAILED (`no_worker`); 0 = never
     no_worker_seconds: float = 120.0
 
+    # --- device memory broker ---
+    #: device ("cpu", "cuda:0") -> MiB the models of every worker on it may reserve together.
+    #: Unset: the card's total (from the driver) on cuda, no broker on cpu.
+    device_memory_mib: dict[str, int] = Field(default_factory=dict)
+    #: "backend/model" -> MiB one load of it reserves; else the worker's `memory_cap_mib`
+    #: (else 0); a larger measured peak (recorded in Redis) wins once known
+    model_memory_mib: dict[str, int] = Field(default_factory=dict)
+    #: a load waiting in line for device memory longer than this fails its task (device_busy)
+    device_wait_seconds: float = Field(default=300.0, gt=0)
+    #: a reservation (or a place in line) its worker stopped renewing lapses after this long
+    device_lease_seconds: float = Field(default=10.0, gt=0)
+    #: how often a worker renews its lease, looks for a request to yield, and (waiting) retries
+    device_poll_seconds: float = Field(default=0.2, gt=0)
+
     @field_validator("voices")
     @classmethod
     def _check_voices(cls, voices: dict[str, str]) -> dict[str, str]:
@@ -171,6 +185,10 @@ class Settings(BaseSettings):
         if backend in self.default_models:
             return self.default_models[backend]
         return next(iter(self.backend_models(backend)), None)
+
+    def model_memory(self, backend: str, model: str) -> int:
+        """MiB one load of `model` reserves, before any measured peak."""
+        return self.model_memory_mib.get(f"{backend}/{model}", self.memory_cap_mib)
 
     def consumer_name(self) -> str:
         if self.consumer:

@@ -46,6 +46,7 @@ class Consumer:
         self.current_task: str | None = None
         self.tasks_done = 0
         self.load_seconds: float | None = None  # of the load the current task caused
+        self.device_wait_seconds: float | None = None  # that load's wait for device memory
 
     def stop(self) -> None:
         """Take no new task; the one running finishes (see Worker.run for how long it may)."""
@@ -104,7 +105,7 @@ class Consumer:
             return
         started = time.time()
         log.info("attempt %d (delivery %d), model %s", attempt, deliveries, task.model)
-        self.current_task, self.load_seconds = task.id, None
+        self.current_task, self.load_seconds, self.device_wait_seconds = task.id, None, None
         lease = asyncio.create_task(self._keep_lease(entry_id))
         try:
             outcome: Outcome | None = None
@@ -130,12 +131,15 @@ class Consumer:
     async def _record(self, task: Task, state: TaskState, started: float) -> None:
         """Metrics for one finished task; never allowed to fail the task."""
         finished = time.time()
-        inference = finished - started - (self.load_seconds or 0.0)
+        inference = (finished - started - (self.load_seconds or 0.0)
+                     - (self.device_wait_seconds or 0.0))
         observations = {"queue_wait_seconds": started - task.created_at,
                         "end_to_end_seconds": finished - task.created_at,
                         "inference_seconds": inference}
         if self.load_seconds is not None:
             observations["model_load_seconds"] = self.load_seconds
+        if self.device_wait_seconds is not None:
+            observations["device_wait_seconds"] = self.device_wait_seconds
         if state == TaskState.SUCCEEDED and task.audio_seconds:
             observations["realtime_factor"] = inference / task.audio_seconds
         with contextlib.suppress(RedisError):
@@ -196,6 +200,7 @@ class Consumer:
         task's metrics, and the breaker rules decide the rest."""
         if report.ok and report.loaded:
             self.load_seconds = report.seconds  # for this task's metrics
+            self.device_wait_seconds = report.device_wait_seconds
         await self.breakers.load_reported(task, report)
 
 

@@ -103,3 +103,45 @@ def _nvml_process_memory() -> dict[str, Any]:
 def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
         "out of memory" in str(exc).lower())
+
+
+def device_total_mib(device: str, uses_torch: bool) -> int:
+    """The card's total memory from the driver (0 on cpu, or when no driver answers)."""
+    if device != "cuda":
+        return 0
+    torch = sys.modules.get("torch") if uses_torch else None
+    if torch is not None and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(0).total_memory // MIB)
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total
+                   // MIB)
+    except Exception:  # no pynvml, no driver
+        return 0
+
+
+def reset_peak(uses_torch: bool, device: str) -> float:
+    """Start measuring a peak (before a load): the MiB in use now, its baseline."""
+    torch = sys.modules.get("torch") if uses_torch else None
+    if device == "cuda" and torch is not None and torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    elif device != "cuda":
+        # Linux: writing 5 resets the process's peak RSS (VmHWM) to its current RSS
+        with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    return used_mib(snapshot(uses_torch, device), device)
+
+
+def peak_mib(uses_torch: bool, device: str) -> float:
+    """The most MiB in use since `reset_peak` (GPU on cuda, RSS on cpu)."""
+    torch = sys.modules.get("torch") if uses_torch else None
+    if device == "cuda" and torch is not None and torch.cuda.is_available():
+        return torch.cuda.max_memory_reserved() / MIB
+    if device != "cuda":
+        with contextlib.suppress(OSError), open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    return used_mib(snapshot(uses_torch, device), device)

@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 
 from common.settings import Settings
 from common.store import WorkerStore
+from workers import device_budget, memory
 from workers.breakers import ModelBreakers
 from workers.consumer import Consumer
 from workers.engine_host import EngineHost
@@ -57,6 +58,9 @@ class Worker:
         self.url = ""
         self.store = WorkerStore(redis, settings, settings.consumer_name())
         self.host = EngineHost(settings, engine)
+        self.host.budget = device_budget.for_worker(
+            settings, self.store, self.host.device,
+            memory.device_total_mib(self.host.device, engine.uses_torch))
         self.breakers = ModelBreakers(self.store, self.host.sources,
                                       self._exit_after_load_failure)
         # Loads no task asked for (a direct HTTP call's) count against breakers too.
@@ -81,6 +85,8 @@ class Worker:
         background.append(asyncio.create_task(self._heartbeat_loop()))
         if self.settings.idle_unload_seconds > 0:
             background.append(asyncio.create_task(self.host.unload_when_idle()))
+        if self.host.budget.enabled:
+            background.append(asyncio.create_task(self.host.keep_reservation()))
         with contextlib.suppress(RedisError):
             await self.store.record(("worker_starts",))
         if self.settings.preload:
@@ -144,6 +150,8 @@ class Worker:
         (None: only return, as a drained burst does)."""
         with contextlib.suppress(RedisError):
             await self.store.forget_heartbeat()
+        with contextlib.suppress(RedisError):  # and its device memory goes with it
+            await self.host.budget.release()
         if code is not None:
             self._request_exit(code)
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from redis.asyncio import Redis
 
 from common import keys
+from common.store.devices import DeviceView, devices
 
 if TYPE_CHECKING:
     from common.store.tasks import TaskStore
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 BUCKETS: dict[str, tuple[float, ...]] = {
     "queue_wait_seconds": (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 1800),
     "model_load_seconds": (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+    #: a load's wait in line for device memory (the broker), before the load itself
+    "device_wait_seconds": (0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 1800),
     "inference_seconds": (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800),
     "end_to_end_seconds": (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800),
     "realtime_factor": (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
@@ -65,6 +68,7 @@ class Snapshot:
     backends: dict[str, BackendMetrics]
     workers: list[dict[str, Any]]  # live workers' heartbeat snapshots
     breakers: list[tuple[str, str, bool]] = field(default_factory=list)  # backend, model, open
+    devices: list[DeviceView] = field(default_factory=list)  # the memory broker's devices
 
 
 async def snapshot(store: TaskStore, backends: list[str]) -> Snapshot:
@@ -87,4 +91,5 @@ async def snapshot(store: TaskStore, backends: list[str]) -> Snapshot:
     async for key in redis.scan_iter(match=keys.breaker_pattern(), count=200):
         backend, model = keys.breaker_parts(key.decode())
         found.breakers.append((backend, model, await redis.hget(key, "open") == b"1"))
+    found.devices = await devices(redis)
     return found

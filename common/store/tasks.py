@@ -21,6 +21,7 @@ from common.blobs import BlobDir
 from common.schemas import TERMINAL_STATES, TaskState
 from common.settings import Settings
 from common.store.connection import bounded_client
+from common.store.devices import DeviceView, devices
 
 # KEYS: task, queue, input blob, queue counter, idempotency key
 # ARGV: task_id, ttl, blob ("" = none), idempotent ("1"/"0"), field, value, ...
@@ -319,6 +320,10 @@ class TaskStore:
     async def live_workers(self) -> list[dict[str, Any]]:
         """Health snapshots of every worker whose heartbeat has not expired."""
         return await live_workers(self.redis)
+
+    async def devices(self) -> list[DeviceView]:
+        """The device memory broker's view of every device."""
+        return await devices(self.redis)
 
     async def ensure_queue(self, backend: str) -> None:
         try:

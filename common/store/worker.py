@@ -16,6 +16,7 @@ from common import keys
 from common.schemas import TaskState
 from common.settings import Settings
 from common.store import metrics
+from common.store.devices import DeviceLedger
 from common.store.queue import Delivery, Queue
 from common.store.tasks import Admission, Breaker, BreakerPolicy, Task, TaskStore, write_heartbeat
 
@@ -99,6 +100,11 @@ class WorkerStore:
 
     async def breakers(self, sources: dict[str, str]) -> dict[str, Breaker]:
         return await self._tasks.breakers(self.backend, sources, self.breaker_policy)
+
+    # --- the device memory broker ---
+    def device_ledger(self, device_id: str) -> DeviceLedger:
+        """This worker's reservations on device `device_id` (common/store/devices.py)."""
+        return DeviceLedger(self._redis, device_id, self.consumer)
 
     # --- metrics and heartbeat ---
     async def record(self, counters: tuple[str, ...] = (),

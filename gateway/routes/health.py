@@ -29,12 +29,15 @@ async def health() -> dict[str, str]:
 async def ready(request: Request, settings: SettingsDep, store: StoreDep) -> JSONResponse:
     """200 whenever Redis answers: the gateway can queue tasks (a worker that restarts picks
     them up), and scripts/run_stack.sh waits for exactly that. Per backend, `ready` says
-    whether a worker is live, and `breakers` how each model's breaker stands."""
+    whether a worker is live, and `breakers` how each model's breaker stands. Per device of
+    the memory broker: its budget, what is reserved and free, the loads waiting in line
+    (first first) and the evictions so far."""
     private = is_authenticated(request, settings)
     backends: dict[str, Any] = {name: _backend() for name in enabled_backends(settings)}
     try:
         await store.ping()
         workers = await store.live_workers()
+        devices = {view.device: view.public() for view in await store.devices()}
         policy = BreakerPolicy.of(settings)
         for name, entry in backends.items():
             breakers = await store.breakers(name, settings.backend_models(name), policy)
@@ -51,7 +54,8 @@ async def ready(request: Request, settings: SettingsDep, store: StoreDep) -> JSO
         entry["consumers"].append(worker["consumer"])
         entry["live"].append({k: worker.get(k) for k in ("consumer", "url", "pid", "state",
                                                           "loaded_models") if k not in hidden})
-    return JSONResponse({"ready": True, "redis": True, "backends": backends})
+    return JSONResponse({"ready": True, "redis": True, "backends": backends,
+                         "devices": devices})
 
 
 def _breaker_view(breaker: dict[str, Any], private: bool) -> dict[str, Any]:

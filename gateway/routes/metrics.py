@@ -100,4 +100,23 @@ def _families(found: Snapshot) -> list[Metric]:
     for backend, model, is_open in found.breakers:
         breaker.add_metric([backend, model], float(is_open))
     return [up, waiting, running, tasks, *counters.values(), *histograms.values(), live, rss,
-            gpu, loaded, breaker]
+            gpu, loaded, breaker, *_device_families(found)]
+
+
+def _device_families(found: Snapshot) -> list[Metric]:
+    """The device memory broker: per device, its budget and how it is used."""
+    gauges = {name: GaugeMetricFamily(f"speech_device_{name}", doc, labels=["device"])
+              for name, doc in (("budget_mib", "Device memory the models may reserve"),
+                                ("reserved_mib", "Device memory reserved by loaded models"),
+                                ("free_mib", "Device memory not reserved"),
+                                ("waiting_loads", "Model loads waiting for device memory"))}
+    evictions = CounterMetricFamily("speech_device_evictions",
+                                    "Idle models unloaded to make room for another's load",
+                                    labels=["device"])
+    for device in found.devices:
+        gauges["budget_mib"].add_metric([device.device], device.budget_mib)
+        gauges["reserved_mib"].add_metric([device.device], device.reserved_mib)
+        gauges["free_mib"].add_metric([device.device], device.free_mib)
+        gauges["waiting_loads"].add_metric([device.device], len(device.waiting))
+        evictions.add_metric([device.device], device.evictions)
+    return [*gauges.values(), evictions]

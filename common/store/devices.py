@@ -1,0 +1,264 @@
+"""The device memory broker's side of Redis: per device, a budget, the reservations that
+hold it (each a lease its worker renews), the loads waiting in line, and evictions.
+
+Every change is one Lua call, timed by Redis's own clock (`TIME`), so workers on hosts
+whose clocks differ still agree on who has expired:
+
+- `reserve`: purge expired holders and waiters; a need above the whole budget is refused at
+  once; the first load in line (FIFO by arrival) whose need fits takes its reservation;
+  otherwise it stays in line, and the head of the line asks idle holders (no task running),
+  least recently used first, to yield just enough (an `evict` flag their host honours);
+- `release`: a holder gives its reservation back (counted as an eviction when asked to);
+- `mark`: a holder starts (busy, which withdraws any request to yield) or ends a task;
+- `renew`: the lease of a holder or a waiter is extended; answers whether it is asked to
+  yield.
+
+The gateway reads `devices` for /ready and /metrics.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import Redis
+
+from common import keys
+
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+"""
+
+_PURGE = """
+local function live(key)
+  local all = redis.call('HGETALL', key)
+  local found = {}
+  for i = 1, #all, 2 do
+    local entry = cjson.decode(all[i + 1])
+    if entry.expires < now then redis.call('HDEL', key, all[i]) else found[all[i]] = entry end
+  end
+  return found
+end
+"""
+
+# KEYS: device, holders, waiting, peaks, devices
+# ARGV: consumer, backend, model, need (MiB, from settings), budget, lease seconds, device id
+# -> {1, need, reserved after} taken | {0, need, place in line} waiting |
+#    {-1, need, budget} never fits
+_RESERVE = _NOW + _PURGE + """
+redis.call('SADD', KEYS[5], ARGV[7])
+redis.call('HSET', KEYS[1], 'budget', ARGV[5])
+local me, lease, budget = ARGV[1], tonumber(ARGV[6]), tonumber(ARGV[5])
+local holders, waiting = live(KEYS[2]), live(KEYS[3])
+local need = tonumber(ARGV[4])
+local peak = tonumber(redis.call('HGET', KEYS[4], ARGV[2] .. '/' .. ARGV[3]) or '0')
+if peak > need then need = peak end
+if need > budget then
+  redis.call('HDEL', KEYS[3], me)
+  return {-1, need, budget}
+end
+holders[me] = nil  -- a reservation of our own is replaced by this one
+local reserved = 0
+for _, h in pairs(holders) do reserved = reserved + h.mib end
+local since = waiting[me] and waiting[me].since or now
+local ahead = 0
+for name, w in pairs(waiting) do
+  if name ~= me and (w.since < since or (w.since == since and name < me)) then
+    ahead = ahead + 1
+  end
+end
+if ahead == 0 and reserved + need <= budget then
+  redis.call('HDEL', KEYS[3], me)
+  redis.call('HSET', KEYS[2], me, cjson.encode({backend = ARGV[2], model = ARGV[3], mib = need,
+             busy = 1, evict = 0, last_used = now, expires = now + lease}))
+  return {1, need, reserved + need}
+end
+redis.call('HSET', KEYS[3], me, cjson.encode({backend = ARGV[2], model = ARGV[3], need = need,
+           since = since, expires = now + lease}))
+if ahead == 0 then
+  -- the head of the line: ask idle holders, least recently used first, to yield enough
+  local free = budget - reserved
+  local idle = {}
+  for name, h in pairs(holders) do
+    if h.evict == 1 then free = free + h.mib
+    elseif h.busy == 0 then table.insert(idle, {name, h}) end
+  end
+  table.sort(idle, function(a, b) return a[2].last_used < b[2].last_used end)
+  for _, pair in ipairs(idle) do
+    if free >= need then break end
+    pair[2].evict = 1
+    redis.call('HSET', KEYS[2], pair[1], cjson.encode(pair[2]))
+    free = free + pair[2].mib
+  end
+end
+return {0, need, ahead + 1}
+"""
+
+# KEYS: device, holders, waiting | ARGV: consumer -> 1 if it held a reservation
+_RELEASE = """
+redis.call('HDEL', KEYS[3], ARGV[1])
+local raw = redis.call('HGET', KEYS[2], ARGV[1])
+if not raw then return 0 end
+redis.call('HDEL', KEYS[2], ARGV[1])
+if cjson.decode(raw).evict == 1 then redis.call('HINCRBY', KEYS[1], 'evictions', 1) end
+return 1
+"""
+
+# KEYS: holders | ARGV: consumer, busy (1/0), lease seconds -> 1, or 0 if it holds nothing
+_MARK = _NOW + """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return 0 end
+local h = cjson.decode(raw)
+if h.expires < now then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  return 0
+end
+h.busy = tonumber(ARGV[2])
+if h.busy == 1 then h.evict = 0 end
+h.last_used = now
+h.expires = now + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(h))
+return 1
+"""
+
+# KEYS: holders, waiting | ARGV: consumer, lease seconds
+# -> 2 holding and asked to yield, 1 holding, 0 holding nothing
+_RENEW = _NOW + """
+local raw = redis.call('HGET', KEYS[2], ARGV[1])
+if raw then
+  local w = cjson.decode(raw)
+  w.expires = now + tonumber(ARGV[2])
+  redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(w))
+end
+raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return 0 end
+local h = cjson.decode(raw)
+if h.expires < now then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  return 0
+end
+h.expires = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(h))
+if h.evict == 1 then return 2 end
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What a `reserve` call came to."""
+
+    status: int  # 1 reserved, 0 waiting in line, -1 can never fit
+    need: float  # MiB asked for: the configured need or the recorded peak, whichever is more
+    value: float  # reserved after (1), place in line (0), the budget (-1)
+
+    @property
+    def reserved(self) -> bool:
+        return self.status == 1
+
+    @property
+    def never_fits(self) -> bool:
+        return self.status == -1
+
+
+class DeviceLedger:
+    """One worker's calls to the broker of one device (as consumer `consumer`)."""
+
+    def __init__(self, redis: Redis, device_id: str, consumer: str) -> None:
+        self.device_id = device_id
+        self.consumer = consumer
+        self._redis = redis
+        self._keys = (keys.device(device_id), keys.device_holders(device_id),
+                      keys.device_waiting(device_id))
+        self._reserve = redis.register_script(_RESERVE)
+        self._release = redis.register_script(_RELEASE)
+        self._mark = redis.register_script(_MARK)
+        self._renew = redis.register_script(_RENEW)
+
+    async def register(self, budget_mib: int) -> None:
+        """Make the device and its budget visible before any load."""
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.sadd(keys.devices(), self.device_id)
+        pipe.hset(self._keys[0], "budget", budget_mib)
+        await pipe.execute()
+
+    async def reserve(self, backend: str, model: str, need_mib: float, budget_mib: int,
+                      lease_seconds: float) -> Reservation:
+        status, need, value = await self._reserve(
+            keys=[*self._keys, keys.model_peaks(), keys.devices()],
+            args=[self.consumer, backend, model, need_mib, budget_mib, lease_seconds,
+                  self.device_id])
+        return Reservation(int(status), float(need), float(value))
+
+    async def release(self) -> bool:
+        return bool(await self._release(keys=list(self._keys), args=[self.consumer]))
+
+    async def mark(self, busy: bool, lease_seconds: float) -> bool:
+        """False: this worker holds no reservation (it expired, or Redis lost it)."""
+        return bool(await self._mark(keys=[self._keys[1]],
+                                     args=[self.consumer, int(busy), lease_seconds]))
+
+    async def renew(self, lease_seconds: float) -> int:
+        """2: holding and asked to yield; 1: holding; 0: holding nothing."""
+        return int(await self._renew(keys=[self._keys[1], self._keys[2]],
+                                     args=[self.consumer, lease_seconds]))
+
+    async def leave_line(self) -> None:
+        await self._redis.hdel(self._keys[2], self.consumer)
+
+    async def record_peak(self, backend: str, model: str, mib: float) -> None:
+        await self._redis.hset(keys.model_peaks(), f"{backend}/{model}", round(mib, 1))
+
+    async def peak(self, backend: str, model: str) -> float | None:
+        raw = await self._redis.hget(keys.model_peaks(), f"{backend}/{model}")
+        return float(raw) if raw is not None else None
+
+
+# --- the gateway's side: what /ready and /metrics show --------------------------------------
+
+@dataclass(slots=True)
+class DeviceView:
+    device: str
+    budget_mib: float
+    reserved_mib: float
+    evictions: int
+    holders: dict[str, dict[str, Any]] = field(default_factory=dict)
+    waiting: list[dict[str, Any]] = field(default_factory=list)  # first in line first
+
+    @property
+    def free_mib(self) -> float:
+        return max(0.0, self.budget_mib - self.reserved_mib)
+
+    def public(self) -> dict[str, Any]:
+        return {"budget_mib": self.budget_mib, "reserved_mib": self.reserved_mib,
+                "free_mib": self.free_mib, "waiting_loads": len(self.waiting),
+                "evictions": self.evictions, "holders": self.holders, "waiting": self.waiting}
+
+
+async def devices(redis: Redis) -> list[DeviceView]:
+    """Every registered device, leases already past their expiry left out."""
+    seconds, micros = await redis.time()
+    now = seconds + micros / 1e6
+    views = []
+    for raw_id in sorted(await redis.smembers(keys.devices())):
+        device_id = raw_id.decode()
+        pipe = redis.pipeline(transaction=True)
+        pipe.hgetall(keys.device(device_id))
+        pipe.hgetall(keys.device_holders(device_id))
+        pipe.hgetall(keys.device_waiting(device_id))
+        info, holders, waiting = await pipe.execute()
+        live = {k.decode(): json.loads(v) for k, v in holders.items()}
+        live = {k: v for k, v in live.items() if v["expires"] >= now}
+        queued = [{"consumer": k.decode(), **json.loads(v)} for k, v in waiting.items()]
+        queued = sorted((w for w in queued if w["expires"] >= now),
+                        key=lambda w: (w["since"], w["consumer"]))
+        views.append(DeviceView(
+            device_id, float(info.get(b"budget", 0)), sum(h["mib"] for h in live.values()),
+            int(info.get(b"evictions", 0)),
+            {k: {f: v[f] for f in ("backend", "model", "mib", "busy", "evict")}
+             for k, v in live.items()},
+            [{f: w[f] for f in ("consumer", "backend", "model", "need")}
+             | {"waiting_seconds": round(now - w["since"], 3)} for w in queued]))
+    return views

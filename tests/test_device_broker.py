@@ -1,0 +1,342 @@
+"""The device memory broker (issue 19): a per-device budget in Redis that loads reserve
+before they happen, idle models yield, and loads that cannot fit wait in line (FIFO) or
+fail. On cpu with a set budget, with real processes: redis-server, the gateway, and
+workers of three backends (faster-whisper's bundled tiny.en, the tiny qwen3 and vibevoice
+checkpoints), with per-model sizes from SPEECH_MODEL_MEMORY_MIB so the arithmetic is exact."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from common import keys
+from common.schemas import TaskState
+from common.store import WorkerStore
+from common.store.devices import DeviceLedger, devices
+from harness import procs
+from harness.procs import TEST_AUDIO, wait_until
+from tests.helpers import JFK, submit_file, wait_done
+from tests.test_consumer_inprocess import run_worker, submit, task_of, worker_settings
+from tests.tiny import env_python, tiny_model
+from workers.device_budget import device_label, for_worker
+
+LONG = TEST_AUDIO / "multilingual.mp3"  # seconds of work for tiny.en on cpu
+LEASE = 2.0
+MIB = 1000  # every model's configured size
+
+
+# --- the ledger's rules, one Lua call each, on a real redis-server -----------------------
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[procs.RedisServer]:
+    server = procs.RedisServer(tmp_path / "redis", appendonly=False).start()
+    yield server
+    server.stop()
+
+
+def test_the_ledger_reserves_queues_asks_idle_holders_and_expires(
+        redis: procs.RedisServer) -> None:
+    async def scenario() -> None:
+        client = Redis.from_url(redis.url)
+        a, b, c = (DeviceLedger(client, "host/cpu", name) for name in "abc")
+
+        async def reserve(ledger: DeviceLedger, model: str, need: float = MIB,
+                          lease: float = 30.0) -> tuple[int, float, float]:
+            answer = await ledger.reserve("fw", model, need, 2 * MIB, lease)
+            return answer.status, answer.need, answer.value
+
+        async def view() -> Any:
+            return (await devices(client))[0]
+
+        assert await reserve(a, "m1") == (1, MIB, MIB)
+        assert await reserve(b, "m2") == (1, MIB, 2 * MIB)
+        # never fits: refused at once, not queued
+        assert await reserve(c, "huge", need=3 * MIB) == (-1, 3 * MIB, 2 * MIB)
+        assert (await view()).waiting == []
+        # both holders busy: c waits in line and asks nobody
+        assert await reserve(c, "m3") == (0, MIB, 1)
+        holders = (await view()).holders
+        assert holders["a"]["evict"] == 0 and holders["b"]["evict"] == 0
+        # a second load in line is behind c (FIFO), even once memory is free
+        d = DeviceLedger(client, "host/cpu", "d")
+        assert await reserve(d, "m4") == (0, MIB, 2)
+        # b's task ends, then a's: the head asks the least recently used idle holder only
+        assert await b.mark(False, 30.0)
+        await asyncio.sleep(0.01)
+        assert await a.mark(False, 30.0)
+        assert await reserve(c, "m3") == (0, MIB, 1)
+        holders = (await view()).holders
+        assert holders["b"]["evict"] == 1 and holders["a"]["evict"] == 0
+        assert await b.renew(30.0) == 2 and await a.renew(30.0) == 1
+        # b starts a task meanwhile: the request is withdrawn (a busy holder is never asked)
+        assert await b.mark(True, 30.0)
+        assert (await view()).holders["b"]["evict"] == 0
+        assert await b.mark(False, 30.0)
+        assert await reserve(c, "m3") == (0, MIB, 1)  # asks again: a is now the older idle one
+        assert (await view()).holders["a"]["evict"] == 1
+        # a yields: counted as an eviction; c, first in line, gets in before d
+        assert await a.release()
+        assert await reserve(d, "m4") == (0, MIB, 2)
+        assert await reserve(c, "m3") == (1, MIB, 2 * MIB)
+        seen = await view()
+        assert seen.evictions == 1 and seen.reserved_mib == 2 * MIB and seen.free_mib == 0
+        assert [w["consumer"] for w in seen.waiting] == ["d"]
+        # a measured peak above the configured need is what the next reservation asks for
+        await d.record_peak("fw", "m4", 1500.0)
+        assert await reserve(d, "m4") == (0, 1500.0, 1)
+        # a holder that stops renewing is gone after its lease, and the line moves on
+        assert await c.renew(0.3) == 1  # c's last renewal: then it is killed
+        await b.release()
+        await asyncio.sleep(0.5)
+        assert await reserve(d, "m4") == (1, 1500.0, 1500.0)
+        assert set((await view()).holders) == {"d"}
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+# --- in-process workers: loads that can never fit, and peaks past their reservation ------
+
+def test_a_load_that_can_never_fit_fails_at_once(redis: procs.RedisServer) -> None:
+    settings = worker_settings(redis.url, {"tiny.en": "bundled"}).model_copy(update={
+        "device_memory_mib": {"cpu": 500}, "model_memory_mib": {"faster-whisper/tiny.en": 900},
+        "device_wait_seconds": 60.0})
+    task_id = asyncio.run(submit(redis.url, "tiny.en"))
+    started = time.monotonic()
+    asyncio.run(run_worker(settings))
+    assert time.monotonic() - started < 30  # not the 60 s a waiting load would take
+    task = asyncio.run(task_of(redis.url, task_id))
+    assert task.state == TaskState.FAILED and task.error_code == "out_of_memory", task
+    assert "needs 900 MiB, more than the whole 500 MiB budget" in task.error
+    view = asyncio.run(_devices(redis.url))[0]
+    assert view.waiting == [] and view.holders == {} and view.budget_mib == 500
+
+
+def test_a_peak_past_its_reservation_is_refused_and_recorded(redis: procs.RedisServer) -> None:
+    settings = worker_settings(redis.url, {"tiny.en": "bundled"}).model_copy(update={
+        "device_memory_mib": {"cpu": 100_000},
+        "model_memory_mib": {"faster-whisper/tiny.en": 1}})
+    first = asyncio.run(submit(redis.url, "tiny.en"))
+    asyncio.run(run_worker(settings))
+    task = asyncio.run(task_of(redis.url, first))
+    assert task.state == TaskState.FAILED and task.error_code == "out_of_memory", task
+    assert "more than its 1 MiB reservation" in task.error
+    peak = float(redis.client().hget(keys.model_peaks(), "faster-whisper/tiny.en"))
+    assert peak > 1
+    # the next load reserves the recorded peak, and serves
+    second = asyncio.run(submit(redis.url, "tiny.en"))
+    asyncio.run(run_worker(settings))
+    assert asyncio.run(task_of(redis.url, second)).state == TaskState.SUCCEEDED
+    assert asyncio.run(_devices(redis.url))[0].holders == {}  # released as it left
+
+
+def test_a_load_that_waits_past_its_bound_fails_device_busy(redis: procs.RedisServer) -> None:
+    """The whole budget held by a busy reservation (another worker's, mid-task): the load
+    waits in line `device_wait_seconds`, then its task FAILS with device_busy."""
+    settings = worker_settings(redis.url, {"tiny.en": "bundled"}).model_copy(update={
+        "device_memory_mib": {"cpu": MIB}, "model_memory_mib": {"faster-whisper/tiny.en": MIB},
+        "device_wait_seconds": 1.0})
+    async def hold() -> None:
+        client = Redis.from_url(redis.url)
+        budget = for_worker(settings, WorkerStore(client, settings, "x"), "cpu", 0)
+        ledger = DeviceLedger(client, budget.device_id, "busy-neighbour")
+        assert (await ledger.reserve("other", "big", MIB, MIB, 600.0)).reserved
+        await client.aclose()
+
+    asyncio.run(hold())
+    task_id = asyncio.run(submit(redis.url, "tiny.en"))
+    started = time.monotonic()
+    asyncio.run(run_worker(settings))
+    assert 1.0 <= time.monotonic() - started < 20
+    task = asyncio.run(task_of(redis.url, task_id))
+    assert task.state == TaskState.FAILED and task.error_code == "device_busy", task
+    assert "waited 1 s for 1000 MiB" in task.error
+    (view,) = asyncio.run(_devices(redis.url))
+    assert view.waiting == [] and set(view.holders) == {"busy-neighbour"}
+    assert view.device.endswith("/" + device_label("cpu"))
+
+
+def test_a_model_of_unknown_size_is_measured_not_refused(redis: procs.RedisServer) -> None:
+    """No size configured and no cap (the cuda default): its first load reserves 0 MiB,
+    serves, and records the peak its next loads reserve."""
+    settings = worker_settings(redis.url, {"tiny.en": "bundled"}).model_copy(update={
+        "device_memory_mib": {"cpu": 100_000}})
+    task_id = asyncio.run(submit(redis.url, "tiny.en"))
+    asyncio.run(run_worker(settings))
+    assert asyncio.run(task_of(redis.url, task_id)).state == TaskState.SUCCEEDED
+    assert float(redis.client().hget(keys.model_peaks(), "faster-whisper/tiny.en")) > 1
+
+
+async def _devices(url: str) -> list[Any]:
+    client = Redis.from_url(url)
+    try:
+        return await devices(client)
+    finally:
+        await client.aclose()
+
+
+# --- three backends' workers on one budget that fits two models -------------------------
+
+class Sampler(threading.Thread):
+    """Every 100 ms: the device's reservations, as Redis holds them (leases past their expiry
+    left out, as every broker call does)."""
+
+    def __init__(self, redis_url: str) -> None:
+        super().__init__(daemon=True)
+        self.redis_url = redis_url
+        self.samples: list[dict[str, dict[str, Any]]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        client = procs.redis.Redis.from_url(self.redis_url)
+        while not self.done.is_set():
+            now = sum(int(x) / (1, 1e6)[i] for i, x in enumerate(client.time()))
+            for device_id in client.smembers(keys.devices()):
+                holders = {k.decode(): json.loads(v) for k, v in
+                           client.hgetall(keys.device_holders(device_id.decode())).items()}
+                self.samples.append({k: v for k, v in holders.items() if v["expires"] >= now})
+            time.sleep(0.1)
+
+    def stop(self) -> list[dict[str, dict[str, Any]]]:
+        self.done.set()
+        self.join(5)
+        return self.samples
+
+
+BACKENDS = {"faster-whisper": ("core", None), "qwen3": ("hf", "qwen3"),
+            "vibevoice": ("hf", "vibevoice")}
+
+
+@pytest.fixture(scope="module")
+def trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    if not env_python("hf").exists():
+        pytest.skip("the hf environment (.venvs/hf) is not installed")
+    workdir = tmp_path_factory.mktemp("broker")
+    models = {"faster-whisper": {"tiny.en": "bundled"},
+              "qwen3": {"tiny": str(tiny_model("qwen3"))},
+              "vibevoice": {"tiny": str(tiny_model("vibevoice"))}}
+    sizes = {f"{backend}/{model}": MIB for backend, named in models.items() for model in named}
+    redis = procs.RedisServer(workdir / "redis", appendonly=False).start()
+    common = {"models": models, "model_memory_mib": sizes,
+              "device_memory_mib": {"cpu": 2 * MIB}, "allowed_roots": [str(TEST_AUDIO)]}
+    gateway = procs.gateway(redis.url, workdir, **common).start()
+    workers = {backend: procs.worker(redis.url, workdir, backend=backend,
+                                     python=env_python(env), idle_unload_seconds="-1",
+                                     device_lease_seconds=str(LEASE),
+                                     device_poll_seconds="0.1", **common)
+               for backend, (env, _) in BACKENDS.items()}
+    for service in workers.values():
+        service.start(wait=False)
+    for service in workers.values():
+        wait_until(service.healthy, 120, f"{service.log_path}", 0.2)
+    yield {"gateway": gateway.url, "workers": workers, "redis": redis}
+    for service in (*workers.values(), gateway):
+        service.stop()
+    redis.stop()
+
+
+def test_three_models_on_a_budget_of_two_all_succeed(trio: dict) -> None:
+    gateway = trio["gateway"]
+    sampler = Sampler(trio["redis"].url)
+    sampler.start()
+    try:
+        task_ids = []
+        for _ in range(3):  # three rounds, interleaved: every round needs an eviction
+            round_ids = [submit_file(gateway, JFK, backend=b).json()["taskid"] for b in BACKENDS]
+            task_ids += round_ids
+            for task_id in round_ids:
+                assert wait_done(gateway, task_id, timeout=120)["status"] == "SUCCEEDED"
+    finally:
+        samples = sampler.stop()
+    assert len(samples) > 20
+    for sample in samples:
+        assert sum(h["mib"] for h in sample.values()) <= 2 * MIB, sample
+        assert len(sample) <= 2, sample  # at most two models loaded (or loading) at once
+        # a holder running a task is never asked to yield
+        assert not any(h["busy"] == 1 and h["evict"] == 1 for h in sample.values()), sample
+    ready = httpx.get(f"{gateway}/ready", timeout=10).json()
+    (device,) = ready["devices"].values()
+    assert device["budget_mib"] == 2 * MIB and device["reserved_mib"] <= 2 * MIB
+    assert device["free_mib"] == 2 * MIB - device["reserved_mib"]
+    assert device["waiting_loads"] == 0 and device["evictions"] >= 3
+    metrics = httpx.get(f"{gateway}/metrics", timeout=10).text
+    assert f'speech_device_budget_mib{{device="{next(iter(ready["devices"]))}"}} 2000.0' in metrics
+    assert "speech_device_evictions_total" in metrics and "speech_device_waiting_loads" in metrics
+    # the loads' waits in line are observed, apart from the loads themselves
+    assert 'speech_device_wait_seconds_count{backend="qwen3"}' in metrics
+
+
+def test_a_busy_holder_finishes_and_a_killed_one_lapses(trio: dict) -> None:
+    """Half the budget held by a ballast reservation (another process's, busy): a load
+    waits for the busy holder's task to end (the holder is never asked to yield mid-task),
+    and, when that holder is killed mid-task, for its lease to lapse."""
+    gateway, workers, client = trio["gateway"], trio["workers"], trio["redis"].client()
+    device_id = next(iter(httpx.get(f"{gateway}/ready", timeout=10).json()["devices"]))
+    holders_key = keys.device_holders(device_id)
+    fw_consumer = httpx.get(f"{workers['faster-whisper'].url}/health").json()["consumer"]
+
+    def holders() -> dict[str, Any]:
+        return _live(client, holders_key)
+
+    async def ballast(release: bool = False) -> bool:
+        redis = Redis.from_url(trio["redis"].url)
+        ledger = DeviceLedger(redis, device_id, "ballast")
+        try:
+            if release:
+                return await ledger.release()
+            answer = await ledger.reserve("other", "ballast", MIB, 2 * MIB, 600.0)
+            return answer.reserved
+        finally:
+            await redis.aclose()
+
+    wait_until(lambda: asyncio.run(ballast()), 30, "the ballast reservation", 0.1)
+    try:
+        long_id = submit_file(gateway, LONG).json()["taskid"]
+        wait_until(lambda: holders().get(fw_consumer, {}).get("busy") == 1, 60, "fw busy")
+        evictions = int(client.hget(keys.device(device_id), "evictions") or 0)
+        qwen_id = submit_file(gateway, JFK, backend="qwen3").json()["taskid"]
+        waited = []
+        while (view := httpx.get(f"{gateway}/api/status", params={"taskid": long_id},
+                                 timeout=10).json())["status"] not in ("SUCCEEDED", "FAILED"):
+            fw = holders().get(fw_consumer)
+            assert fw is None or not (fw["busy"] == 1 and fw["evict"] == 1), fw
+            device = httpx.get(f"{gateway}/ready", timeout=10).json()["devices"][device_id]
+            waited += [w for w in device["waiting"] if w["backend"] == "qwen3"]
+            time.sleep(0.05)
+        assert view["status"] == "SUCCEEDED"
+        assert waited and waited[0]["need"] == MIB  # qwen3's load waited in line, visibly
+        assert wait_done(gateway, qwen_id, timeout=120)["status"] == "SUCCEEDED"
+        assert int(client.hget(keys.device(device_id), "evictions")) == evictions + 1
+        # a holder killed mid-task: its reservation lapses within the lease, the load goes on
+        submit_file(gateway, LONG).json()["taskid"]
+        wait_until(lambda: holders().get(fw_consumer, {}).get("busy") == 1, 60, "fw busy")
+        vv_id = submit_file(gateway, JFK, backend="vibevoice").json()["taskid"]
+        wait_until(lambda: any(w["backend"] == "vibevoice" for w in httpx.get(
+            f"{gateway}/ready", timeout=10).json()["devices"][device_id]["waiting"]),
+            30, "vibevoice in line")
+        os.kill(workers["faster-whisper"].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_until(lambda: fw_consumer not in holders(), LEASE + 1.0, "the lease to lapse")
+        assert time.monotonic() - killed <= LEASE + 1.0
+        assert wait_done(gateway, vv_id, timeout=120)["status"] == "SUCCEEDED"
+    finally:
+        asyncio.run(ballast(release=True))
+
+
+def _live(client: Any, key: str) -> dict[str, Any]:
+    """The unexpired holders in `key`, as the broker counts them."""
+    seconds, micros = client.time()
+    now = seconds + micros / 1e6
+    return {k.decode(): json.loads(v) for k, v in client.hgetall(key).items()
+            if json.loads(v)["expires"] >= now}

@@ -1,0 +1,148 @@
+"""A worker's share of its device's memory, through the broker in Redis
+(`common/store/devices.py`): the engine host reserves before every load, marks each engine
+call's start and end, gives the reservation back after every unload, and renews its lease.
+
+The host sees only this interface (`DeviceBudget`), never Redis. `NO_BUDGET` is the broker
+switched off (no budget set on cpu, or none known on cuda): every call is free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+
+from common.schemas import ErrorCode
+from common.settings import Settings
+from common.store import WorkerStore
+from workers.execute import TaskError
+
+log = logging.getLogger("worker.device")
+
+#: a measured peak this much over its reservation (and at least PEAK_SLACK_MIB) is refused
+PEAK_SLACK_RATIO = 0.10
+PEAK_SLACK_MIB = 8.0
+
+
+class DeviceBudget:
+    """The broker switched off: nothing is reserved, nothing waits, nothing is asked."""
+
+    enabled = False
+    device_id = ""
+    budget_mib = 0
+    last_wait_seconds = 0.0  # how long the last reserve waited in line
+
+    async def register(self) -> None:
+        return None
+
+    async def reserve(self, model: str) -> float:
+        """Wait for `model`'s need to fit; its MiB. TaskError: device_busy after waiting
+        `device_wait_seconds`, out_of_memory when it can never fit."""
+        del model
+        return 0.0
+
+    async def mark(self, busy: bool) -> bool:
+        """An engine call starts (busy) or ends; False: no reservation is held any more."""
+        del busy
+        return True
+
+    async def release(self) -> None:
+        return None
+
+    async def renew(self) -> int:
+        """2: holding and asked to yield; 1: holding; 0: holding nothing."""
+        return 1
+
+    async def record_peak(self, model: str, mib: float) -> None:
+        del model, mib
+
+
+NO_BUDGET = DeviceBudget()
+
+
+class BrokeredBudget(DeviceBudget):
+    enabled = True
+
+    def __init__(self, settings: Settings, store: WorkerStore, device_id: str,
+                 budget_mib: int) -> None:
+        self.settings = settings
+        self.backend = settings.backend
+        self.device_id = device_id
+        self.budget_mib = budget_mib
+        self.ledger = store.device_ledger(device_id)
+
+    async def register(self) -> None:
+        await self.ledger.register(self.budget_mib)
+
+    async def reserve(self, model: str) -> float:
+        settings = self.settings
+        need = settings.model_memory(self.backend, model)
+        deadline = time.monotonic() + settings.device_wait_seconds
+        started, place = time.monotonic(), 0.0
+        reserved = False
+        try:
+            while True:
+                answer = await self.ledger.reserve(self.backend, model, need, self.budget_mib,
+                                                   settings.device_lease_seconds)
+                if answer.reserved:
+                    reserved = True
+                    waited = self.last_wait_seconds = time.monotonic() - started
+                    if waited > settings.device_poll_seconds:
+                        log.info("reserved %.0f MiB of %s for %s after waiting %.1f s",
+                                 answer.need, self.device_id, model, waited)
+                    return answer.need
+                if answer.never_fits:
+                    raise TaskError(
+                        f"model {model!r} needs {answer.need:.0f} MiB, more than the whole "
+                        f"{answer.value:.0f} MiB budget of device {self.device_id}: raise "
+                        "SPEECH_DEVICE_MEMORY_MIB or lower its SPEECH_MODEL_MEMORY_MIB",
+                        ErrorCode.OUT_OF_MEMORY)
+                if answer.value != place:
+                    place = answer.value
+                    log.info("waiting for %.0f MiB of %s for %s (place %d in line)",
+                             answer.need, self.device_id, model, place)
+                if time.monotonic() >= deadline:
+                    raise TaskError(
+                        f"model {model!r} waited {settings.device_wait_seconds:.0f} s for "
+                        f"{answer.need:.0f} MiB of device {self.device_id} (budget "
+                        f"{self.budget_mib} MiB) and none came free: every holder was busy "
+                        "(SPEECH_DEVICE_WAIT_SECONDS)", ErrorCode.DEVICE_BUSY)
+                await asyncio.sleep(settings.device_poll_seconds)
+        finally:
+            if not reserved:  # failed, timed out or cancelled: out of the line
+                await asyncio.shield(self.ledger.leave_line())
+
+    async def mark(self, busy: bool) -> bool:
+        return await self.ledger.mark(busy, self.settings.device_lease_seconds)
+
+    async def release(self) -> None:
+        await self.ledger.release()
+
+    async def renew(self) -> int:
+        return await self.ledger.renew(self.settings.device_lease_seconds)
+
+    async def record_peak(self, model: str, mib: float) -> None:
+        await self.ledger.record_peak(self.backend, model, mib)
+
+
+def device_label(device: str) -> str:
+    """The key of `device_memory_mib`: "cpu" or "cuda:0" (one card per worker process)."""
+    return "cuda:0" if device == "cuda" else device
+
+
+def for_worker(settings: Settings, store: WorkerStore, device: str,
+               total_mib: int) -> DeviceBudget:
+    """The broker for this worker's device, or NO_BUDGET when it has no budget: none set
+    and (cpu) none to read, or (cuda) no driver answered."""
+    label = device_label(device)
+    budget = settings.device_memory_mib.get(label, total_mib)
+    if budget <= 0:
+        return NO_BUDGET
+    # a card is shared by the workers of one host: the id carries the host's name
+    return BrokeredBudget(settings, store, f"{socket.gethostname()}/{label}", budget)
+
+
+def peak_over(peak_mib: float, reserved_mib: float) -> bool:
+    """A measured peak too far over its reservation to go on serving."""
+    return peak_mib > reserved_mib + max(PEAK_SLACK_MIB, PEAK_SLACK_RATIO * reserved_mib)
