@@ -31,6 +31,20 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 """
 
+# a consumer's reservation in the holders hash, or nil (a lapsed one is dropped on the way)
+_HOLDER = _NOW + """
+local function holder(key, consumer)
+  local raw = redis.call('HGET', key, consumer)
+  if not raw then return nil end
+  local h = cjson.decode(raw)
+  if h.expires < now then
+    redis.call('HDEL', key, consumer)
+    return nil
+  end
+  return h
+end
+"""
+
 _PURGE = """
 local function live(key)
   local all = redis.call('HGETALL', key)
@@ -107,14 +121,9 @@ return 1
 """
 
 # KEYS: holders | ARGV: consumer, busy (1/0), lease seconds -> 1, or 0 if it holds nothing
-_MARK = _NOW + """
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then return 0 end
-local h = cjson.decode(raw)
-if h.expires < now then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-  return 0
-end
+_MARK = _HOLDER + """
+local h = holder(KEYS[1], ARGV[1])
+if not h then return 0 end
 h.busy = tonumber(ARGV[2])
 if h.busy == 1 then h.evict = 0 end
 h.last_used = now
@@ -125,20 +134,15 @@ return 1
 
 # KEYS: holders, waiting | ARGV: consumer, lease seconds
 # -> 2 holding and asked to yield, 1 holding, 0 holding nothing
-_RENEW = _NOW + """
+_RENEW = _HOLDER + """
 local raw = redis.call('HGET', KEYS[2], ARGV[1])
 if raw then
   local w = cjson.decode(raw)
   w.expires = now + tonumber(ARGV[2])
   redis.call('HSET', KEYS[2], ARGV[1], cjson.encode(w))
 end
-raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then return 0 end
-local h = cjson.decode(raw)
-if h.expires < now then
-  redis.call('HDEL', KEYS[1], ARGV[1])
-  return 0
-end
+local h = holder(KEYS[1], ARGV[1])
+if not h then return 0 end
 h.expires = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(h))
 if h.evict == 1 then return 2 end
