@@ -163,8 +163,34 @@ sys.exit(1 if failed or reserved >= 64 else 0)
 PY
 }
 
+# The device memory broker's CUDA-only parts: with no SPEECH_DEVICE_MEMORY_MIB the budget is
+# the card's total from the driver, and a load's peak is torch's max_memory_reserved since
+# the reset (what the next reservation of that model is sized by).
+check_device_broker() {
+    local py
+    py=$(python_for hf)
+    echo "== device memory broker ($py)"
+    "$py" - <<'PY'
+import sys
+import torch
+from workers import memory
+total = memory.device_total_mib("cuda", uses_torch=True)
+driver = torch.cuda.get_device_properties(0).total_memory // 2**20
+ok_total = total == driver and total > 0
+print(("PASS" if ok_total else "FAIL"), f"budget default = card total ({total} MiB, driver {driver})")
+memory.reset_peak(True, "cuda")
+block = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")  # 512 MiB
+del block
+peak = memory.peak_mib(True, "cuda")
+ok_peak = 500 <= peak <= 700
+print(("PASS" if ok_peak else "FAIL"), f"peak of a 512 MiB load measured as {peak:.0f} MiB")
+memory.release(True)
+sys.exit(0 if ok_total and ok_peak else 1)
+PY
+}
+
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(faster_whisper torch_cap parakeet)
+[ ${#sections[@]} -eq 0 ] && sections=(faster_whisper torch_cap parakeet device_broker)
 status=0
 for section in "${sections[@]}"; do
     "check_$section" || status=1
