@@ -368,7 +368,7 @@ async function transcribe(event) {
   if ($("asr-language").value !== "auto") form.append("language", $("asr-language").value);
   form.append("timestamp_granularities[]", "segment");
   if ($("asr-words").checked) form.append("timestamp_granularities[]", "word");
-  if ($("asr-diarize").checked) form.append("diarization", "true");
+  if ($("asr-diarize").checked) form.append("diarize", "true");
   form.append("stream", "true");
   form.append("response_format", "json");
 
