@@ -1,0 +1,239 @@
+"""Speaker diarization (issue 15): a real gateway and faster-whisper worker with the bundled
+diarizer (silero-vad + Resemblyzer, weights from their PyPI packages) on a two-voice
+espeak-ng conversation (harness/conversation.py), through Sage, REST and the OpenAI SDK.
+
+The worker here unloads after 3 idle seconds, so the last test can measure that the diarizer's
+memory goes back with the model.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from common.audio import encode_wav
+from common.schemas import Segment, Transcription, Word
+from harness import conversation, procs
+from harness.procs import TEST_AUDIO, wait_until
+from tests.helpers import queue_counts, submit_file, wait_done
+from workers.diarize import Diarization, Turn, attach, der, own_speakers
+
+pytestmark = pytest.mark.timeout(600)
+IDLE_UNLOAD_SECONDS = 3
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("diarization")
+    talk = root / "conversation.wav"
+    turns = conversation.build(talk)
+    single = root / "single.wav"
+    conversation.build(single, tuple(("alice", text) for _, text in conversation.TURNS[:4]))
+    short = root / "short.wav"
+    short.write_bytes(encode_wav(conversation.speak("en-us", "Hi.")[:16000], 16000))
+    garbage = root / "garbage.wav"
+    garbage.write_bytes(b"RIFF\x00\x00\x00\x00WAVEnothing here at all" * 10)
+    references = {name: conversation.reference_clip(root / f"{name}.wav", name)
+                  for name in conversation.VOICES}
+    return {"root": root, "talk": talk, "turns": turns, "single": single, "short": short,
+            "garbage": garbage, "references": references}
+
+
+@pytest.fixture(scope="module")
+def service(workdir: Path, clips: dict) -> Iterator[dict]:
+    redis = procs.RedisServer(workdir / "redis-diarization").start()
+    roots = [str(TEST_AUDIO), str(clips["root"])]
+    # xtts is configured on the gateway only: a TTS backend to refuse `diarize` for
+    models = {"faster-whisper": {"tiny.en": "bundled"}, "xtts": {"tiny": "/nonexistent"}}
+    gateway = procs.gateway(redis.url, workdir, allowed_roots=roots, models=models).start()
+    worker = procs.worker(redis.url, workdir, allowed_roots=roots,
+                          idle_unload_seconds=str(IDLE_UNLOAD_SECONDS)).start()
+    yield {"gateway": gateway.url, "worker": worker.url, "redis": redis.client()}
+    worker.stop()
+    gateway.stop()
+    redis.stop()
+
+
+def voice_of(turns: list[conversation.RefTurn], start: float, end: float) -> str:
+    """The reference turn a stretch of time falls in most."""
+    return max(turns, key=lambda t: min(end, t.end) - max(start, t.start)).speaker
+
+
+def diarized(base: str, path: Path, **params: object) -> dict:
+    reply = submit_file(base, path, diarize="true", **params)
+    assert reply.status_code == 200, reply.text
+    final = wait_done(base, reply.json()["taskid"], timeout=240)
+    assert final["status"] == "SUCCEEDED", final
+    return final["result"]
+
+
+def assert_matches_turns(result: dict, turns: list[conversation.RefTurn]) -> dict[str, str]:
+    """Every segment's speaker is its turn's voice, under one label-to-voice mapping."""
+    mapping: dict[str, str] = {}
+    for segment in result["segments"]:
+        voice = voice_of(turns, segment["start"], segment["end"])
+        assert mapping.setdefault(segment["speaker"], voice) == voice, (segment, mapping)
+    assert sorted(mapping.values()) == sorted(conversation.VOICES)
+    return mapping
+
+
+# --- pure functions --------------------------------------------------------------------------
+
+def test_der() -> None:
+    ref = [Turn(0.0, 4.0, "a"), Turn(5.0, 9.0, "b")]
+    assert der(ref, ref) == 0.0
+    assert der(ref, [Turn(0.0, 4.0, "x"), Turn(5.0, 9.0, "y")]) == 0.0  # labels are mapped
+    assert der(ref, [], collar=0.0) == 1.0  # all missed
+    assert der(ref, [Turn(0.0, 4.0, "x"), Turn(5.0, 9.0, "x")], collar=0.0) == \
+        pytest.approx(0.5, abs=0.01)  # one speaker for two: half confused
+    assert der(ref, [Turn(0.0, 5.0, "x"), Turn(5.0, 9.0, "y")], collar=0.0) == \
+        pytest.approx(0.125, abs=0.01)  # one second of false alarm in eight
+
+
+def test_a_segment_that_changes_speaker_is_split_at_the_word_boundary() -> None:
+    words = [Word(" Hello", 0.0, 0.5), Word(" there.", 0.5, 1.0), Word(" Hi", 1.6, 2.0),
+             Word(" back.", 2.0, 2.4)]
+    transcription = Transcription(" Hello there. Hi back.", "en", 3.0, [
+        Segment(0, 0.0, 2.4, " Hello there. Hi back.", words=words, tokens=[1, 2])])
+    turns = [Turn(0.0, 1.1, "SPEAKER_00"), Turn(1.5, 2.5, "SPEAKER_01")]
+    attach(transcription, Diarization(turns, ["SPEAKER_00", "SPEAKER_01"]))
+    assert [(s.id, s.start, s.end, s.text, s.speaker) for s in transcription.segments] == [
+        (0, 0.0, 1.0, " Hello there.", "SPEAKER_00"), (1, 1.6, 2.4, " Hi back.", "SPEAKER_01")]
+    assert [w.speaker for s in transcription.segments for w in s.words or []] == [
+        "SPEAKER_00", "SPEAKER_00", "SPEAKER_01", "SPEAKER_01"]
+    assert transcription.speakers == {"SPEAKER_00": {"seconds": 1.1, "segments": 1},
+                                      "SPEAKER_01": {"seconds": 1.0, "segments": 1}}
+
+
+def test_an_engines_own_speakers_take_the_same_labels() -> None:
+    transcription = Transcription("a b c", "en", 3.0, [
+        Segment(0, 0.0, 1.0, "a", speaker="1"), Segment(1, 1.0, 2.0, "b", speaker="0"),
+        Segment(2, 2.0, 3.0, "c", speaker="1")])
+    own_speakers(transcription)
+    assert [s.speaker for s in transcription.segments] == ["SPEAKER_00", "SPEAKER_01",
+                                                           "SPEAKER_00"]
+    assert transcription.speakers == {"SPEAKER_00": {"seconds": 2.0, "segments": 2},
+                                      "SPEAKER_01": {"seconds": 1.0, "segments": 1}}
+
+
+# --- the service ------------------------------------------------------------------------------
+
+def test_two_voices_with_and_without_the_count(service: dict, clips: dict) -> None:
+    base, turns = service["gateway"], clips["turns"]
+    counted = diarized(base, clips["talk"], num_speakers=2, word_timestamps="true")
+    assert_matches_turns(counted, turns)
+    assert list(counted["speakers"]) == ["SPEAKER_00", "SPEAKER_01"]  # first appearance
+    assert counted["segments"][0]["speaker"] == "SPEAKER_00"
+    assert sum(s["segments"] for s in counted["speakers"].values()) == len(counted["segments"])
+    for segment in counted["segments"]:
+        assert {w["speaker"] for w in segment["words"]} == {segment["speaker"]}
+    estimated = diarized(base, clips["talk"])
+    assert len(estimated["speakers"]) == 2
+    assert_matches_turns(estimated, turns)
+    assert "words" not in estimated["segments"][0]  # words only when asked for
+    again = diarized(base, clips["talk"])
+    assert [s["speaker"] for s in again["segments"]] == \
+        [s["speaker"] for s in estimated["segments"]]
+
+
+def test_a_single_voice_is_one_speaker(service: dict, clips: dict) -> None:
+    result = diarized(service["gateway"], clips["single"], min_speakers=1, max_speakers=4)
+    assert list(result["speakers"]) == ["SPEAKER_00"]
+    assert {s["speaker"] for s in result["segments"]} == {"SPEAKER_00"}
+
+
+def test_openai_sdk_diarized_json_with_known_speakers(service: dict, clips: dict) -> None:
+    client = openai.OpenAI(base_url=f"{service['gateway']}/v1", api_key="unused",
+                           max_retries=0, timeout=240)
+    names = list(conversation.VOICES)
+    urls = ["data:audio/wav;base64," + base64.b64encode(
+        clips["references"][name].read_bytes()).decode() for name in names]
+    with clips["talk"].open("rb") as handle:
+        body = client.audio.transcriptions.create(
+            model="whisper-1", file=handle, response_format="diarized_json",
+            known_speaker_names=names, known_speaker_references=urls,
+            extra_body={"num_speakers": 2})
+    segments = [segment.model_dump() for segment in body.segments]
+    assert segments and body.text and body.usage.seconds == 25
+    for segment in segments:
+        assert segment["type"] == "transcript.text.segment"
+        assert segment["speaker"] == voice_of(clips["turns"], segment["start"], segment["end"])
+    # the same with paths under an allowed root, through REST; and cue voices in VTT and SRT
+    paths = [str(clips["references"][name]) for name in names]
+    url = f"{service['gateway']}/v1/audio/transcriptions"
+    with clips["talk"].open("rb") as handle:
+        vtt = httpx.post(url, files={"file": handle}, timeout=240, data={
+            "diarize": "true", "response_format": "vtt", "known_speaker_names[]": names,
+            "known_speaker_references[]": paths})
+    assert vtt.status_code == 200, vtt.text
+    assert "<v alice>" in vtt.text and "<v bob>" in vtt.text
+    with clips["talk"].open("rb") as handle:
+        srt = client.audio.transcriptions.create(model="whisper-1", file=handle,
+                                                 response_format="srt",
+                                                 extra_body={"diarize": True})
+    assert "[SPEAKER_00] " in srt and "[SPEAKER_01] " in srt
+
+
+def test_bad_diarization_input_is_refused_before_queueing(service: dict, clips: dict) -> None:
+    base, redis = service["gateway"], service["redis"]
+    before = queue_counts(redis)
+    talk = clips["talk"]
+    ref = str(clips["references"]["alice"])
+
+    def refused(param: str, backend: str = "faster-whisper", files: dict | None = None,
+                **params: object) -> None:
+        with talk.open("rb") as handle:
+            reply = httpx.post(f"{base}/api/{backend}-submit", timeout=60,
+                               files={"file": handle, **(files or {})}, data=params)
+        assert reply.status_code in (400, 200) and reply.json()["status"] == "FAILED", reply.text
+        assert param in reply.json()["error"], reply.json()
+
+    refused("num_speakers", diarize="true", num_speakers="0")
+    refused("num_speakers", diarize="true", num_speakers="33")
+    refused("min_speakers", diarize="true", min_speakers="3", max_speakers="2")
+    refused("known_speaker_references", diarize="true", known_speaker_names="alice",
+            known_speaker_references=str(clips["short"]))
+    refused("known_speaker_references", diarize="true", known_speaker_names="alice",
+            files={"known_speaker_references": clips["garbage"].open("rb")})
+    refused("known_speaker_references", diarize="true",
+            **{"known_speaker_names[]": ["alice", "bob"], "known_speaker_references[]": ref})
+    refused("diarize", backend="xtts", diarize="true", text="Hello there.")
+    refused("num_speakers", num_speakers="2")  # without diarize
+    reply = httpx.post(f"{base}/v1/audio/transcriptions", timeout=60,
+                       files={"file": talk.open("rb")},
+                       data={"response_format": "diarized_json", "max_speakers": "40"})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "max_speakers"
+    assert queue_counts(redis) == before
+
+
+def test_the_diarizers_memory_goes_back_on_idle_unload(service: dict, clips: dict) -> None:
+    base, health = service["gateway"], f"{service['worker']}/health"
+
+    def unloaded() -> dict | None:
+        reply = httpx.get(health, timeout=5).json()
+        return reply if not reply["loaded_models"] and not reply["diarizer_loaded"] else None
+
+    def rss_after(**params: object) -> tuple[float, float]:
+        """(RSS right after the task, loaded; RSS once idle-unloaded)."""
+        reply = submit_file(base, clips["single"], **params)
+        assert wait_done(base, reply.json()["taskid"], timeout=240)["status"] == "SUCCEEDED"
+        loaded = httpx.get(health, timeout=5).json()
+        assert bool(loaded["diarizer_loaded"]) == ("diarize" in params)
+        idle = wait_until(unloaded, 30, "idle unload", 0.2)
+        return loaded["memory"]["rss_mib"], idle["memory"]["rss_mib"]
+
+    rss_after(diarize="true")  # torch's and the libraries' one-time import cost
+    plain_loaded, plain_idle = rss_after()
+    loaded, idle = rss_after(diarize="true")
+    again_loaded, again_idle = rss_after(diarize="true")
+    # loaded with the diarizer, the worker holds more than with the model alone; unloaded,
+    # it holds what it held unloaded before: nothing stays behind, nothing grows
+    assert loaded - idle > plain_loaded - plain_idle, (loaded, idle, plain_loaded, plain_idle)
+    assert idle < plain_idle + 25 and again_idle < idle + 25, (plain_idle, idle, again_idle)
+    assert np.isfinite(again_loaded)
