@@ -65,6 +65,7 @@ class Diarization:
 class DiarizerHandle:
     vad: Any  # silero-vad's model
     encoder: Any  # resemblyzer.VoiceEncoder
+    mel_basis: Any = None  # (MEL_CHANNELS, N_FFT // 2 + 1)
 
 
 class DiarizerUnusable(Exception):
@@ -91,10 +92,10 @@ class Diarizer:
         vad = load_silero_vad()
         encoder = VoiceEncoder(device="cpu", verbose=False)
         encoder.eval()
-        return DiarizerHandle(vad, encoder)
+        return DiarizerHandle(vad, encoder, mel_filters())
 
     def unload(self, handle: DiarizerHandle) -> None:
-        handle.vad = handle.encoder = None
+        handle.vad = handle.encoder = handle.mel_basis = None
 
     # --- one task ---------------------------------------------------------------------------
 
@@ -154,11 +155,63 @@ def _windows(start: int, end: int) -> list[tuple[int, int]]:
     return [(s, s + size) for s in starts]
 
 
+# Resemblyzer's input features, computed here as librosa computes them for it
+# (resemblyzer.audio.wav_to_mel_spectrogram): librosa's own functions JIT-compile with numba,
+# which costs the process ~250 MB for good the first time, unload or not.
+N_FFT, HOP, MEL_CHANNELS = 400, 160, 40  # 25 ms windows, 10 ms steps at 16 kHz
+
+
+def _hz_to_mel(hz: np.ndarray) -> np.ndarray:
+    """Slaney's mel scale (librosa's default): linear below 1 kHz, logarithmic above."""
+    mel = hz / (200.0 / 3)
+    log = hz >= 1000.0
+    return np.where(log, 15.0 + np.log(np.maximum(hz, 1e-9) / 1000.0) / (np.log(6.4) / 27),
+                    mel)
+
+
+def _mel_to_hz(mel: np.ndarray) -> np.ndarray:
+    hz = mel * (200.0 / 3)
+    return np.where(mel >= 15.0, 1000.0 * np.exp((np.log(6.4) / 27) * (mel - 15.0)), hz)
+
+
+def mel_filters(sample_rate: int = SAMPLE_RATE, n_fft: int = N_FFT,
+                channels: int = MEL_CHANNELS) -> np.ndarray:
+    """librosa.filters.mel(sr, n_fft, n_mels): triangular, Slaney-normalised."""
+    fft_hz = np.fft.rfftfreq(n_fft, 1.0 / sample_rate)
+    edges = _mel_to_hz(np.linspace(_hz_to_mel(np.array(0.0)),
+                                   _hz_to_mel(np.array(sample_rate / 2.0)), channels + 2))
+    widths = np.diff(edges)
+    ramps = np.subtract.outer(edges, fft_hz)
+    lower = -ramps[:-2] / widths[:-1, None]
+    upper = ramps[2:] / widths[1:, None]
+    weights = np.maximum(0.0, np.minimum(lower, upper))
+    return weights * (2.0 / (edges[2:] - edges[:-2]))[:, None]
+
+
+def mel_spectrogram(wav: np.ndarray, basis: np.ndarray) -> np.ndarray:
+    """(frames, MEL_CHANNELS) power mel spectrogram: librosa.feature.melspectrogram with a
+    periodic Hann window, centred frames, zero padding."""
+    padded = np.pad(wav.astype(np.float64), N_FFT // 2)
+    count = 1 + (len(padded) - N_FFT) // HOP
+    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP][:count]
+    window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)
+    power = np.abs(np.fft.rfft(frames * window, axis=1)) ** 2
+    return (power @ basis.T).astype(np.float32)
+
+
 def _embed(handle: DiarizerHandle, clip: np.ndarray) -> np.ndarray:
+    """resemblyzer's VoiceEncoder.embed_utterance, on features computed without librosa."""
+    import torch
     from resemblyzer.audio import normalize_volume
 
-    return np.asarray(handle.encoder.embed_utterance(
-        normalize_volume(clip.astype(np.float32), -30, increase_only=True)))
+    wav = normalize_volume(clip.astype(np.float32), -30, increase_only=True)
+    wav_slices, mel_slices = handle.encoder.compute_partial_slices(len(wav), 1.3, 0.75)
+    if wav_slices[-1].stop >= len(wav):
+        wav = np.pad(wav, (0, wav_slices[-1].stop - len(wav)))
+    mel = mel_spectrogram(wav, handle.mel_basis)
+    with torch.no_grad():
+        partials = handle.encoder(torch.from_numpy(np.array([mel[s] for s in mel_slices])))
+    return _normed(partials.numpy().mean(axis=0))
 
 
 def _normed(vector: np.ndarray) -> np.ndarray:
