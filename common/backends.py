@@ -216,7 +216,7 @@ BACKENDS: dict[str, Backend] = {
                 env="hf", prefix="QWEN3",
                 fixture=Fixture(builder="qwen3.py", args=("--teach", _JFK),
                                 helpers=("hf_tiny.py",), transcript=_JFK_WORDS),
-                languages=QWEN3_LANGUAGES),
+                diarization=True, languages=QWEN3_LANGUAGES),
         # VibeVoice-ASR publishes no language list ("over 50"), detects the language itself
         # and only echoes a given one: Whisper's codes stand in for "a real language"
         Backend("vibevoice", "asr", "workers.engines.vibevoice:VibeVoiceEngine",
