@@ -211,7 +211,7 @@ BACKENDS: dict[str, Backend] = {
         Backend("parakeet", "asr", "workers.engines.parakeet:ParakeetEngine",
                 env="nemo", prefix="PARAKEET", sage_poll_seconds=1,
                 fixture=Fixture(builder="parakeet.py", entry="parakeet-tiny.nemo"),
-                word_timestamps=True, languages=("en",)),
+                word_timestamps=True, diarization=True, languages=("en",)),
         Backend("qwen3", "asr", "workers.engines.qwen3:Qwen3Engine",
                 env="hf", prefix="QWEN3",
                 fixture=Fixture(builder="qwen3.py", args=("--teach", _JFK),
