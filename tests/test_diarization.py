@@ -139,6 +139,19 @@ def test_an_engines_own_speakers_take_the_same_labels() -> None:
                                       "SPEAKER_01": {"seconds": 1.0, "segments": 1}}
 
 
+def test_an_unusable_diarizer_source_fails_only_the_task_that_asks() -> None:
+    from common.settings import Settings
+    from workers.engines.faster_whisper import FasterWhisperEngine
+    from workers.models import ModelSlot
+
+    engine = FasterWhisperEngine(Settings(_env_file=None))  # type: ignore[call-arg]
+    slot = ModelSlot(engine, "cpu", {"tiny.en": "bundled"}, Diarizer("/models/pyannote"))
+    with pytest.raises(KeyError, match=r"pyannote\.audio pipelines are a planned option"):
+        slot.acquire("tiny.en", diarize=True)
+    assert slot.loaded_models == ["tiny.en"] and slot.diarizer_handle is None
+    slot.unload()
+
+
 # --- the service ------------------------------------------------------------------------------
 
 def test_two_voices_with_and_without_the_count(service: dict, clips: dict) -> None:

@@ -59,12 +59,14 @@ class ModelSlot:
         return self.diarizer, self.diarizer_handle
 
     def _load_diarizer(self, name: str) -> None:
+        # A diarizer this worker cannot have fails the task that asks (KeyError: the host's
+        # "not configured here"), never the model's breaker: tasks without it still run.
         if self.diarizer is None:
-            raise SourceUnusable(f"backend of model {name!r} has no diarizer")
+            raise KeyError(f"model {name!r} has no diarizer on this worker")
         try:
             self.diarizer.check_source()
         except Exception as exc:
-            raise SourceUnusable(f"the diarizer of model {name!r} failed to load: {exc}") from None
+            raise KeyError(str(exc)) from None
         self.loading = name
         started = time.perf_counter()
         error = None
