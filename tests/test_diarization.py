@@ -154,6 +154,14 @@ def test_an_unusable_diarizer_source_fails_only_the_task_that_asks() -> None:
 
 # --- the service ------------------------------------------------------------------------------
 
+def test_api_config_says_which_backends_diarize(service: dict) -> None:
+    backends = httpx.get(f"{service['gateway']}/api/config", timeout=10).json()["backends"]
+    assert backends["faster-whisper"]["diarization"] is True
+    assert backends["xtts"]["diarization"] is False
+    for backend in service["others"]:
+        assert backends[backend]["diarization"] is True
+
+
 def test_two_voices_with_and_without_the_count(service: dict, clips: dict) -> None:
     base, turns = service["gateway"], clips["turns"]
     counted = diarized(base, clips["talk"], num_speakers=2, word_timestamps="true")
@@ -198,6 +206,8 @@ def test_a_single_voice_is_one_speaker(service: dict, clips: dict) -> None:
     result = diarized(service["gateway"], clips["single"], min_speakers=1, max_speakers=4)
     assert list(result["speakers"]) == ["SPEAKER_00"]
     assert {s["speaker"] for s in result["segments"]} == {"SPEAKER_00"}
+    real = diarized(service["gateway"], TEST_AUDIO / "jfk.flac")  # a real, noisy recording
+    assert list(real["speakers"]) == ["SPEAKER_00"], real["speakers"]
 
 
 def test_openai_sdk_diarized_json_with_known_speakers(service: dict, clips: dict) -> None:

@@ -34,9 +34,13 @@ MAX_WHOLE_REGION_SECONDS = 3.0
 #: windows shorter than this embed poorly: they are assigned to the nearest speaker found
 #: from the longer ones, never allowed to found a speaker of their own
 MIN_RELIABLE_SECONDS = 1.0
-#: average-linkage cosine distance under which two groups of windows are one speaker
-#: (Resemblyzer: one voice ~0.1-0.2 apart, two voices ~0.3-0.45)
-CLUSTER_DISTANCE = 0.3
+#: average-linkage cosine distance under which two groups of windows are one speaker, when
+#: the count is estimated (Resemblyzer, in 1.5-3 s windows: one clean voice merges by ~0.2,
+#: JFK's noisy 1961 recording by 0.37; the two espeak voices of the tests stay 0.45 apart)
+CLUSTER_DISTANCE = 0.4
+#: an estimated speaker needs this many windows: a lone window that matches nobody (a cough,
+#: applause, a shout) joins the nearest speaker instead
+MIN_CLUSTER_WINDOWS = 2
 #: turns of one speaker closer than this are one turn
 MERGE_GAP_SECONDS = 0.5
 _LABEL = re.compile(r"SPEAKER_\d{2,}")
@@ -239,7 +243,7 @@ def _cluster(embeddings: np.ndarray, windows: list[tuple[int, int]],
         return AgglomerativeClustering(metric="cosine", linkage="average",
                                        **kwargs).fit_predict(base)
 
-    found = cluster(n_clusters=None, distance_threshold=CLUSTER_DISTANCE)
+    found = _absorb_small(base, cluster(n_clusters=None, distance_threshold=CLUSTER_DISTANCE))
     count = len(set(found))
     if not fewest <= count <= most:
         count = min(max(count, fewest), most)
@@ -247,6 +251,19 @@ def _cluster(embeddings: np.ndarray, windows: list[tuple[int, int]],
                  else np.zeros(len(base), dtype=int))
     centroids = np.stack([_normed(base[found == c].mean(axis=0)) for c in range(count)])
     return np.argmax(embeddings @ centroids.T, axis=1)
+
+
+def _absorb_small(embeddings: np.ndarray, found: np.ndarray) -> np.ndarray:
+    """Clusters of fewer than MIN_CLUSTER_WINDOWS windows join the nearest larger one (when
+    there is one); clusters renumbered 0, 1, …"""
+    sizes = np.bincount(found)
+    large = [c for c in range(len(sizes)) if sizes[c] >= MIN_CLUSTER_WINDOWS]
+    if not large or len(large) == len(sizes):
+        return found
+    centroids = np.stack([_normed(embeddings[found == c].mean(axis=0)) for c in large])
+    nearest = np.array(large)[np.argmax(embeddings @ centroids.T, axis=1)]
+    kept = np.where(np.isin(found, large), found, nearest)
+    return np.unique(kept, return_inverse=True)[1]
 
 
 def _turns(windows: list[tuple[int, int]], clusters: np.ndarray) -> list[tuple[int, int, int]]:
