@@ -26,7 +26,7 @@ from typing import Any  # noqa: E402
 from bench import common as bc  # noqa: E402
 
 SCRIPTS = ("gateway_overhead", "dispatch_latency", "throughput", "rtf", "memory",
-           "start_to_ready", "cpu_per_task")
+           "start_to_ready", "cpu_per_task", "diarization")
 
 
 def run_one(name: str, timeout: float) -> tuple[int, float]:
@@ -83,6 +83,10 @@ def headline(name: str) -> list[str]:
     if name == "cpu_per_task":
         return [f"{label}: {t['value']:.3f} (target {t['target']}: {ok[t['met']]})"
                 for label, t in data["targets"].items()]
+    if name == "diarization":
+        return [f"{case}: {len(c['speakers'])} speakers, DER {c['der']:.3f} (target <= 0.15: "
+                f"{ok[c['der'] <= 0.15]}), diarize/transcribe {c['diarize_over_transcribe']:.2f}"
+                for case, c in data["cases"].items()]
     return []
 
 

@@ -156,7 +156,10 @@ class Backend:
     # --- capabilities: the gateway refuses what a backend cannot do before queueing ---
     translate: bool = False
     word_timestamps: bool = False
+    #: the engine names its own speakers (diarize=true keeps them, as SPEAKER_00 …)
     speakers: bool = False
+    #: diarize=true works: the worker's diarizer (workers/diarize.py, needs its packages in the
+    #: row's environment), or the engine's own speakers
     diarization: bool = False
     #: the language codes it accepts
     languages: tuple[str, ...] = ()
@@ -203,23 +206,24 @@ BACKENDS: dict[str, Backend] = {
         Backend("faster-whisper", "asr", "workers.engines.faster_whisper:FasterWhisperEngine",
                 env="core", prefix="FW", enabled=True,
                 fixture=Fixture(model="tiny.en", source="bundled"),
-                translate=True, word_timestamps=True, languages=WHISPER_LANGUAGES),
+                translate=True, word_timestamps=True, diarization=True,
+                languages=WHISPER_LANGUAGES),
         Backend("parakeet", "asr", "workers.engines.parakeet:ParakeetEngine",
                 env="nemo", prefix="PARAKEET", sage_poll_seconds=1,
                 fixture=Fixture(builder="parakeet.py", entry="parakeet-tiny.nemo"),
-                word_timestamps=True, languages=("en",)),
+                word_timestamps=True, diarization=True, languages=("en",)),
         Backend("qwen3", "asr", "workers.engines.qwen3:Qwen3Engine",
                 env="hf", prefix="QWEN3",
                 fixture=Fixture(builder="qwen3.py", args=("--teach", _JFK),
                                 helpers=("hf_tiny.py",), transcript=_JFK_WORDS),
-                languages=QWEN3_LANGUAGES),
+                diarization=True, languages=QWEN3_LANGUAGES),
         # VibeVoice-ASR publishes no language list ("over 50"), detects the language itself
         # and only echoes a given one: Whisper's codes stand in for "a real language"
         Backend("vibevoice", "asr", "workers.engines.vibevoice:VibeVoiceEngine",
                 env="hf", prefix="VIBEVOICE", sage_poll_seconds=5,
                 fixture=Fixture(builder="vibevoice.py", args=("--teach", _JFK),
                                 helpers=("hf_tiny.py",), transcript=_JFK_WORDS),
-                speakers=True, languages=WHISPER_LANGUAGES),
+                speakers=True, diarization=True, languages=WHISPER_LANGUAGES),
         Backend("xtts", "tts", "workers.engines.xtts:XttsEngine",
                 env="xtts", prefix="XTTS", fixture=Fixture(builder="xtts.py"),
                 languages=XTTS_LANGUAGES, label="XTTS",

@@ -30,17 +30,24 @@ def _cue_text(text: str) -> str:
 
 
 def srt(segments: list[dict[str, Any]]) -> str:
+    """A diarized segment's cue starts with its speaker: `[SPEAKER_00] text`."""
     cues = []
     for index, segment in enumerate(segments, start=1):
+        text = _cue_text(segment["text"])
+        if speaker := segment.get("speaker"):
+            text = f"[{speaker}] {text}"
         cues.append(f"{index}\n{_timestamp(segment['start'], ',')} --> "
-                    f"{_timestamp(segment['end'], ',')}\n{_cue_text(segment['text'])}\n")
+                    f"{_timestamp(segment['end'], ',')}\n{text}\n")
     return "\n".join(cues)
 
 
 def vtt(segments: list[dict[str, Any]]) -> str:
+    """A diarized segment's cue carries its speaker in a voice tag: `<v SPEAKER_00>text`."""
     cues = ["WEBVTT\n"]
     for segment in segments:
         text = _cue_text(segment["text"]).replace("-->", "->")
+        if speaker := segment.get("speaker"):
+            text = f"<v {_cue_text(speaker).replace('>', '')}>{text}"
         cues.append(f"{_timestamp(segment['start'], '.')} --> "
                     f"{_timestamp(segment['end'], '.')}\n{text}\n")
     return "\n".join(cues)

@@ -83,6 +83,61 @@ class TranscriptionOptions:
             raise ValueError(f"temperature must be from 0 to 1, not {self.temperature!r}")
 
 
+#: the most speakers a diarization is asked for; known speakers a request names
+MAX_SPEAKERS = 32
+MAX_KNOWN_SPEAKERS = 4
+#: a known speaker's reference clip lasts this long (OpenAI's diarizing model takes the same)
+MIN_REFERENCE_SECONDS, MAX_REFERENCE_SECONDS = 2.0, 10.0
+
+
+@dataclass(slots=True)
+class DiarizationOptions:
+    """`diarize=true` and its options, as a task carries them (`params["diarization"]`).
+    `references` are clip names: an uploaded clip in the task's input blob or, when
+    `clip_paths` names it, a file under an allowed root."""
+
+    num_speakers: int | None = None
+    min_speakers: int | None = None
+    max_speakers: int | None = None
+    names: list[str] = field(default_factory=list)
+    references: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> DiarizationOptions | None:
+        """None when the task does not ask for diarization; ValueError for a bad value
+        (checked again here, whatever queued it)."""
+        raw = params.get("diarization")
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            raise ValueError("diarization options must be an object")
+        known = {k: raw[k] for k in cls.__dataclass_fields__ if raw.get(k) is not None}
+        options = cls(**known)
+        options.validate()
+        return options
+
+    def validate(self) -> None:
+        for name in ("num_speakers", "min_speakers", "max_speakers"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 1 <= value <= MAX_SPEAKERS):
+                raise ValueError(f"{name} must be an integer from 1 to {MAX_SPEAKERS}")
+        if (self.min_speakers is not None and self.max_speakers is not None
+                and self.min_speakers > self.max_speakers):
+            raise ValueError("min_speakers must not exceed max_speakers")
+        if len(self.names) != len(self.references):
+            raise ValueError("known_speaker_names and known_speaker_references must be lists "
+                             "of the same length")
+        if len(self.names) > MAX_KNOWN_SPEAKERS:
+            raise ValueError(f"at most {MAX_KNOWN_SPEAKERS} known speakers")
+
+    def bounds(self) -> tuple[int, int]:
+        """(fewest, most) speakers to find."""
+        if self.num_speakers is not None:
+            return self.num_speakers, self.num_speakers
+        return self.min_speakers or 1, self.max_speakers or MAX_SPEAKERS
+
+
 #: the speech rates XTTS is asked for (1 = its natural rate)
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
 
@@ -102,6 +157,7 @@ class Word:
     start: float
     end: float
     probability: float | None = None
+    speaker: str | None = None  # (diarized) whose word it is
 
 
 @dataclass(slots=True)
@@ -128,6 +184,9 @@ class Transcription:
     duration: float
     segments: list[Segment]
 
+    #: (diarized) label -> {"seconds": speaking time, "segments": how many segments}
+    speakers: dict[str, dict[str, float | int]] | None = None
+
     def to_result(self, backend: str, model: str, with_words: bool) -> dict[str, Any]:
         """The ASR `result` object of the status reply (SPEC §3)."""
         segments = []
@@ -137,7 +196,11 @@ class Transcription:
                 item.pop("words")
             elif item["words"] is None:
                 item["words"] = []
+            elif segment.speaker is None:  # a word's speaker only where there are speakers
+                for word in item["words"]:
+                    word.pop("speaker")
             segments.append(item)
+        extra = {} if self.speakers is None else {"speakers": self.speakers}
         return {
             "text": self.text,
             "language": self.language,
@@ -146,6 +209,7 @@ class Transcription:
             "usage": {"audio_seconds": round(self.duration, 3)},
             "backend": backend,
             "model": model,
+            **extra,
         }
 
 

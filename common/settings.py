@@ -123,6 +123,12 @@ class Settings(BaseSettings):
     parakeet_warmup_seconds: list[float] = Field(default_factory=lambda: [1.0, 8.0, 60.0])
     parakeet_cuda_graphs: bool = True  # NeMo's CUDA-graph greedy decoder on GPU
     parakeet_dtype: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | bfloat16 | float32
+    #: speaker diarization (`diarize=true`, workers/diarize.py): `bundled` = silero-vad's
+    #: speech regions + Resemblyzer's speaker encoder (weights shipped in their PyPI packages),
+    #: clustered with scikit-learn, on CPU
+    diarization_model: str = "bundled"
+    #: a diarized speaker takes a known speaker's name from this cosine similarity up
+    diarization_name_threshold: float = Field(default=0.75, ge=0.0, le=1.0)
 
     # --- breakers and liveness ---
     #: load failures of one model within the window that open its breaker

@@ -16,9 +16,12 @@ from gateway.errors import RequestError
 from gateway.limits import BodyRefused
 
 MAX_FORM_FIELDS = 64
-MAX_FORM_FILES = 4
+#: the audio and up to 4 known speakers' reference clips (gateway/diarization.py), and room
+MAX_FORM_FILES = 8
 #: parameters that may repeat (form, query) or be a JSON list; every other one is one value
-LIST_PARAMS = frozenset({"timestamp_granularities", "timestamp_granularities[]"})
+LIST_PARAMS = frozenset({"timestamp_granularities", "timestamp_granularities[]",
+                         "known_speaker_names", "known_speaker_names[]",
+                         "known_speaker_references", "known_speaker_references[]"})
 
 
 @dataclass(slots=True)
@@ -29,6 +32,8 @@ class Params:
     #: why a parameter's value is unusable (a list or object for a scalar, repeated, NUL …):
     #: reported as a 400 naming it when a route reads it
     problems: dict[str, str] = field(default_factory=dict)
+    #: every upload under each name, in order (`files` keeps the last)
+    file_lists: dict[str, list[UploadFile]] = field(default_factory=dict)
 
     def get(self, *names: str) -> str | None:
         for name in names:
@@ -80,6 +85,7 @@ async def read_params(request: Request) -> Params:
         for key, value in form.multi_items():
             if isinstance(value, UploadFile):
                 params.files[key] = value
+                params.file_lists.setdefault(key, []).append(value)
             else:
                 fields.append((key, value))
         _add_pairs(params, fields)

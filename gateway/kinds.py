@@ -12,9 +12,10 @@ from typing import Any
 from common.catalog import KINDS, UnknownBackend, backend_info
 from common.settings import Settings
 from gateway.analysis import analysis_input
+from gateway.diarization import asr_input
 from gateway.errors import RequestError
 from gateway.inputs import Params
-from gateway.submission import AudioInput, asr_params, read_audio_input
+from gateway.submission import AudioInput
 from gateway.tts import tts_input
 
 #: (request params, settings, backend) -> (the task's options, its input audio)
@@ -23,8 +24,7 @@ Reader = Callable[[Params, Settings, str], Awaitable[tuple[dict[str, Any], Audio
 
 async def _asr_input(params: Params, settings: Settings,
                      backend: str) -> tuple[dict[str, Any], AudioInput]:
-    options = asr_params(params, settings, backend)
-    return options, await read_audio_input(params, settings)
+    return await asr_input(params, settings, backend)
 
 
 async def _tts_input(params: Params, settings: Settings,
@@ -45,4 +45,7 @@ async def read_task_input(params: Params, settings: Settings,
         kind = backend_info(settings, backend).kind
     except UnknownBackend as exc:
         raise RequestError(404, str(exc), param="backend", code="unknown_backend") from None
+    if kind != "asr" and params.flag("diarize"):
+        raise RequestError(400, f"backend {backend!r} does not transcribe: diarize is for ASR "
+                                "backends", param="diarize")
     return await READERS[kind](params, settings, backend)

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from common.audio import OUTPUT_FORMATS
-from common.schemas import MAX_BEAM_SIZE, MAX_SPEED, MIN_SPEED
+from common.schemas import MAX_BEAM_SIZE, MAX_KNOWN_SPEAKERS, MAX_SPEAKERS, MAX_SPEED, MIN_SPEED
 from gateway.submission import MAX_PROMPT_CHARACTERS
 
 TRANSCRIPTION_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
@@ -56,6 +56,21 @@ class TranscriptionRequest(_AudioRequest):
     language: str | None = Field(None, description="A code of the backend's table "
                                  "(`/api/config`); a regional form means its language; "
                                  "`auto` or none: detect")
+    diarize: bool = Field(False, description="(extension) label who spoke each segment and "
+                          "word; `diarized_json` implies it")
+    num_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS,
+                                     description="(extension) with diarize: how many speakers")
+    min_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS,
+                                     description="(extension) with diarize: at least")
+    max_speakers: int | None = Field(None, ge=1, le=MAX_SPEAKERS,
+                                     description="(extension) with diarize: at most")
+    known_speaker_names: list[str] = Field(
+        [], alias="known_speaker_names[]", max_length=MAX_KNOWN_SPEAKERS,
+        description="Names for known speakers, one per reference clip")
+    known_speaker_references: list[str] = Field(
+        [], alias="known_speaker_references[]", max_length=MAX_KNOWN_SPEAKERS,
+        description="2-10 s clips of the known speakers: data URLs, uploads under this name, "
+                    "or paths under an allowed root")
 
 
 class TranslationRequest(_AudioRequest):

@@ -36,3 +36,16 @@ def test_legacy_view() -> None:
     assert fastwhisper_legacy(result) == {
         "language": "en", "content": "Hi there",
         "segments": [[0.0, 1.0, "Hi there", [[0.0, 0.4, "Hi", 0.9]]]]}
+
+
+def test_diarized_cues_carry_their_speaker() -> None:
+    segments = [{"id": 0, "start": 0.0, "end": 1.0, "text": " Hello.", "speaker": "SPEAKER_00"},
+                {"id": 1, "start": 1.0, "end": 2.0, "text": " Hi.", "speaker": "bob"},
+                {"id": 2, "start": 2.0, "end": 3.0, "text": " Nobody.", "speaker": None}]
+    assert srt(segments).split("\n\n")[:2] == [
+        "1\n00:00:00,000 --> 00:00:01,000\n[SPEAKER_00] Hello.",
+        "2\n00:00:01,000 --> 00:00:02,000\n[bob] Hi."]
+    cues = vtt(segments).strip().split("\n\n")
+    assert cues[1:] == ["00:00:00.000 --> 00:00:01.000\n<v SPEAKER_00>Hello.",
+                        "00:00:01.000 --> 00:00:02.000\n<v bob>Hi.",
+                        "00:00:02.000 --> 00:00:03.000\nNobody."]

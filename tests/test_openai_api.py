@@ -130,7 +130,8 @@ def test_raw_bad_requests_enqueue_nothing(stack: dict, tmp_path: Path) -> None:
     _openai_error(httpx.post(url, files={"file": JFK.open("rb")},
                              data={"response_format": "xml"}), 400)
     _openai_error(httpx.post(url, files={"file": JFK.open("rb")},
-                             data={"response_format": "diarized_json"}), 400)
+                             data={"response_format": "diarized_json",
+                                   "num_speakers": "0"}), 400)
     _openai_error(httpx.post(url, files={"file": JFK.open("rb")},
                              data={"timestamp_granularities[]": "phoneme"}), 400)
     assert queue_counts(stack["redis"]) == before

@@ -22,6 +22,7 @@ from common.schemas import ErrorCode, Segment
 from common.settings import Settings
 from workers import memory
 from workers.device_budget import NO_BUDGET, DeviceBudget, peak_over
+from workers.diarize import Diarizer
 from workers.engines.base import Engine
 from workers.execute import Outcome, Source, TaskError, run_engine, task_error
 from workers.models import LoadFailed, ModelSlot, SourceUnusable
@@ -63,7 +64,11 @@ class EngineHost:
         self.kind = BACKENDS[self.backend].kind  # "asr", "tts" or "analysis"
         self.engine = engine
         self.device = _resolve_device(settings.device, engine)
-        self.slot = ModelSlot(engine, self.device, settings.backend_models(self.backend))
+        row = BACKENDS[self.backend]
+        diarizer = (Diarizer(settings.diarization_model, settings.diarization_name_threshold)
+                    if row.diarization and not row.speakers else None)
+        self.slot = ModelSlot(engine, self.device, settings.backend_models(self.backend),
+                              diarizer)
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="engine")
         self.lock = asyncio.Lock()  # one engine call at a time: queue and direct HTTP
         self.running_calls = 0  # engine calls in progress (queue or direct HTTP): "busy"
@@ -110,14 +115,16 @@ class EngineHost:
             failure: TaskError | None = None
             try:
                 await self._reserve(model)
-                handle = await self._acquire(model, on_load or self.on_load)
+                handle = await self._acquire(model, on_load or self.on_load,
+                                             diarize=params.get("diarization") is not None)
                 await self._check_peak(model, after_task=False)
                 await self._call(self._refuse_over_cap)
                 outcome = await self._call(
                     run_engine, self.engine, handle, backend=self.backend, model=model,
                     params=params, source=source, on_segment=on_segment,
                     max_audio_seconds=self.settings.max_audio_seconds,
-                    allowed_roots=tuple(self.settings.allowed_roots))
+                    allowed_roots=tuple(self.settings.allowed_roots),
+                    diarizer=self.slot.diarization())
             except Exception as exc:
                 failure = task_error(exc)
             # Past the except block the engine's exception is gone, and with its traceback
@@ -223,11 +230,11 @@ class EngineHost:
                 await self._call(self.slot.unload)
                 await self._settle()
 
-    async def _acquire(self, model: str, on_load: OnLoad) -> Any:
+    async def _acquire(self, model: str, on_load: OnLoad, diarize: bool = False) -> Any:
         loads_before = self.slot.loads
         source = self.slot.sources.get(model, "")
         try:
-            handle = await self._call(self.slot.acquire, model)
+            handle = await self._call(self.slot.acquire, model, diarize)
         except KeyError as exc:
             raise TaskError(str(exc.args[0]), ErrorCode.INVALID_REQUEST) from None
         except SourceUnusable as exc:  # found before anything was allocated
@@ -307,6 +314,7 @@ class EngineHost:
             "state": state,
             "device": self.device,
             "loaded_models": self.slot.loaded_models,
+            "diarizer_loaded": self.slot.diarizer_handle is not None,
             "last_used": self.slot.last_used,
             "memory": memory.snapshot(self.engine.uses_torch, self.device),
             "memory_cap_mib": self.settings.memory_cap_mib,

@@ -18,8 +18,15 @@ from common import clips
 from common.audio import AudioError, AudioTooLong, decode_audio, encode_wav
 from common.backends import BACKENDS
 from common.paths import AllowedFile
-from common.schemas import ErrorCode, Segment, SynthesisOptions, TranscriptionOptions
-from workers import memory
+from common.schemas import (
+    MAX_REFERENCE_SECONDS,
+    DiarizationOptions,
+    ErrorCode,
+    Segment,
+    SynthesisOptions,
+    TranscriptionOptions,
+)
+from workers import diarize, memory
 from workers.engines.base import AnalysisEngine, Engine, SpeechEngine, TranscriptionEngine
 
 #: an engine call's input: bytes (an upload), a path the worker trusts, or a file a request
@@ -68,10 +75,12 @@ def run_engine(
     on_segment: Callable[[Segment], None],
     max_audio_seconds: float | None = None,
     allowed_roots: tuple[Path, ...] = (),
+    diarizer: tuple[diarize.Diarizer, Any] | None = None,
 ) -> Outcome:
     """`max_audio_seconds` bounds the decoded input (AudioTooLong past it); `allowed_roots`
-    are what the paths in a task's options are checked against as they are opened. What the
-    engine does is the backend's kind in the table."""
+    are what the paths in a task's options are checked against as they are opened;
+    `diarizer` (and its handle) runs after an ASR engine when the task asks for speakers.
+    What the engine does is the backend's kind in the table."""
     kind = BACKENDS[backend].kind
     if kind == "tts":
         return _synthesize(cast(SpeechEngine, engine), handle, backend, model, params, source,
@@ -80,13 +89,48 @@ def run_engine(
         return _analyze(cast(AnalysisEngine, engine), handle, backend, model, params, source,
                         max_audio_seconds, allowed_roots)
     transcriber = cast(TranscriptionEngine, engine)
-    if source is None:
-        raise ValueError("no input audio")
     options = TranscriptionOptions.from_params(params)
-    audio = _decode(source, transcriber.sample_rate, max_audio_seconds)
+    speakers = DiarizationOptions.from_params(params)
+    row = BACKENDS[backend]
+    sources = _asr_sources(source, params, allowed_roots)
+    if "file" not in sources:
+        raise ValueError("no input audio")
+    with_words = options.word_timestamps
+    if speakers is not None and row.word_timestamps and not row.speakers:
+        options.word_timestamps = True  # a segment that changes speaker splits between words
+    audio = _decode(sources["file"], transcriber.sample_rate, max_audio_seconds)
     transcription = transcriber.transcribe(handle, audio, options, on_segment)
+    if speakers is not None and row.speakers:  # its own speakers, in the diarizer's labels
+        diarize.own_speakers(transcription)
+    elif speakers is not None:
+        if diarizer is None:
+            raise ValueError(f"{backend} has no diarizer loaded")
+        references = {name: _decode(sources[clip], diarize.SAMPLE_RATE,
+                                    MAX_REFERENCE_SECONDS)
+                      for name, clip in zip(speakers.names, speakers.references, strict=True)}
+        found = diarizer[0].diarize(diarizer[1],
+                                    diarize.to_16k(audio, transcriber.sample_rate),
+                                    speakers, references)
+        diarize.attach(transcription, found)
     del audio
-    return Outcome(transcription.to_result(backend, model, options.word_timestamps))
+    return Outcome(transcription.to_result(backend, model, with_words))
+
+
+def _asr_sources(source: Source | None, params: dict[str, Any],
+                 allowed_roots: tuple[Path, ...]) -> dict[str, Source]:
+    """The main clip `file` and, for known speakers, their clips: uploads packed in the input
+    blob (`clips_packed`), paths in `clip_paths`."""
+    sources: dict[str, Source] = {}
+    if isinstance(source, bytes) and params.get("clips_packed"):
+        sources.update(clips.unpack(source))
+    elif source is not None:
+        sources["file"] = source
+    for name, path in (params.get("clip_paths") or {}).items():
+        sources[name] = AllowedFile(str(path), allowed_roots)
+    if missing := [name for name in (params.get("diarization") or {}).get("references", [])
+                   if name not in sources]:
+        raise AudioError(f"the task's {', '.join(missing)} audio is missing or has expired")
+    return sources
 
 
 def _decode(source: Source, sample_rate: int, max_seconds: float | None) -> np.ndarray:

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from workers import memory
+from workers.diarize import Diarizer
 from workers.engines.base import Engine, ModelRef, check_source
 
 log = logging.getLogger("worker.models")
@@ -25,8 +26,15 @@ class SourceUnusable(Exception):
 
 
 class ModelSlot:
-    def __init__(self, engine: Engine, device: str, sources: dict[str, str]) -> None:
+    """The model, and beside it the diarizer (workers/diarize.py) once a task asks for
+    speakers: loaded then, under the same rules (a failed load is the model's), unloaded with
+    the model, and in the process's memory like it."""
+
+    def __init__(self, engine: Engine, device: str, sources: dict[str, str],
+                 diarizer: Diarizer | None = None) -> None:
         self.engine = engine
+        self.diarizer = diarizer
+        self.diarizer_handle: Any = None
         self.device = device
         self.sources = sources
         self.name: str | None = None
@@ -36,8 +44,46 @@ class ModelSlot:
         self.loads = 0  # successful loads so far
         self.last_load_seconds = 0.0
 
-    def acquire(self, name: str) -> Any:
-        """The handle of model `name`, loading it (after unloading any other) if needed."""
+    def acquire(self, name: str, diarize: bool = False) -> Any:
+        """The handle of model `name`, loading it (after unloading any other) if needed; with
+        `diarize`, the diarizer too."""
+        handle = self._acquire_model(name)
+        if diarize and self.diarizer_handle is None:
+            self._load_diarizer(name)
+        return handle
+
+    def diarization(self) -> tuple[Diarizer, Any] | None:
+        """The diarizer and its handle, when loaded."""
+        if self.diarizer is None or self.diarizer_handle is None:
+            return None
+        return self.diarizer, self.diarizer_handle
+
+    def _load_diarizer(self, name: str) -> None:
+        # A diarizer this worker cannot have fails the task that asks (KeyError: the host's
+        # "not configured here"), never the model's breaker: tasks without it still run.
+        if self.diarizer is None:
+            raise KeyError(f"model {name!r} has no diarizer on this worker")
+        try:
+            self.diarizer.check_source()
+        except Exception as exc:
+            raise KeyError(str(exc)) from None
+        self.loading = name
+        started = time.perf_counter()
+        error = None
+        try:
+            handle = self.diarizer.load()
+        except Exception as exc:  # any load error: the process will exit, as for a model
+            error = f"{type(exc).__name__}: {exc}"
+        self.loading = None
+        if error is not None:
+            raise LoadFailed(f"the diarizer of model {name!r} failed to load: {error}")
+        self.last_load_seconds = time.perf_counter() - started
+        self.loads += 1
+        memory.keep_resident()
+        log.info("loaded the diarizer in %.2f s", self.last_load_seconds)
+        self.diarizer_handle = handle
+
+    def _acquire_model(self, name: str) -> Any:
         if self.name == name and self.handle is not None:
             self.last_used = time.time()
             return self.handle
@@ -69,12 +115,16 @@ class ModelSlot:
         return handle
 
     def unload(self) -> None:
-        if self.handle is None:
+        if self.handle is None and self.diarizer_handle is None:
             return
-        name, handle = self.name, self.handle
-        self.name = self.handle = None
-        self.engine.unload(handle)
-        del handle
+        name, handle, diarizer = self.name, self.handle, self.diarizer_handle
+        self.name = self.handle = self.diarizer_handle = None
+        if handle is not None:
+            self.engine.unload(handle)
+        if diarizer is not None and self.diarizer is not None:
+            self.diarizer.unload(diarizer)
+            log.info("unloaded the diarizer")
+        del handle, diarizer
         memory.release_all(self.engine.uses_torch)
         log.info("unloaded model %s", name)
 

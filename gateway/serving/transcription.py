@@ -17,6 +17,7 @@ from common import formats
 from common.catalog import BACKENDS
 from common.schemas import TaskState
 from common.store import Task
+from gateway.diarization import asr_input
 from gateway.errors import ErrorType, RequestError, openai_error
 from gateway.inputs import Params, read_params
 from gateway.protocol import TRANSCRIPTION_FORMATS
@@ -27,7 +28,7 @@ from gateway.serving.calls import (
     response_format,
     task_failed,
 )
-from gateway.submission import asr_params, idempotency_key, read_audio_input
+from gateway.submission import idempotency_key
 
 SEGMENT_FIELDS = ("id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
                   "compression_ratio", "no_speech_prob")
@@ -54,9 +55,13 @@ class TranscriptionServing:
             raise RequestError(400, "missing the 'file' upload", param="file")
         backend, model = public_model(self.settings, params, "whisper-1", "asr")
         fmt = response_format(params, TRANSCRIPTION_FORMATS, "json")
-        if fmt == "diarized_json" and not BACKENDS[backend].speakers:
+        row = BACKENDS[backend]
+        if fmt == "diarized_json" and not (row.speakers or row.diarization):
             raise RequestError(400, f"{backend} does not identify speakers; diarized_json needs "
-                                    "a backend that does (vibevoice)", param="response_format")
+                                    "a backend that does (see /api/config)",
+                               param="response_format")
+        if fmt == "diarized_json" and not row.speakers:
+            params.override("diarize", "true")  # the diarizing format diarizes
         granularities = _granularities(params)
         params.override("task", task)
         params.override("word_timestamps", "true" if "word" in granularities else "false")
@@ -65,9 +70,8 @@ class TranscriptionServing:
                                param="timestamp_granularities[]")
         if task == "translate":
             params.override("language", None)  # the output language of a translation is English
-        options = asr_params(params, self.settings, backend)
+        options, audio = await asr_input(params, self.settings, backend)
         asked = Asked(task, fmt, granularities, params.flag("stream"))
-        audio = await read_audio_input(params, self.settings)
 
         call = await self.calls.start(backend=backend, model=model, options=options,
                                       audio=audio, owner=owner,

@@ -1,0 +1,427 @@
+"""Who spoke: speaker diarization for every ASR engine, run by the worker after transcription.
+
+`bundled` (the only source today): silero-vad (its package ships the model) finds the speech
+regions, Resemblyzer's GE2E encoder (its package ships the weights) embeds windows of them,
+and scikit-learn's agglomerative clustering (cosine, average linkage) groups the windows into
+speakers: as many as asked, or as many as the threshold finds. Everything runs on CPU.
+
+This module only knows how: load, run, unload. When it loads, when it is unloaded, what a
+failed load means and whether memory allows it are the worker's rules (workers/models.py
+holds the diarizer beside the model, so it is loaded on the first task that asks, counted in
+the memory cap, unloaded with the model, and its load failures are the model's).
+
+A pyannote.audio pipeline directory is a possible later source on GPU hosts; it is refused
+today with a message saying so.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from common.schemas import DiarizationOptions, Segment, Transcription
+
+BUNDLED = "bundled"
+SAMPLE_RATE = 16000
+#: a speech region longer than this is cut into overlapping windows (a change of speaker
+#: without a pause falls between two of them)
+WINDOW_SECONDS, HOP_SECONDS = 1.5, 0.75
+MAX_WHOLE_REGION_SECONDS = 3.0
+#: windows shorter than this embed poorly: they are assigned to the nearest speaker found
+#: from the longer ones, never allowed to found a speaker of their own
+MIN_RELIABLE_SECONDS = 1.0
+#: average-linkage cosine distance under which two groups of windows are one speaker, when
+#: the count is estimated (Resemblyzer, in 1.5-3 s windows: one clean voice merges by ~0.2,
+#: JFK's noisy 1961 recording by 0.37; the two espeak voices of the tests stay 0.45 apart)
+CLUSTER_DISTANCE = 0.4
+#: an estimated speaker needs this many windows: a lone window that matches nobody (a cough,
+#: applause, a shout) joins the nearest speaker instead
+MIN_CLUSTER_WINDOWS = 2
+#: turns of one speaker closer than this are one turn
+MERGE_GAP_SECONDS = 0.5
+_LABEL = re.compile(r"SPEAKER_\d{2,}")
+
+
+def label(index: int) -> str:
+    return f"SPEAKER_{index:02d}"
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    start: float
+    end: float
+    speaker: str
+
+
+@dataclass(slots=True)
+class Diarization:
+    """Speaker turns in time order; speakers by first appearance (a label, or a known name)."""
+
+    turns: list[Turn]
+    speakers: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class DiarizerHandle:
+    vad: Any  # silero-vad's model
+    encoder: Any  # resemblyzer.VoiceEncoder
+    mel_basis: Any = None  # (MEL_CHANNELS, N_FFT // 2 + 1)
+
+
+class DiarizerUnusable(Exception):
+    """The configured diarizer source cannot be used (found before anything is allocated)."""
+
+
+class Diarizer:
+    def __init__(self, source: str = BUNDLED, name_threshold: float = 0.75) -> None:
+        self.source = source
+        self.name_threshold = name_threshold
+
+    def check_source(self) -> None:
+        if self.source != BUNDLED:
+            raise DiarizerUnusable(
+                f"diarization model {self.source!r} is not supported: this build runs "
+                f"{BUNDLED!r} (silero-vad + Resemblyzer); pyannote.audio pipelines are a "
+                "planned option")
+
+    def load(self) -> DiarizerHandle:
+        self.check_source()
+        from resemblyzer import VoiceEncoder
+        from silero_vad import load_silero_vad
+
+        vad = load_silero_vad()
+        encoder = VoiceEncoder(device="cpu", verbose=False)
+        encoder.eval()
+        return DiarizerHandle(vad, encoder, mel_filters())
+
+    def unload(self, handle: DiarizerHandle) -> None:
+        handle.vad = handle.encoder = handle.mel_basis = None
+
+    # --- one task ---------------------------------------------------------------------------
+
+    def diarize(self, handle: DiarizerHandle, audio: np.ndarray, options: DiarizationOptions,
+                references: dict[str, np.ndarray] | None = None) -> Diarization:
+        """Turns of `audio` (mono float32 at 16 kHz); `references` maps a known speaker's name
+        to its clip (16 kHz)."""
+        import torch
+        from silero_vad import get_speech_timestamps
+
+        with torch.inference_mode():
+            regions = [(r["start"], r["end"]) for r in get_speech_timestamps(
+                torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32)), handle.vad,
+                sampling_rate=SAMPLE_RATE)]
+            windows = [w for start, end in regions for w in _windows(start, end)]
+            if not windows:
+                return Diarization([])
+            embeddings = np.stack([_embed(handle, audio[start:end]) for start, end in windows])
+            clusters = _cluster(embeddings, windows, options.bounds())
+            names = (self._names(handle, embeddings, clusters, references)
+                     if references else {})
+        turns = _turns(windows, clusters)
+        order: dict[int, str] = {}
+        for _, _, cluster in turns:
+            order.setdefault(cluster, label(len(order)))
+        final = [Turn(round(start / SAMPLE_RATE, 3), round(end / SAMPLE_RATE, 3),
+                      names.get(cluster, order[cluster])) for start, end, cluster in turns]
+        speakers = list(dict.fromkeys(turn.speaker for turn in final))
+        return Diarization(final, speakers)
+
+    def _names(self, handle: DiarizerHandle, embeddings: np.ndarray, clusters: np.ndarray,
+               references: dict[str, np.ndarray]) -> dict[int, str]:
+        """cluster -> a known speaker's name, each name to the cluster most like it, from
+        `name_threshold` up."""
+        centroids = {c: _normed(embeddings[clusters == c].mean(axis=0)) for c in set(clusters)}
+        voices = {name: _embed(handle, clip) for name, clip in references.items()}
+        scores = sorted(((float(np.dot(centroid, voice)), cluster, name)
+                         for cluster, centroid in centroids.items()
+                         for name, voice in voices.items()), reverse=True)
+        named: dict[int, str] = {}
+        for score, cluster, name in scores:
+            if score < self.name_threshold:
+                break
+            if cluster not in named and name not in named.values():
+                named[int(cluster)] = name
+        return named
+
+
+def _windows(start: int, end: int) -> list[tuple[int, int]]:
+    """A region as one window, or as overlapping windows covering it."""
+    if end - start <= MAX_WHOLE_REGION_SECONDS * SAMPLE_RATE:
+        return [(start, end)]
+    size, hop = int(WINDOW_SECONDS * SAMPLE_RATE), int(HOP_SECONDS * SAMPLE_RATE)
+    starts = list(range(start, end - size, hop))
+    if not starts or starts[-1] + size < end:
+        starts.append(end - size)
+    return [(s, s + size) for s in starts]
+
+
+# Resemblyzer's input features, computed here as librosa computes them for it
+# (resemblyzer.audio.wav_to_mel_spectrogram): librosa's own functions JIT-compile with numba,
+# which costs the process ~250 MB for good the first time, unload or not.
+N_FFT, HOP, MEL_CHANNELS = 400, 160, 40  # 25 ms windows, 10 ms steps at 16 kHz
+
+
+def _hz_to_mel(hz: np.ndarray) -> np.ndarray:
+    """Slaney's mel scale (librosa's default): linear below 1 kHz, logarithmic above."""
+    mel = hz / (200.0 / 3)
+    log = hz >= 1000.0
+    return np.where(log, 15.0 + np.log(np.maximum(hz, 1e-9) / 1000.0) / (np.log(6.4) / 27),
+                    mel)
+
+
+def _mel_to_hz(mel: np.ndarray) -> np.ndarray:
+    hz = mel * (200.0 / 3)
+    return np.where(mel >= 15.0, 1000.0 * np.exp((np.log(6.4) / 27) * (mel - 15.0)), hz)
+
+
+def mel_filters(sample_rate: int = SAMPLE_RATE, n_fft: int = N_FFT,
+                channels: int = MEL_CHANNELS) -> np.ndarray:
+    """librosa.filters.mel(sr, n_fft, n_mels): triangular, Slaney-normalised."""
+    fft_hz = np.fft.rfftfreq(n_fft, 1.0 / sample_rate)
+    edges = _mel_to_hz(np.linspace(_hz_to_mel(np.array(0.0)),
+                                   _hz_to_mel(np.array(sample_rate / 2.0)), channels + 2))
+    widths = np.diff(edges)
+    ramps = np.subtract.outer(edges, fft_hz)
+    lower = -ramps[:-2] / widths[:-1, None]
+    upper = ramps[2:] / widths[1:, None]
+    weights = np.maximum(0.0, np.minimum(lower, upper))
+    return weights * (2.0 / (edges[2:] - edges[:-2]))[:, None]
+
+
+def mel_spectrogram(wav: np.ndarray, basis: np.ndarray) -> np.ndarray:
+    """(frames, MEL_CHANNELS) power mel spectrogram: librosa.feature.melspectrogram with a
+    periodic Hann window, centred frames, zero padding."""
+    padded = np.pad(wav.astype(np.float64), N_FFT // 2)
+    count = 1 + (len(padded) - N_FFT) // HOP
+    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP][:count]
+    window = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(N_FFT) / N_FFT)
+    power = np.abs(np.fft.rfft(frames * window, axis=1)) ** 2
+    return (power @ basis.T).astype(np.float32)
+
+
+def _embed(handle: DiarizerHandle, clip: np.ndarray) -> np.ndarray:
+    """resemblyzer's VoiceEncoder.embed_utterance, on features computed without librosa."""
+    import torch
+    from resemblyzer.audio import normalize_volume
+
+    wav = normalize_volume(clip.astype(np.float32), -30, increase_only=True)
+    wav_slices, mel_slices = handle.encoder.compute_partial_slices(len(wav), 1.3, 0.75)
+    if wav_slices[-1].stop >= len(wav):
+        wav = np.pad(wav, (0, wav_slices[-1].stop - len(wav)))
+    mel = mel_spectrogram(wav, handle.mel_basis)
+    with torch.no_grad():
+        partials = handle.encoder(torch.from_numpy(np.array([mel[s] for s in mel_slices])))
+    return _normed(partials.numpy().mean(axis=0))
+
+
+def _normed(vector: np.ndarray) -> np.ndarray:
+    return vector / max(float(np.linalg.norm(vector)), 1e-9)
+
+
+def _cluster(embeddings: np.ndarray, windows: list[tuple[int, int]],
+             bounds: tuple[int, int]) -> np.ndarray:
+    """A cluster number per window: found on the reliable (long) windows, every window then
+    going to the nearest centroid."""
+    from sklearn.cluster import AgglomerativeClustering
+
+    lengths = np.array([end - start for start, end in windows])
+    reliable = lengths >= MIN_RELIABLE_SECONDS * SAMPLE_RATE
+    if reliable.sum() < 2:
+        reliable = np.ones(len(windows), dtype=bool)
+    base = embeddings[reliable]
+    fewest, most = bounds
+    most = min(most, len(base))
+    fewest = min(fewest, most)
+    if len(base) < 2 or most == 1:
+        return np.zeros(len(windows), dtype=int)
+
+    def cluster(**kwargs: Any) -> np.ndarray:
+        return AgglomerativeClustering(metric="cosine", linkage="average",
+                                       **kwargs).fit_predict(base)
+
+    found = _absorb_small(base, cluster(n_clusters=None, distance_threshold=CLUSTER_DISTANCE))
+    count = len(set(found))
+    if not fewest <= count <= most:
+        count = min(max(count, fewest), most)
+        found = (cluster(n_clusters=count) if count > 1
+                 else np.zeros(len(base), dtype=int))
+    centroids = np.stack([_normed(base[found == c].mean(axis=0)) for c in range(count)])
+    return np.argmax(embeddings @ centroids.T, axis=1)
+
+
+def _absorb_small(embeddings: np.ndarray, found: np.ndarray) -> np.ndarray:
+    """Clusters of fewer than MIN_CLUSTER_WINDOWS windows join the nearest larger one (when
+    there is one); clusters renumbered 0, 1, …"""
+    sizes = np.bincount(found)
+    large = [c for c in range(len(sizes)) if sizes[c] >= MIN_CLUSTER_WINDOWS]
+    if not large or len(large) == len(sizes):
+        return found
+    centroids = np.stack([_normed(embeddings[found == c].mean(axis=0)) for c in large])
+    nearest = np.array(large)[np.argmax(embeddings @ centroids.T, axis=1)]
+    kept = np.where(np.isin(found, large), found, nearest)
+    return np.unique(kept, return_inverse=True)[1]
+
+
+def _turns(windows: list[tuple[int, int]], clusters: np.ndarray) -> list[tuple[int, int, int]]:
+    """(start, end, cluster) turns: overlapping windows meet half-way through their overlap;
+    neighbouring turns of one cluster merge across short pauses."""
+    pieces: list[tuple[int, int, int]] = []
+    for index, (start, end) in enumerate(windows):
+        if index > 0 and windows[index - 1][1] > start:  # overlaps the previous window
+            start = (start + windows[index - 1][1]) // 2
+        if index + 1 < len(windows) and windows[index + 1][0] < end:
+            end = (end + windows[index + 1][0]) // 2
+        pieces.append((start, end, int(clusters[index])))
+    merged: list[tuple[int, int, int]] = []
+    for start, end, cluster in pieces:
+        if (merged and merged[-1][2] == cluster
+                and start - merged[-1][1] <= MERGE_GAP_SECONDS * SAMPLE_RATE):
+            merged[-1] = (merged[-1][0], end, cluster)
+        else:
+            merged.append((start, end, cluster))
+    return merged
+
+
+# --- attaching speakers to a transcript ---------------------------------------------------------
+
+def speaker_at(turns: list[Turn], start: float, end: float) -> str | None:
+    """The speaker of the turns overlapping [start, end] most; the nearest turn's if none."""
+    if not turns:
+        return None
+    overlap: dict[str, float] = {}
+    for turn in turns:
+        shared = min(end, turn.end) - max(start, turn.start)
+        if shared > 0:
+            overlap[turn.speaker] = overlap.get(turn.speaker, 0.0) + shared
+    if overlap:
+        return max(overlap, key=lambda speaker: overlap[speaker])
+    middle = (start + end) / 2
+    return min(turns, key=lambda t: max(t.start - middle, middle - t.end, 0.0)).speaker
+
+
+def attach(transcription: Transcription, diarization: Diarization) -> Transcription:
+    """Every segment and word gets its speaker; a segment whose words change speaker is split
+    at the word boundary (segment ids renumbered). Fills `speakers`."""
+    segments: list[Segment] = []
+    for segment in transcription.segments:
+        for piece in _split(segment, diarization.turns):
+            piece.id = len(segments)
+            segments.append(piece)
+    transcription.segments = segments
+    transcription.speakers = summary(segments, diarization.turns)
+    return transcription
+
+
+def _split(segment: Segment, turns: list[Turn]) -> list[Segment]:
+    if not segment.words:
+        segment.speaker = speaker_at(turns, segment.start, segment.end)
+        return [segment]
+    for word in segment.words:
+        word.speaker = speaker_at(turns, word.start, word.end)
+    runs: list[list[Any]] = []
+    for word in segment.words:
+        if runs and runs[-1][0].speaker == word.speaker:
+            runs[-1].append(word)
+        else:
+            runs.append([word])
+    if len(runs) == 1:
+        segment.speaker = runs[0][0].speaker
+        return [segment]
+    pieces = []
+    for index, words in enumerate(runs):
+        text = "".join(word.word for word in words)
+        if index == 0 and not text.startswith(" ") and segment.text.startswith(" "):
+            text = " " + text
+        pieces.append(replace(segment, start=words[0].start if index else segment.start,
+                              end=words[-1].end if index + 1 < len(runs) else segment.end,
+                              text=text, speaker=words[0].speaker, words=list(words),
+                              tokens=list(segment.tokens) if index == 0 else []))
+    return pieces
+
+
+def summary(segments: list[Segment], turns: list[Turn]) -> dict[str, dict[str, float | int]]:
+    """label -> {"seconds": its speaking time, "segments": its segment count}, in order of
+    first appearance (in the turns, else in the segments)."""
+    speakers: dict[str, dict[str, float | int]] = {}
+    for turn in turns:
+        entry = speakers.setdefault(turn.speaker, {"seconds": 0.0, "segments": 0})
+        entry["seconds"] = round(float(entry["seconds"]) + turn.end - turn.start, 3)
+    timed = not turns
+    for segment in segments:
+        if segment.speaker is None:
+            continue
+        entry = speakers.setdefault(segment.speaker, {"seconds": 0.0, "segments": 0})
+        entry["segments"] = int(entry["segments"]) + 1
+        if timed:  # an engine's own speakers (vibevoice): the time is its segments'
+            entry["seconds"] = round(float(entry["seconds"]) + segment.end - segment.start, 3)
+    return speakers
+
+
+def own_speakers(transcription: Transcription) -> Transcription:
+    """An engine that names its own speakers (vibevoice: "0", "1" …): the same label form
+    (SPEAKER_00, …, by first appearance) and the same `speakers` summary."""
+    order: dict[str, str] = {}
+    for segment in transcription.segments:
+        if segment.speaker is None:
+            continue
+        if segment.speaker not in order:
+            order[segment.speaker] = (segment.speaker if _LABEL.fullmatch(segment.speaker)
+                                      else label(len(order)))
+        segment.speaker = order[segment.speaker]
+        for word in segment.words or []:
+            word.speaker = segment.speaker
+    transcription.speakers = summary(transcription.segments, [])
+    return transcription
+
+
+def to_16k(audio: np.ndarray, sample_rate: int) -> np.ndarray:
+    """The engine's decoded audio at the diarizer's rate (no second decode)."""
+    if sample_rate == SAMPLE_RATE:
+        return audio
+    from scipy.signal import resample_poly
+
+    divisor = math.gcd(SAMPLE_RATE, sample_rate)
+    return resample_poly(audio, SAMPLE_RATE // divisor, sample_rate // divisor).astype(np.float32)
+
+
+# --- scoring ---------------------------------------------------------------------------------
+
+def der(reference: list[Turn], hypothesis: list[Turn], collar: float = 0.25,
+        step: float = 0.01) -> float:
+    """Diarization error rate: (missed + false alarm + confusion) / reference speech, in
+    `step` frames, the hypothesis' speakers mapped one-to-one onto the reference's to
+    minimise the error; `collar` seconds either side of each reference boundary are not
+    scored (the usual 0.25 s)."""
+    from scipy.optimize import linear_sum_assignment
+
+    end = max([t.end for t in reference + hypothesis], default=0.0)
+    frames = math.ceil(end / step) + 1
+    times = (np.arange(frames) + 0.5) * step
+    scored = np.ones(frames, dtype=bool)
+    for turn in reference:
+        for edge in (turn.start, turn.end):
+            scored &= np.abs(times - edge) > collar
+    ref_names = sorted({t.speaker for t in reference})
+    hyp_names = sorted({t.speaker for t in hypothesis})
+
+    def activity(turns: list[Turn], names: list[str]) -> np.ndarray:
+        active = np.zeros((len(names), frames), dtype=bool)
+        for turn in turns:
+            active[names.index(turn.speaker), (times >= turn.start) & (times < turn.end)] = True
+        return active[:, scored]
+
+    ref, hyp = activity(reference, ref_names), activity(hypothesis, hyp_names)
+    n_ref, n_hyp = ref.sum(axis=0), hyp.sum(axis=0)
+    total = float(n_ref.sum())
+    if total == 0:
+        return 0.0 if n_hyp.sum() == 0 else 1.0
+    # frames where a mapped pair agrees: maximise them
+    agree = (ref[:, None, :] & hyp[None, :, :]).sum(axis=2).astype(float)
+    rows, cols = linear_sum_assignment(-agree) if agree.size else ([], [])
+    correct = float(agree[rows, cols].sum()) if agree.size else 0.0
+    errors = float(np.maximum(n_ref, n_hyp).sum()) - correct
+    return errors / total
