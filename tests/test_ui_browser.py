@@ -153,7 +153,7 @@ def test_upload_a_file_see_the_transcript_play_a_segment_and_download(
     assert page.locator("#asr-backend option").all_text_contents() == ["faster-whisper"]
     assert page.locator("#asr-model").input_value() == "tiny.en"
     assert page.locator("#asr-language option[value=en]").count() == 1
-    assert page.locator("#asr-diarize-row").is_hidden()  # no backend offers it yet
+    assert page.locator("#asr-diarize-row").is_visible()  # /api/config: it diarizes
 
     states: list[str] = []  # what the state line and the transcript showed on the way
     page.expose_function("note", lambda text: states.append(text))
@@ -166,9 +166,12 @@ def test_upload_a_file_see_the_transcript_play_a_segment_and_download(
             {childList: true})""")
     page.set_input_files("#asr-file", str(JFK))
     page.check("#asr-words")
+    page.check("#asr-diarize")
     page.click("#asr-go")
     wait_done(page, "#asr-state")
     assert wer(JFK_TEXT, transcript(page)) <= 0.1, transcript(page)
+    speakers = page.locator("#segments .segment .speaker").all_text_contents()
+    assert speakers and set(speakers) == {"SPEAKER_00"}, speakers  # one voice, labelled
     assert any(s.startswith(("Queued", "Starting", "Running")) for s in states), states
     assert "live segment" in states, states  # streamed before the final transcript
     first = page.locator("#segments .segment").first
