@@ -32,6 +32,7 @@ class DeviceBudget:
     device_id = ""
     budget_mib = 0
     last_wait_seconds = 0.0  # how long the last reserve waited in line
+    poll_seconds = 1.0  # how often the holder renews its lease and checks for a yield request
 
     async def register(self) -> None:
         return None
@@ -70,6 +71,7 @@ class BrokeredBudget(DeviceBudget):
         self.backend = settings.backend
         self.device_id = device_id
         self.budget_mib = budget_mib
+        self.poll_seconds = settings.device_poll_seconds
         self.ledger = store.device_ledger(device_id)
 
     async def register(self) -> None:

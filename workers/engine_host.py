@@ -21,7 +21,8 @@ from common.catalog import BACKENDS
 from common.schemas import ErrorCode, Segment
 from common.settings import Settings
 from workers import memory
-from workers.device_budget import NO_BUDGET, DeviceBudget, peak_over
+from workers.device_budget import NO_BUDGET, DeviceBudget
+from workers.device_holding import DeviceHolding
 from workers.diarize import Diarizer
 from workers.engines.base import Engine
 from workers.execute import Outcome, Source, TaskError, run_engine, task_error
@@ -74,11 +75,8 @@ class EngineHost:
         self.running_calls = 0  # engine calls in progress (queue or direct HTTP): "busy"
         self.on_load = on_load  # for calls that bring none (direct HTTP, preload)
         # the device memory broker: a reservation before every load, back after every unload
-        self.budget = budget
-        self.held: str | None = None  # the model whose reservation this worker holds
-        self.reserved_mib = 0.0
-        self._peak_from: float | None = None  # MiB in use before the load being measured
-        self._waited: float | None = None  # the last reservation's wait, for its LoadReport
+        self.holding = DeviceHolding(budget, self.slot, self._call, engine.uses_torch,
+                                     self.device)
 
     @property
     def busy(self) -> bool:
@@ -94,15 +92,15 @@ class EngineHost:
         if self.device == "cuda" and self.engine.uses_torch and self.settings.memory_cap_mib > 0:
             await self._call(memory.apply_torch_cap, self.settings.memory_cap_mib)
         with contextlib.suppress(Exception):  # Redis not up yet: the first reserve registers
-            await self.budget.register()
+            await self.holding.budget.register()
 
     async def preload(self, model: str, on_load: OnLoad | None = None) -> None:
         async with self.lock:
             with contextlib.suppress(TaskError):  # already reported through on_load
-                await self._reserve(model)
+                await self.holding.reserve(model)
                 await self._acquire(model, on_load or self.on_load)
-                await self._check_peak(model, after_task=False)
-            await self._settle()
+                await self.holding.check_peak(model, after_task=False)
+            await self.holding.settle()
 
     async def execute(self, model: str, params: dict[str, Any], source: Source | None,
                       on_segment: Callable[[Segment], None],
@@ -114,10 +112,10 @@ class EngineHost:
             outcome: Outcome | None = None
             failure: TaskError | None = None
             try:
-                await self._reserve(model)
+                await self.holding.reserve(model)
                 handle = await self._acquire(model, on_load or self.on_load,
                                              diarize=params.get("diarization") is not None)
-                await self._check_peak(model, after_task=False)
+                await self.holding.check_peak(model, after_task=False)
                 await self._call(self._refuse_over_cap)
                 outcome = await self._call(
                     run_engine, self.engine, handle, backend=self.backend, model=model,
@@ -133,102 +131,14 @@ class EngineHost:
             try:
                 await self._call(self._after_engine_call)
                 with contextlib.suppress(TaskError):  # the task's outcome stands
-                    await self._check_peak(model, after_task=True)
-                await self._settle()
+                    await self.holding.check_peak(model, after_task=True)
+                await self.holding.settle()
             finally:
                 self.running_calls -= 1
             if failure is not None:
                 raise failure
             assert outcome is not None
             return outcome
-
-    # --- the device memory broker ---------------------------------------------------------
-
-    async def _reserve(self, model: str) -> None:
-        """Before `model` may load: hold a reservation for it on the device (waiting in line
-        if need be). A resident model only marks its reservation busy."""
-        if not self.budget.enabled or model not in self.slot.sources:
-            return
-        if self.held == model and self.slot.name == model and self.slot.handle is not None:
-            if await self.budget.mark(True):
-                return
-            # the lease lapsed (a long stall, Redis lost it): its memory is no longer counted
-            log.warning("the reservation for %s lapsed: unloading to reserve again", model)
-        if self.slot.handle is not None:  # another model: out before waiting in line
-            await self._call(self.slot.unload)
-        if self.held is not None:
-            await self.budget.release()
-            self.held, self.reserved_mib = None, 0.0
-        self.reserved_mib = await self.budget.reserve(model)
-        self.held = model
-        self._waited = self.budget.last_wait_seconds
-        self._peak_from = await self._call(memory.reset_peak, self.engine.uses_torch,
-                                           self.device)
-
-    async def _check_peak(self, model: str, after_task: bool) -> None:
-        """Measure the new load's peak (after the load, then after its first task): recorded,
-        so the next reservation is right; one past its reservation is refused further work."""
-        if self._peak_from is None or self.held != model or self.slot.name != model:
-            return
-        peak = await self._call(memory.peak_mib, self.engine.uses_torch, self.device)
-        peak -= self._peak_from
-        if after_task:
-            self._peak_from = None
-            log.info("model %s peaked at %.0f MiB (reserved %.0f)", model, peak,
-                     self.reserved_mib)
-        # a reservation of 0 (no size known yet) is a measuring load: recorded, not refused
-        over = self.reserved_mib > 0 and peak_over(peak, self.reserved_mib)
-        if after_task or over:
-            try:
-                await self.budget.record_peak(model, peak)
-            except Exception as exc:
-                log.warning("could not record the peak of %s: %s", model, exc)
-        if over:
-            self._peak_from, reserved = None, self.reserved_mib
-            await self._call(self.slot.unload)
-            await self._settle()
-            raise TaskError(f"model {model!r} uses {peak:.0f} MiB of {self.device}, more than "
-                            f"its {reserved:.0f} MiB reservation: refused, and the "
-                            "peak recorded so its next load reserves enough (or set "
-                            "SPEECH_MODEL_MEMORY_MIB)", ErrorCode.OUT_OF_MEMORY)
-
-    async def _settle(self) -> None:
-        """After an engine call or an unload: give back a reservation whose model is gone,
-        else mark it idle (a candidate to yield). Never fails the call."""
-        if self.held is None:
-            return
-        try:
-            if self.slot.handle is None:
-                self.held, self.reserved_mib, self._peak_from = None, 0.0, None
-                await self.budget.release()
-            elif not await self.budget.mark(False):
-                log.warning("the reservation for %s lapsed", self.held)
-        except Exception as exc:
-            log.warning("device broker unavailable (%s)", exc)
-
-    async def keep_reservation(self) -> None:
-        """Runs for ever (broker on): renew the lease, and yield the model when asked while
-        idle; a reservation that lapsed while idle is no longer counted, so the model goes."""
-        while True:
-            await asyncio.sleep(self.settings.device_poll_seconds)
-            if self.held is None or self.lock.locked():
-                if self.held is not None:
-                    with contextlib.suppress(Exception):
-                        await self.budget.renew()
-                continue
-            try:
-                answer = await self.budget.renew()
-            except Exception:
-                continue
-            if answer == 1 or self.lock.locked():
-                continue
-            async with self.lock:
-                if self.held is None or (answer == 2 and await self.budget.renew() != 2):
-                    continue
-                log.info("%s: unloading %s", "asked to yield device memory" if answer == 2
-                         else "reservation lapsed", self.held)
-                await self._call(self.slot.unload)
-                await self._settle()
 
     async def _acquire(self, model: str, on_load: OnLoad, diarize: bool = False) -> Any:
         loads_before = self.slot.loads
@@ -243,7 +153,7 @@ class EngineHost:
             report = LoadReport(model, source, ok=False, allocated=True, error=str(exc))
         else:
             loaded = self.slot.loads > loads_before
-            waited, self._waited = (self._waited if loaded else None), None
+            waited = self.holding.take_wait() if loaded else None
             await on_load(LoadReport(model, source, ok=True, loaded=loaded,
                                      seconds=self.slot.last_load_seconds if loaded else 0.0,
                                      device_wait_seconds=waited))
@@ -281,6 +191,10 @@ class EngineHost:
                         self.settings.memory_cap_mib)
             self.slot.unload()
 
+    async def keep_reservation(self) -> None:
+        """Runs for ever (broker on): see DeviceHolding.keep."""
+        await self.holding.keep(self.lock)
+
     async def unload_when_idle(self) -> None:
         """Runs for ever: unload the model once unused for `idle_unload_seconds` (> 0)."""
         idle_limit = self.settings.idle_unload_seconds
@@ -293,7 +207,7 @@ class EngineHost:
                     if self.slot.idle_for() >= idle_limit:
                         log.info("idle for %.0f s: unloading", self.slot.idle_for())
                         await self._call(self.slot.unload)
-                        await self._settle()
+                        await self.holding.settle()
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run on the engine thread, carrying the task id into its log lines."""
@@ -319,8 +233,8 @@ class EngineHost:
             "memory": memory.snapshot(self.engine.uses_torch, self.device),
             "memory_cap_mib": self.settings.memory_cap_mib,
             "idle_unload_seconds": self.settings.idle_unload_seconds,
-            "device_id": self.budget.device_id,
-            "device_reserved_mib": self.reserved_mib,
+            "device_id": self.holding.budget.device_id,
+            "device_reserved_mib": self.holding.reserved_mib,
         }
 
 

@@ -58,7 +58,7 @@ class Worker:
         self.url = ""
         self.store = WorkerStore(redis, settings, settings.consumer_name())
         self.host = EngineHost(settings, engine)
-        self.host.budget = device_budget.for_worker(
+        self.host.holding.budget = device_budget.for_worker(
             settings, self.store, self.host.device,
             memory.device_total_mib(self.host.device, engine.uses_torch))
         self.breakers = ModelBreakers(self.store, self.host.sources,
@@ -85,7 +85,7 @@ class Worker:
         background.append(asyncio.create_task(self._heartbeat_loop()))
         if self.settings.idle_unload_seconds > 0:
             background.append(asyncio.create_task(self.host.unload_when_idle()))
-        if self.host.budget.enabled:
+        if self.host.holding.budget.enabled:
             background.append(asyncio.create_task(self.host.keep_reservation()))
         with contextlib.suppress(RedisError):
             await self.store.record(("worker_starts",))
@@ -151,7 +151,7 @@ class Worker:
         with contextlib.suppress(RedisError):
             await self.store.forget_heartbeat()
         with contextlib.suppress(RedisError):  # and its device memory goes with it
-            await self.host.budget.release()
+            await self.host.holding.budget.release()
         if code is not None:
             self._request_exit(code)
 

@@ -1,0 +1,127 @@
+"""This worker's reservation on its device's memory budget (the broker's worker side, see
+common/store/devices.py): taken before a load, marked busy during a call, given back after
+every unload, renewed, and yielded when the broker asks while the worker is idle."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from common.schemas import ErrorCode
+from workers import memory
+from workers.device_budget import DeviceBudget, peak_over
+from workers.execute import TaskError
+from workers.models import ModelSlot
+
+log = logging.getLogger("worker")
+#: runs a function on the engine thread (EngineHost._call)
+OnEngineThread = Callable[..., Awaitable[Any]]
+
+
+class DeviceHolding:
+    def __init__(self, budget: DeviceBudget, slot: ModelSlot, call: OnEngineThread,
+                 uses_torch: bool, device: str) -> None:
+        self.budget = budget
+        self.slot = slot
+        self.call = call
+        self.uses_torch = uses_torch
+        self.device = device
+        self.held: str | None = None  # the model whose reservation this worker holds
+        self.reserved_mib = 0.0
+        self._peak_from: float | None = None  # MiB in use before the load being measured
+        self._waited: float | None = None  # the last reservation's wait, for its LoadReport
+
+    def take_wait(self) -> float | None:
+        """How long the last reservation waited in line (once; None without a broker)."""
+        waited, self._waited = self._waited, None
+        return waited
+
+    async def reserve(self, model: str) -> None:
+        """Before `model` may load: hold a reservation for it on the device (waiting in line
+        if need be). A resident model only marks its reservation busy."""
+        if not self.budget.enabled or model not in self.slot.sources:
+            return
+        if self.held == model and self.slot.name == model and self.slot.handle is not None:
+            if await self.budget.mark(True):
+                return
+            # the lease lapsed (a long stall, Redis lost it): its memory is no longer counted
+            log.warning("the reservation for %s lapsed: unloading to reserve again", model)
+        if self.slot.handle is not None:  # another model: out before waiting in line
+            await self.call(self.slot.unload)
+        if self.held is not None:
+            await self.budget.release()
+            self.held, self.reserved_mib = None, 0.0
+        self.reserved_mib = await self.budget.reserve(model)
+        self.held = model
+        self._waited = self.budget.last_wait_seconds
+        self._peak_from = await self.call(memory.reset_peak, self.uses_torch,
+                                           self.device)
+
+    async def check_peak(self, model: str, after_task: bool) -> None:
+        """Measure the new load's peak (after the load, then after its first task): recorded,
+        so the next reservation is right; one past its reservation is refused further work."""
+        if self._peak_from is None or self.held != model or self.slot.name != model:
+            return
+        peak = await self.call(memory.peak_mib, self.uses_torch, self.device)
+        peak -= self._peak_from
+        if after_task:
+            self._peak_from = None
+            log.info("model %s peaked at %.0f MiB (reserved %.0f)", model, peak,
+                     self.reserved_mib)
+        # a reservation of 0 (no size known yet) is a measuring load: recorded, not refused
+        over = self.reserved_mib > 0 and peak_over(peak, self.reserved_mib)
+        if after_task or over:
+            try:
+                await self.budget.record_peak(model, peak)
+            except Exception as exc:
+                log.warning("could not record the peak of %s: %s", model, exc)
+        if over:
+            self._peak_from, reserved = None, self.reserved_mib
+            await self.call(self.slot.unload)
+            await self.settle()
+            raise TaskError(f"model {model!r} uses {peak:.0f} MiB of {self.device}, more than "
+                            f"its {reserved:.0f} MiB reservation: refused, and the "
+                            "peak recorded so its next load reserves enough (or set "
+                            "SPEECH_MODEL_MEMORY_MIB)", ErrorCode.OUT_OF_MEMORY)
+
+    async def settle(self) -> None:
+        """After an engine call or an unload: give back a reservation whose model is gone,
+        else mark it idle (a candidate to yield). Never fails the call."""
+        if self.held is None:
+            return
+        try:
+            if self.slot.handle is None:
+                self.held, self.reserved_mib, self._peak_from = None, 0.0, None
+                await self.budget.release()
+            elif not await self.budget.mark(False):
+                log.warning("the reservation for %s lapsed", self.held)
+        except Exception as exc:
+            log.warning("device broker unavailable (%s)", exc)
+
+    async def keep(self, lock: asyncio.Lock) -> None:
+        """Runs for ever (broker on): renew the lease, and yield the model when asked while
+        idle (`lock` is the engine's: held, a call is running); a reservation that lapsed
+        while idle is no longer counted, so the model goes."""
+        while True:
+            await asyncio.sleep(self.budget.poll_seconds)
+            if self.held is None or lock.locked():
+                if self.held is not None:
+                    with contextlib.suppress(Exception):
+                        await self.budget.renew()
+                continue
+            try:
+                answer = await self.budget.renew()
+            except Exception:
+                continue
+            if answer == 1 or lock.locked():
+                continue
+            async with lock:
+                if self.held is None or (answer == 2 and await self.budget.renew() != 2):
+                    continue
+                log.info("%s: unloading %s", "asked to yield device memory" if answer == 2
+                         else "reservation lapsed", self.held)
+                await self.call(self.slot.unload)
+                await self.settle()
