@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 
 from common.schemas import ErrorCode, TaskState
 from common.store import Admission, Task, WorkerStore
-from workers.engine_host import LoadReport
+from workers.models import LoadReport
 
 log = logging.getLogger("worker")
 

@@ -27,8 +27,9 @@ from common.settings import Settings
 from common.store import Task, WorkerStore
 from common.store.queue import Delivery
 from workers.breakers import ModelBreakers
-from workers.engine_host import EngineHost, LoadReport
+from workers.engine_host import EngineHost
 from workers.execute import Outcome, TaskError
+from workers.models import LoadReport
 
 log = logging.getLogger("worker")
 JANITOR_INTERVAL_SECONDS = 5.0

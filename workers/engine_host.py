@@ -12,9 +12,8 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from common.catalog import BACKENDS
@@ -26,31 +25,10 @@ from workers.device_holding import DeviceHolding
 from workers.diarize import Diarizer
 from workers.engines.base import Engine
 from workers.execute import Outcome, Source, TaskError, run_engine, task_error
-from workers.models import LoadFailed, ModelSlot, SourceUnusable
+from workers.models import LoadFailed, LoadReport, ModelSlot, OnLoad, SourceUnusable
 
 log = logging.getLogger("worker")
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class LoadReport:
-    """What became of acquiring `model` for one engine call."""
-
-    model: str
-    source: str
-    ok: bool
-    #: a load ran (False when ok: the model was already resident)
-    loaded: bool = False
-    #: a failed load got as far as allocating: only an exit returns what it may hold.
-    #: False for a source that failed its pre-check (the resident model stays).
-    allocated: bool = False
-    error: str = ""
-    seconds: float = 0.0  # of a successful load
-    #: how long the load waited in line for device memory (None: no broker, or no load)
-    device_wait_seconds: float | None = None
-
-
-OnLoad = Callable[[LoadReport], Awaitable[None]]
 
 
 async def _no_report(report: LoadReport) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from workers import memory
@@ -23,6 +25,27 @@ class LoadFailed(Exception):
 
 class SourceUnusable(Exception):
     """A model's source failed the pre-check: nothing was allocated, nothing was unloaded."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """What became of acquiring `model` for one engine call."""
+
+    model: str
+    source: str
+    ok: bool
+    #: a load ran (False when ok: the model was already resident)
+    loaded: bool = False
+    #: a failed load got as far as allocating: only an exit returns what it may hold.
+    #: False for a source that failed its pre-check (the resident model stays).
+    allocated: bool = False
+    error: str = ""
+    seconds: float = 0.0  # of a successful load
+    #: how long the load waited in line for device memory (None: no broker, or no load)
+    device_wait_seconds: float | None = None
+
+
+OnLoad = Callable[[LoadReport], Awaitable[None]]
 
 
 class ModelSlot:
