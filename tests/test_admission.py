@@ -4,6 +4,7 @@ second."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 from collections.abc import Iterator
@@ -11,7 +12,13 @@ from typing import Any
 
 import httpx
 import pytest
+from redis.asyncio import Redis
 
+from common import keys
+from common.schemas import TaskState
+from common.settings import Settings
+from common.store import Task, TaskStore, new_task_id
+from gateway.sweeper import Sweeper
 from harness import procs
 from tests.helpers import queue_counts, wait_done
 
@@ -193,3 +200,59 @@ def test_a_full_queue_refuses_with_retry_after_and_queues_nothing(admission):
             assert wait_status(env, tid)["status"] == "SUCCEEDED"
     finally:
         worker.stop()
+
+
+def test_a_long_predicted_wait_refuses_and_the_backlog_balances(admission):
+    env = admission
+    gateway = procs.gateway(env["redis"].url, env["workdir"], allowed_roots=[str(env["clips"])],
+                            max_queue_seconds_ahead={"faster-whisper": 0.5}).start()
+    client = env["redis"].client()
+    queued: list[str] = []
+    try:
+        for _ in range(20):  # the earlier tests measured the rate; no worker runs now
+            reply = httpx.post(f"{gateway.url}/api/faster-whisper-submit",
+                               data={"audio_path": str(env["clip"])}, timeout=30)
+            if reply.status_code != 200:
+                break
+            queued.append(task_id(reply))
+        assert reply.status_code == 429 and "predicted wait" in reply.json()["error"]
+        assert int(reply.headers["retry-after"]) >= 1
+        assert 1 <= len(queued) < 20
+        before = queue_counts(client)
+        assert httpx.post(f"{gateway.url}/api/faster-whisper-submit",
+                          data={"audio_path": str(env["clip"])}, timeout=30).status_code == 429
+        assert queue_counts(client) == before
+    finally:
+        gateway.stop()
+    worker = start_worker(env)
+    try:
+        for tid in queued:
+            assert wait_status(env, tid)["status"] == "SUCCEEDED"
+    finally:
+        worker.stop()
+    # every task that left the queue left the backlog: nothing queued, nothing running
+    backlog = {k.decode(): float(v) for k, v in
+               client.hgetall(keys.backlog("faster-whisper")).items()}
+    assert all(abs(value) < 1e-6 for value in backlog.values()), backlog
+
+
+def test_the_sweeper_fails_a_queued_task_past_its_deadline(admission):
+    env = admission
+
+    async def scenario() -> None:
+        redis = Redis.from_url(env["redis"].url)
+        store = TaskStore(redis, 60)
+        task = Task(id=new_task_id(), backend="faster-whisper", model="tiny.en",
+                    state=TaskState.PENDING, input_path=str(env["clip"]), audio_seconds=1.0,
+                    deadline=time.time() + 0.2)
+        await store.submit(task, None)
+        sweeper = Sweeper(store, Settings())
+        assert await sweeper.fail_past_deadline("faster-whisper") == 0  # not yet
+        await asyncio.sleep(0.4)
+        assert await sweeper.fail_past_deadline("faster-whisper") == 1
+        failed = await store.get(task.id)
+        assert failed is not None and failed.state == TaskState.FAILED
+        assert failed.error_code == "deadline_exceeded" and failed.attempt == 0
+        await redis.aclose()
+
+    asyncio.run(scenario())

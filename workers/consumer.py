@@ -103,7 +103,9 @@ class Consumer:
             await self._give_up(task, entry_id, deliveries)
             return
         attempt = await self.store.start(task.id, deliveries)
-        if attempt <= 0:
+        if attempt <= 0:  # finished meanwhile, gone, or (-2) its deadline passed: FAILED
+            if attempt == -2:
+                log.warning("deadline passed before it started: FAILED deadline_exceeded")
             await self.store.ack(delivery)
             return
         started = time.time()
