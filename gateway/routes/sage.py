@@ -27,7 +27,7 @@ from gateway.submission import enqueue, idempotency_key, priority, resolve_backe
 from gateway.tts import output_url
 
 router = APIRouter(tags=["Sage"])
-SUBMIT_ERRORS = sage_errors(400, 401, 404, 409, 413, 503)
+SUBMIT_ERRORS = sage_errors(400, 401, 404, 409, 413, 429, 503)
 STATUS_REPLY = {200: {"description": "Always HTTP 200 with a `status` (FAILED for a refused "
                                      "poll: a bad key, body or value)"}}
 
