@@ -4,6 +4,9 @@ import hashlib
 
 PREFIX = "sg:"
 WORKER_GROUP = "workers"
+#: priority lanes, in the order a worker reads them (an old batch entry is promoted first)
+INTERACTIVE, BATCH = "interactive", "batch"
+LANES = (INTERACTIVE, BATCH)
 
 
 def task(task_id: str) -> str:
@@ -15,14 +18,15 @@ def task_pattern() -> str:
     return f"{PREFIX}task:*"
 
 
-def queue(backend: str) -> str:
-    """Stream of task ids for one backend, consumed by the group WORKER_GROUP."""
-    return f"{PREFIX}queue:{backend}"
+def queue(backend: str, lane: str = BATCH) -> str:
+    """Stream of task ids for one backend and lane, consumed by the group WORKER_GROUP. The
+    batch lane keeps the name the single queue had, so entries queued before lanes still run."""
+    return f"{PREFIX}queue:{backend}" + ("" if lane == BATCH else f":{lane}")
 
 
-def queue_counter(backend: str) -> str:
-    """Integer: how many entries were ever added to the backend's stream (each entry's number)."""
-    return f"{PREFIX}queue-seq:{backend}"
+def queue_counter(backend: str, lane: str = BATCH) -> str:
+    """Integer: how many entries were ever added to the lane's stream (each entry's number)."""
+    return f"{PREFIX}queue-seq:{backend}" + ("" if lane == BATCH else f":{lane}")
 
 
 def idempotency(owner: str, key: str) -> str:
@@ -114,3 +118,20 @@ def device_waiting(device_id: str) -> str:
 def model_peaks() -> str:
     """Hash: "backend/model" -> the MiB its last measured load and first task peaked at."""
     return f"{PREFIX}model-peaks"
+
+
+def backlog(backend: str) -> str:
+    """Hash: the backend's queued work per lane ("<lane>:tasks", "<lane>:seconds" of audio)
+    and its running work ("running:tasks", "running:seconds"), kept by the task scripts."""
+    return f"{PREFIX}backlog:{backend}"
+
+
+def rate(backend: str) -> str:
+    """Hash: the backend's measured processing rate (audio-seconds per wall second, a moving
+    average of finished tasks) and how many tasks it averages."""
+    return f"{PREFIX}rate:{backend}"
+
+
+def deadlines(backend: str) -> str:
+    """Sorted set: task ids of queued tasks with a deadline, scored by it (the sweeper's)."""
+    return f"{PREFIX}deadlines:{backend}"

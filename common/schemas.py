@@ -37,6 +37,7 @@ class ErrorCode(StrEnum):
     DELIVERY_LIMIT = "delivery_limit"  # its worker died on every delivery
     NO_WORKER = "no_worker"  # no worker took it in time, or its backend has no live worker
     DEVICE_BUSY = "device_busy"  # its load waited past device_wait_seconds for device memory
+    DEADLINE_EXCEEDED = "deadline_exceeded"  # its deadline passed before a worker started it
     ENGINE_ERROR = "engine_error"
 
     @property
@@ -44,7 +45,8 @@ class ErrorCode(StrEnum):
         return {ErrorCode.INVALID_AUDIO: 400, ErrorCode.INVALID_REQUEST: 400,
                 ErrorCode.AUDIO_TOO_LONG: 413, ErrorCode.OUT_OF_MEMORY: 503,
                 ErrorCode.MODEL_UNAVAILABLE: 503, ErrorCode.MODEL_LOAD_FAILED: 503,
-                ErrorCode.NO_WORKER: 503, ErrorCode.DEVICE_BUSY: 503}.get(self, 500)
+                ErrorCode.NO_WORKER: 503, ErrorCode.DEVICE_BUSY: 503,
+                ErrorCode.DEADLINE_EXCEEDED: 504}.get(self, 500)
 
 
 #: the widest beam an engine is asked for: each beam costs decoder memory and time

@@ -145,6 +145,15 @@ class Settings(BaseSettings):
     #: tasks whose worker is gone, FAILED (`no_worker`); 0 = never
     no_worker_seconds: float = 120.0
 
+    # --- admission ---
+    #: a batch task not yet handed to a worker this long is taken before new interactive
+    #: work (batch is never starved); 0 = interactive always first
+    batch_promotion_seconds: float = Field(default=60.0, ge=0)
+    #: backend -> most tasks queued (both lanes) before a submit is refused with 429
+    max_queued_tasks: dict[str, int] = Field(default_factory=dict)
+    #: backend -> longest predicted wait (seconds) before a submit is refused with 429
+    max_queue_seconds_ahead: dict[str, float] = Field(default_factory=dict)
+
     # --- device memory broker ---
     #: device ("cpu", "cuda:0") -> MiB the models of every worker on it may reserve together.
     #: Unset: the card's total (from the driver) on cuda, no broker on cpu.

@@ -163,6 +163,8 @@ _WHY = {
     404: "Unknown model, backend or task",
     409: "Conflicting state: an expired idempotency key, a cancelled or running task",
     413: "The upload, or the audio's duration, is over the limit",
+    429: "Admission refused it: the backend's queue is full (`queue_full`) or the deadline "
+         "cannot be met (`deadline_unreachable`); `Retry-After` says when to try again",
     500: "The task failed in its engine, or the gateway failed",
     503: "The task store or the model is unavailable, or too many calls are waiting "
          "(`Retry-After`)",

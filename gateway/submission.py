@@ -22,7 +22,16 @@ from common.catalog import (
 )
 from common.schemas import MAX_BEAM_SIZE, TaskState
 from common.settings import Settings
-from common.store import BreakerPolicy, Duplicate, StoreError, Task, TaskStore, new_task_id
+from common.store import (
+    BreakerPolicy,
+    Duplicate,
+    QueueFull,
+    StoreError,
+    Task,
+    TaskStore,
+    new_task_id,
+)
+from gateway.admission import admit, queue_full
 from gateway.errors import RequestError
 from gateway.fetch import fetch_audio_url
 from gateway.inputs import Params, read_upload, resolve_allowed_path
@@ -32,6 +41,8 @@ ASR_TASKS = ("transcribe", "translate")
 MAX_PROMPT_CHARACTERS = 2000
 _INTEGER = re.compile(r"\+?[0-9]{1,4}")
 MAX_IDEMPOTENCY_KEY = 255
+#: the priority lanes a submit may ask for (`priority`); interactive is read first
+PRIORITIES = ("interactive", "batch")
 T = TypeVar("T")
 
 
@@ -142,10 +153,20 @@ def idempotency_key(request: Request, params: Params) -> str:
     return key
 
 
+def priority(params: Params, default: str) -> str:
+    """The `priority` param (interactive | batch), `default` when absent."""
+    value = (params.get("priority") or default).strip().lower()
+    if value not in PRIORITIES:
+        raise RequestError(400, "priority must be 'interactive' or 'batch'", param="priority")
+    return value
+
+
 async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: str,
                   options: dict[str, Any], audio: AudioInput, owner: str,
-                  task_id: str | None = None, idempotency_key: str = "") -> Task:
-    """Queue a new task, or return the original one for a repeated idempotency key."""
+                  task_id: str | None = None, idempotency_key: str = "",
+                  lane: str = "batch", deadline: float | None = None) -> Task:
+    """Queue a new task, or return the original one for a repeated idempotency key; a 429
+    when the backend's queue is full or the deadline cannot be met (gateway/admission.py)."""
     # An open breaker refuses at once; past its cool-down the task goes through as its probe.
     source = settings.backend_models(backend).get(model, "")
     breakers = await guard_store(store.breakers(backend, {model: source},
@@ -156,9 +177,13 @@ async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: 
                            param="model", code="model_unavailable")
     task = Task(id=task_id or new_task_id(), backend=backend, model=model, state=TaskState.PENDING,
                 params=options, input_path=str(audio.path or ""), owner=owner,
-                audio_seconds=round(audio.info.duration, 3))
+                audio_seconds=round(audio.info.duration, 3), lane=lane, deadline=deadline)
+    await guard_store(admit(store, settings, task))
+    most = settings.max_queued_tasks.get(backend, 0)
     try:
-        await guard_store(store.submit(task, audio.blob, idempotency_key))
+        await guard_store(store.submit(task, audio.blob, idempotency_key, most))
+    except QueueFull as full:
+        raise await queue_full(store, task, full, most) from None
     except Duplicate as repeat:
         original = await guard_store(store.get(repeat.task_id))
         if original is None:

@@ -44,9 +44,10 @@ class Sweeper:
     def __init__(self, store: TaskStore, settings: Settings) -> None:
         self.store = store
         self.settings = settings
-        # backend -> the last stream entry each walk has looked at ("(" + id: exclusive)
-        self.overdue_cursor: dict[str, str] = {}
-        self.owed_cursor: dict[str, str] = {}
+        # (backend, lane) -> the last stream entry each walk has looked at ("(" + id:
+        # exclusive); each walk covers both priority lanes
+        self.overdue_cursor: dict[tuple[str, str], str] = {}
+        self.owed_cursor: dict[tuple[str, str], str] = {}
         bounds = [limit / 4 for limit in (settings.max_queue_seconds, settings.no_worker_seconds)
                   if limit > 0]
         self.period = max(0.2, min([30.0, *bounds]))
@@ -58,6 +59,7 @@ class Sweeper:
                 await self.fail_overdue(backend, self.settings.max_queue_seconds)
             if self.settings.no_worker_seconds > 0:
                 await self.fail_stranded(backend, backend in live)
+            await self.fail_past_deadline(backend)
             await trim(self.store, backend,
                        max(self.settings.retention_seconds, self.settings.max_queue_seconds))
         await self.store.sweep_blob_dir()  # files no task can read any more (SPEECH_BLOB_DIR)
@@ -70,16 +72,18 @@ class Sweeper:
         error = (f"no {backend} worker started this task within {limit:.0f} s "
                  "(see /ready for live workers)")
         failed = 0
-        for _ in range(MAX_BATCHES):
-            start = self.overdue_cursor.get(backend, "-")
-            entries = await upkeep.queued_until(self.store, backend, start, cutoff_ms, BATCH)
-            if not entries:
-                break
-            failed += await self.fail_tasks(await self._tasks(entries), lambda task: error
-                                       if task.state == TaskState.PENDING else None)
-            self.overdue_cursor[backend] = "(" + entries[-1].entry_id
-            if len(entries) < BATCH:
-                break
+        for lane in upkeep.LANES:
+            for _ in range(MAX_BATCHES):
+                start = self.overdue_cursor.get((backend, lane), "-")
+                entries = await upkeep.queued_until(self.store, backend, start, cutoff_ms,
+                                                    BATCH, lane)
+                if not entries:
+                    break
+                failed += await self.fail_tasks(await self._tasks(entries), lambda task: error
+                                                if task.state == TaskState.PENDING else None)
+                self.overdue_cursor[(backend, lane)] = "(" + entries[-1].entry_id
+                if len(entries) < BATCH:
+                    break
         return failed
 
     async def fail_stranded(self, backend: str, live: bool) -> int:
@@ -92,8 +96,12 @@ class Sweeper:
         limit = self.settings.no_worker_seconds
         if time.time() - since < limit:
             return 0
-        entries, self.owed_cursor[backend] = await upkeep.owed(
-            self.store, backend, self.owed_cursor.get(backend, "0-0"), BATCH * MAX_BATCHES)
+        entries = []
+        for lane in upkeep.LANES:
+            found, self.owed_cursor[(backend, lane)] = await upkeep.owed(
+                self.store, backend, self.owed_cursor.get((backend, lane), "0-0"),
+                BATCH * MAX_BATCHES, lane)
+            entries += found
         tasks = await self._tasks(entries)
         running = {task.worker for task in tasks if task.state == TaskState.RUNNING}
         gone = {worker for worker in running
@@ -111,19 +119,33 @@ class Sweeper:
 
         return await self.fail_tasks(tasks, error)
 
+    async def fail_past_deadline(self, backend: str) -> int:
+        """FAIL (`deadline_exceeded`) the queued tasks of `backend` whose deadline passed
+        before a worker started them (a worker also refuses them at start)."""
+        failed = 0
+        for _ in range(MAX_BATCHES):
+            task_ids = await upkeep.deadlines_passed(self.store, backend, BATCH)
+            tasks = [task for task in await self.store.tasks(task_ids) if task is not None]
+            failed += await self.fail_tasks(
+                tasks, lambda task: "its deadline passed before a worker could start it"
+                if task.state == TaskState.PENDING else None, ErrorCode.DEADLINE_EXCEEDED)
+            if len(task_ids) < BATCH:
+                break
+        return failed
+
     async def _tasks(self, entries: list[Entry]) -> list[Task]:
         task_ids = [entry.task_id for entry in entries if entry.task_id is not None]
         return [task for task in await self.store.tasks(task_ids) if task is not None]
 
-    async def fail_tasks(self, tasks: list[Task],
-                         error_for: Callable[[Task], str | None]) -> int:
+    async def fail_tasks(self, tasks: list[Task], error_for: Callable[[Task], str | None],
+                         code: ErrorCode = ErrorCode.NO_WORKER) -> int:
         """FAIL each task (as read) for which `error_for` gives an error, fenced on the state
         and attempt it was read with."""
         failed = 0
         for task in tasks:
             error = error_for(task)
             if error is not None and await self.store.fail_if_unchanged(
-                    task, error, ErrorCode.NO_WORKER.value):
+                    task, error, code.value):
                 log.warning("task %s: %s", task.id, error)
                 failed += 1
         return failed

@@ -48,14 +48,14 @@ def wait_done(base: str, task_id: str, timeout: float = 120,
 
 def queue_counts(client: redis.Redis, backend: str = "faster-whisper") -> tuple[int, int]:
     """(stream length, number of task records): unchanged by any refused submit."""
-    stream_length = client.xlen(keys.queue(backend)) if client.exists(keys.queue(backend)) else 0
+    stream_length = sum(client.xlen(keys.queue(backend, lane)) for lane in keys.LANES
+                        if client.exists(keys.queue(backend, lane)))
     return stream_length, sum(1 for _ in client.scan_iter(match=keys.task_pattern(), count=500))
 
 
 def pending_count(client: redis.Redis, backend: str = "faster-whisper") -> int:
-    if not client.exists(keys.queue(backend)):
-        return 0
-    return int(client.xpending(keys.queue(backend), keys.WORKER_GROUP)["pending"])
+    return sum(int(client.xpending(keys.queue(backend, lane), keys.WORKER_GROUP)["pending"])
+               for lane in keys.LANES if client.exists(keys.queue(backend, lane)))
 
 
 def normalise(text: str) -> list[str]:

@@ -55,13 +55,13 @@ def test_the_sweeper_never_fails_a_task_a_worker_started(tmp_path: Path) -> None
         sweeper = Sweeper(store, Settings(max_queue_seconds=1.0))
         # read PENDING by the sweeper, then started by a worker before the sweeper's write
         seen_pending = await _queued(store)
-        assert await store.start(seen_pending.id, "worker-a", 1) == 1
+        assert await store.start(seen_pending.id, "worker-a", 1, BACKEND) == 1
         assert await sweeper.fail_tasks([seen_pending], lambda task: "too late") == 0
         assert await store.fail_if_unchanged(seen_pending, "too late", "no_worker") is False
         # read RUNNING, then re-attempted by another worker: refused as well
         seen_running = await store.get(seen_pending.id)
         assert seen_running is not None
-        assert await store.start(seen_running.id, "worker-b", 2) == 2
+        assert await store.start(seen_running.id, "worker-b", 2, BACKEND) == 2
         assert await sweeper.fail_tasks([seen_running], lambda task: "too late") == 0
         current = await store.get(seen_pending.id)
         assert current is not None and current.state == TaskState.RUNNING

@@ -55,16 +55,18 @@ class Consumer:
 
     async def run(self) -> None:
         await _until_stored(self.store.ensure_queue)
-        pending_cursor: str | None = "0"  # our own unacked entries first (after a restart)
+        # our own unacked entries of each lane first (after a restart): lane -> cursor
+        pending_cursors: dict[str, str] = {lane: "0" for lane in self.store.lanes}
         next_janitor = 0.0
         while not self.stopping.is_set():
             try:
-                if pending_cursor is not None:
-                    deliveries = await self.store.read(after=pending_cursor)
+                if pending_cursors:
+                    lane, cursor = next(iter(pending_cursors.items()))
+                    deliveries = await self.store.read(after=cursor, lane=lane)
                     if not deliveries:
-                        pending_cursor = None
+                        del pending_cursors[lane]
                         continue
-                    pending_cursor = deliveries[-1].entry_id
+                    pending_cursors[lane] = deliveries[-1].entry_id
                 else:
                     deliveries = []
                     if self.burst or time.monotonic() >= next_janitor:
@@ -90,24 +92,27 @@ class Consumer:
     async def _handle(self, delivery: Delivery) -> None:
         task = await self.store.get(delivery.task_id) if delivery.task_id else None
         if task is None or task.state.terminal:
-            await self.store.ack(delivery.entry_id)  # cancelled, finished or expired
+            await self.store.ack(delivery)  # cancelled, finished or expired
             return
         with logs.task_context(task.id):
-            await self._handle_task(task, delivery.entry_id)
+            await self._handle_task(task, delivery)
 
-    async def _handle_task(self, task: Task, entry_id: str) -> None:
-        deliveries = await self.store.deliveries(entry_id)
+    async def _handle_task(self, task: Task, delivery: Delivery) -> None:
+        entry_id = delivery.entry_id
+        deliveries = await self.store.deliveries(delivery)
         if deliveries > self.settings.max_deliveries:
             await self._give_up(task, entry_id, deliveries)
             return
         attempt = await self.store.start(task.id, deliveries)
-        if attempt <= 0:
-            await self.store.ack(entry_id)
+        if attempt <= 0:  # finished meanwhile, gone, or (-2) its deadline passed: FAILED
+            if attempt == -2:
+                log.warning("deadline passed before it started: FAILED deadline_exceeded")
+            await self.store.ack(delivery)
             return
         started = time.time()
         log.info("attempt %d (delivery %d), model %s", attempt, deliveries, task.model)
         self.current_task, self.load_seconds, self.device_wait_seconds = task.id, None, None
-        lease = asyncio.create_task(self._keep_lease(entry_id))
+        lease = asyncio.create_task(self._keep_lease(delivery))
         try:
             outcome: Outcome | None = None
             error, code = "", ""
@@ -146,6 +151,9 @@ class Consumer:
         with contextlib.suppress(RedisError):
             await self.store.record((f"tasks_{state.value}",),
                                     {name: max(0.0, value) for name, value in observations.items()})
+            if state == TaskState.SUCCEEDED and task.audio_seconds:
+                # the processing rate a predicted wait divides by: wall time, less a load
+                await self.store.record_rate(task.audio_seconds, inference)
 
     async def _run_task(self, task: Task) -> Outcome:
         breaker_error = await self.breakers.admit(task.model)
@@ -186,12 +194,12 @@ class Consumer:
         with contextlib.suppress(RedisError):
             await self.store.record(("tasks_FAILED", "dead_lettered"))
 
-    async def _keep_lease(self, entry_id: str) -> None:
+    async def _keep_lease(self, delivery: Delivery) -> None:
         while True:
             await asyncio.sleep(self.settings.heartbeat_seconds)
             try:
-                if not await self.store.extend_lease(entry_id):
-                    log.warning("lost the lease on %s to another worker", entry_id)
+                if not await self.store.extend_lease(delivery):
+                    log.warning("lost the lease on %s to another worker", delivery.entry_id)
                     return
             except RedisError:
                 pass  # the janitor's visibility timeout is many heartbeats long

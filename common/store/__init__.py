@@ -14,6 +14,7 @@ from common.store.tasks import (
     Breaker,
     BreakerPolicy,
     Duplicate,
+    QueueFull,
     Task,
     TaskStore,
     live_workers,
@@ -22,5 +23,5 @@ from common.store.tasks import (
 )
 from common.store.worker import WorkerStore
 
-__all__ = ["Admission", "Breaker", "BreakerPolicy", "Duplicate", "StoreError", "Task",
+__all__ = ["Admission", "Breaker", "BreakerPolicy", "Duplicate", "QueueFull", "StoreError", "Task",
            "TaskStore", "WorkerStore", "live_workers", "new_task_id", "write_heartbeat"]

@@ -27,44 +27,88 @@ return 1
 class Delivery:
     entry_id: str
     task_id: str | None  # None: the entry was deleted (its task was cancelled)
+    lane: str = keys.BATCH  # the lane whose stream holds the entry (acks and leases go there)
 
 
 class Queue:
-    def __init__(self, redis: Redis, backend: str, consumer: str) -> None:
+    """Both lanes of one backend. New work: an undelivered batch entry older than
+    `promotion_seconds` first (batch is never starved), then interactive, then batch."""
+
+    def __init__(self, redis: Redis, backend: str, consumer: str,
+                 promotion_seconds: float = 0.0) -> None:
         self.redis = redis
         self.backend = backend
-        self.stream = keys.queue(backend)
+        self.streams = {lane: keys.queue(backend, lane) for lane in keys.LANES}
         self.consumer = consumer
+        self.promotion_seconds = promotion_seconds
         self._extend = redis.register_script(_EXTEND_LEASE)
 
-    async def read(self, *, after: str | None = None,
+    async def read(self, *, after: str | None = None, lane: str = keys.BATCH,
                    block_ms: int | None = 1000) -> list[Delivery]:
-        """With `after`: our own unacked entries past that id (re-read after a restart).
-        Without: one new entry, waiting up to `block_ms` (None: not at all)."""
-        reply = await self.redis.xreadgroup(
-            keys.WORKER_GROUP, self.consumer, {self.stream: after or ">"}, count=1,
-            block=None if after else block_ms)
-        return [_delivery(entry_id, fields) for _, entries in reply or []
-                for entry_id, fields in entries]
+        """With `after`: our own unacked entries of `lane` past that id (re-read after a
+        restart). Without: one new entry of either lane, in lane order, waiting up to
+        `block_ms` (None: not at all) when both are empty."""
+        if after:
+            return await self._read({self.streams[lane]: after}, None)
+        if self.promotion_seconds > 0 and await self._batch_overdue():
+            found = await self._read({self.streams[keys.BATCH]: ">"}, None)
+            if found:
+                return found
+        for lane_read in keys.LANES:
+            found = await self._read({self.streams[lane_read]: ">"}, None)
+            if found:
+                return found
+        if block_ms is None:
+            return []
+        # Both empty: wait on both. Redis answers with what arrived (one entry per stream);
+        # the consumer handles them interactive first.
+        return await self._read({self.streams[lane]: ">" for lane in keys.LANES}, block_ms)
+
+    async def _read(self, streams: dict[str, str], block_ms: int | None) -> list[Delivery]:
+        lanes = {stream: lane for lane, stream in self.streams.items()}
+        reply = await self.redis.xreadgroup(keys.WORKER_GROUP, self.consumer, streams, count=1,
+                                            block=block_ms)
+        return [_delivery(entry_id, fields, lanes[_str(stream)])
+                for stream, entries in reply or [] for entry_id, fields in entries]
+
+    async def _batch_overdue(self) -> bool:
+        """Whether the oldest batch entry not yet handed out was added more than
+        `promotion_seconds` ago (its id is its add time)."""
+        stream = self.streams[keys.BATCH]
+        delivered = "0-0"
+        for group in await self.redis.xinfo_groups(stream):
+            if _str(group["name"]) == keys.WORKER_GROUP:
+                delivered = _str(group["last-delivered-id"])
+        head = await self.redis.xrange(stream, f"({delivered}", "+", count=1)
+        if not head:
+            return False
+        added_ms = int(_str(head[0][0]).partition("-")[0])
+        return added_ms < (time.time() - self.promotion_seconds) * 1000
 
     async def claim_abandoned(self, min_idle_seconds: float) -> list[Delivery]:
-        """Take over one entry whose worker stopped extending its lease."""
-        reply = await self.redis.xautoclaim(self.stream, keys.WORKER_GROUP, self.consumer,
-                                            min_idle_time=int(min_idle_seconds * 1000),
-                                            start_id="0-0", count=1)
-        return [_delivery(entry_id, fields) for entry_id, fields in reply[1]]
+        """Take over one entry (of either lane) whose worker stopped extending its lease."""
+        for lane in keys.LANES:
+            reply = await self.redis.xautoclaim(self.streams[lane], keys.WORKER_GROUP,
+                                                self.consumer,
+                                                min_idle_time=int(min_idle_seconds * 1000),
+                                                start_id="0-0", count=1)
+            if reply[1]:
+                return [_delivery(entry_id, fields, lane) for entry_id, fields in reply[1]]
+        return []
 
-    async def extend_lease(self, entry_id: str) -> bool:
-        return bool(await self._extend(keys=[self.stream],
-                                       args=[keys.WORKER_GROUP, self.consumer, entry_id]))
+    async def extend_lease(self, delivery: Delivery) -> bool:
+        return bool(await self._extend(keys=[self.streams[delivery.lane]],
+                                       args=[keys.WORKER_GROUP, self.consumer,
+                                             delivery.entry_id]))
 
-    async def deliveries(self, entry_id: str) -> int:
-        pending = await self.redis.xpending_range(self.stream, keys.WORKER_GROUP, min=entry_id,
-                                                  max=entry_id, count=1)
+    async def deliveries(self, delivery: Delivery) -> int:
+        pending = await self.redis.xpending_range(self.streams[delivery.lane], keys.WORKER_GROUP,
+                                                  min=delivery.entry_id, max=delivery.entry_id,
+                                                  count=1)
         return int(pending[0]["times_delivered"]) if pending else 1
 
-    async def ack(self, entry_id: str) -> None:
-        await self.redis.xack(self.stream, keys.WORKER_GROUP, entry_id)
+    async def ack(self, delivery: Delivery) -> None:
+        await self.redis.xack(self.streams[delivery.lane], keys.WORKER_GROUP, delivery.entry_id)
 
     async def dead_letter(self, task_id: str, reason: str, deliveries: int) -> None:
         await self.redis.xadd(keys.dead_letter(self.backend),
@@ -72,6 +116,10 @@ class Queue:
                                "deliveries": deliveries, "at": repr(time.time())})
 
 
-def _delivery(entry_id: bytes, fields: dict[bytes, bytes] | None) -> Delivery:
+def _str(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _delivery(entry_id: bytes, fields: dict[bytes, bytes] | None, lane: str) -> Delivery:
     task_id = fields.get(b"task_id") if fields else None
-    return Delivery(entry_id.decode(), task_id.decode() if task_id else None)
+    return Delivery(entry_id.decode(), task_id.decode() if task_id else None, lane)

@@ -23,9 +23,37 @@ from common.settings import Settings
 from common.store.connection import bounded_client
 from common.store.devices import DeviceView, devices
 
-# KEYS: task, queue, input blob, queue counter, idempotency key
-# ARGV: task_id, ttl, blob ("" = none), idempotent ("1"/"0"), field, value, ...
-# -> {1, entry id} queued, or {0, original task id} for a repeated idempotency key.
+# The backlog (keys.backlog): queued tasks and audio-seconds per lane, running ones, kept
+# by every script that moves a task out of PENDING or out of RUNNING. A task's 'queued' and
+# 'running_counted' fields say it is counted, so nothing is subtracted twice.
+_BACKLOG = """
+local function unqueue(task, backlog, running)
+  if redis.call('HDEL', task, 'queued') == 1 then
+    local f = redis.call('HMGET', task, 'lane', 'audio_seconds')
+    local lane, seconds = f[1] or 'batch', tonumber(f[2] or '') or 0
+    redis.call('HINCRBY', backlog, lane .. ':tasks', -1)
+    redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds', -seconds)
+    if running then
+      redis.call('HSET', task, 'running_counted', 1)
+      redis.call('HINCRBY', backlog, 'running:tasks', 1)
+      redis.call('HINCRBYFLOAT', backlog, 'running:seconds', seconds)
+    end
+  end
+end
+local function unrun(task, backlog)
+  if redis.call('HDEL', task, 'running_counted') == 1 then
+    local seconds = tonumber(redis.call('HGET', task, 'audio_seconds') or '') or 0
+    redis.call('HINCRBY', backlog, 'running:tasks', -1)
+    redis.call('HINCRBYFLOAT', backlog, 'running:seconds', -seconds)
+  end
+end
+"""
+
+# KEYS: task, queue, input blob, queue counter, idempotency key, backlog, deadlines
+# ARGV: task_id, ttl, blob ("" = none), idempotent ("1"/"0"), most queued tasks (0 = no
+#       limit), lane, audio seconds, deadline ("" = none), field, value, ...
+# -> {1, entry id, its number} queued, {0, original task id} for a repeated idempotency key, or
+#    {2, tasks queued} when the backend already has its most queued tasks (nothing written).
 # Each entry carries its own number in the backend's add order (our counter, not Redis's
 # group "entries-read", which Redis 7.0 loses when it reloads the AOF): a queue position
 # is then one subtraction from the first entry not yet handed to a worker.
@@ -34,19 +62,42 @@ if ARGV[4] == '1' then
   local original = redis.call('GET', KEYS[5])
   if original then return {0, original} end
 end
+local most = tonumber(ARGV[5])
+if most > 0 then
+  local b = redis.call('HMGET', KEYS[6], 'interactive:tasks', 'batch:tasks')
+  local queued = (tonumber(b[1] or '') or 0) + (tonumber(b[2] or '') or 0)
+  if queued >= most then return {2, tostring(queued)} end
+end
 local seq = redis.call('INCR', KEYS[4])
 local entry = redis.call('XADD', KEYS[2], '*', 'task_id', ARGV[1], 'seq', seq)
-redis.call('HSET', KEYS[1], 'entry_id', entry, 'queue_seq', seq, unpack(ARGV, 5))
+redis.call('HSET', KEYS[1], 'entry_id', entry, 'queue_seq', seq, 'queued', 1, unpack(ARGV, 9))
+redis.call('HINCRBY', KEYS[6], ARGV[6] .. ':tasks', 1)
+redis.call('HINCRBYFLOAT', KEYS[6], ARGV[6] .. ':seconds', ARGV[7])
+if ARGV[8] ~= '' then redis.call('ZADD', KEYS[7], ARGV[8], ARGV[1]) end
 if ARGV[3] ~= '' then redis.call('SET', KEYS[3], ARGV[3], 'EX', ARGV[2]) end
 if ARGV[4] == '1' then redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[2]) end
-return {1, entry}
+return {1, entry, seq}
 """
 
-# KEYS: task, events | ARGV: worker, now, deliveries -> new attempt, 0 if terminal, -1 if missing
-_START = """
+# KEYS: task, events, backlog, input blob | ARGV: worker, now, deliveries, retention
+# -> new attempt, 0 if terminal, -1 if missing, -2 if its deadline passed while it was
+# queued (it is FAILED deadline_exceeded here, never run)
+_START = _BACKLOG + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return -1 end
 if state ~= 'PENDING' and state ~= 'RUNNING' then return 0 end
+local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline') or '')
+if state == 'PENDING' and deadline and tonumber(ARGV[2]) > deadline then
+  unqueue(KEYS[1], KEYS[3], false)
+  redis.call('HSET', KEYS[1], 'state', 'FAILED', 'finished_at', ARGV[2],
+             'error', 'its deadline passed before a worker could start it',
+             'error_code', 'deadline_exceeded')
+  redis.call('EXPIRE', KEYS[1], ARGV[4])
+  redis.call('DEL', KEYS[4])
+  redis.call('PUBLISH', KEYS[2], '{"type":"state","status":"FAILED"}')
+  return -2
+end
+unqueue(KEYS[1], KEYS[3], true)
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 redis.call('HSET', KEYS[1], 'state', 'RUNNING', 'worker', ARGV[1], 'started_at', ARGV[2],
            'deliveries', ARGV[3])
@@ -54,13 +105,13 @@ redis.call('PUBLISH', KEYS[2], '{"type":"state","status":"RUNNING"}')
 return attempt
 """
 
-# KEYS: task, queue, events, input blob, output blob
+# KEYS: task, queue, events, input blob, output blob, backlog
 # ARGV: attempt (or "" = unfenced), entry, group, state, now, retention, result, error, code,
 #       output ("" = none), output file name ("" = none)
 # -> 1 stored, 0 stale attempt or already terminal. Acks only after the state is stored.
 # The output is written here, inside the fence, so a stale attempt cannot replace the
 # winner's audio; the input is deleted here, since no attempt can need it any more.
-_FINISH = """
+_FINISH = _BACKLOG + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 0 end
 if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 0 end
@@ -68,6 +119,8 @@ if state ~= 'PENDING' and state ~= 'RUNNING' then
   if ARGV[2] ~= '' then redis.call('XACK', KEYS[2], ARGV[3], ARGV[2]) end
   return 0
 end
+unqueue(KEYS[1], KEYS[6], false)
+unrun(KEYS[1], KEYS[6])
 redis.call('HSET', KEYS[1], 'state', ARGV[4], 'finished_at', ARGV[5])
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[7]) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[8], 'error_code', ARGV[9]) end
@@ -107,13 +160,14 @@ end
 return {delivered, first, last_seq, pending}
 """
 
-# KEYS: task, queue, events, input blob | ARGV: now, retention -> the state after the call
+# KEYS: task, queue, events, input blob, backlog | ARGV: now, retention -> the state after
 # The stream entry stays (its number keeps the positions behind it exact): a worker that
 # reads it finds the task terminal and acks it.
-_CANCEL = """
+_CANCEL = _BACKLOG + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return '' end
 if state ~= 'PENDING' then return state end
+unqueue(KEYS[1], KEYS[5], false)
 redis.call('HSET', KEYS[1], 'state', 'CANCELLED', 'finished_at', ARGV[1],
            'error', 'task was cancelled before it started')
 redis.call('EXPIRE', KEYS[1], ARGV[2])
@@ -178,13 +232,15 @@ redis.call('HSET', KEYS[1], 'probe', ARGV[2], 'probe_until', now + tonumber(ARGV
 return {'probe', b[2] or '', b[3] or ''}
 """
 
-# KEYS: task, queue, events, input blob
+# KEYS: task, queue, events, input blob, backlog
 # ARGV: state read, attempt read, entry, group, now, retention, error, code
 # -> 1 FAILED, 0 left alone. The fence for a sweeper's read-then-write: a task that was
 # started, finished or re-attempted since the caller read it is not touched.
-_FAIL_IF_UNCHANGED = """
+_FAIL_IF_UNCHANGED = _BACKLOG + """
 local current = redis.call('HMGET', KEYS[1], 'state', 'attempt')
 if current[1] ~= ARGV[1] or (current[2] or '0') ~= ARGV[2] then return 0 end
+unqueue(KEYS[1], KEYS[5], false)
+unrun(KEYS[1], KEYS[5])
 redis.call('HSET', KEYS[1], 'state', 'FAILED', 'finished_at', ARGV[5], 'error', ARGV[7],
            'error_code', ARGV[8])
 redis.call('EXPIRE', KEYS[1], ARGV[6])
@@ -222,6 +278,8 @@ class Task:
     error_code: str = ""
     last_error: str = ""
     audio_seconds: float | None = None
+    lane: str = keys.BATCH  # its priority lane: keys.INTERACTIVE or keys.BATCH
+    deadline: float | None = None  # epoch seconds: FAILED deadline_exceeded if not started
 
     @classmethod
     def from_hash(cls, raw: dict[bytes, bytes]) -> Task:
@@ -251,6 +309,8 @@ class Task:
             error_code=data.get("error_code", ""),
             last_error=data.get("last_error", ""),
             audio_seconds=number("audio_seconds"),
+            lane=data.get("lane") or keys.BATCH,
+            deadline=number("deadline"),
         )
 
     def public_view(self) -> dict[str, Any]:
@@ -273,6 +333,14 @@ class Task:
             view["error"] = self.error
             view["error_code"] = self.error_code or None
         return view
+
+
+class QueueFull(Exception):
+    """A submit found its backend with its most queued tasks: `queued` are waiting."""
+
+    def __init__(self, queued: int) -> None:
+        super().__init__(queued)
+        self.queued = queued
 
 
 class Duplicate(Exception):
@@ -326,18 +394,22 @@ class TaskStore:
         return await devices(self.redis)
 
     async def ensure_queue(self, backend: str) -> None:
-        try:
-            await self.redis.xgroup_create(keys.queue(backend), keys.WORKER_GROUP, id="0",
-                                           mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        """Create both lanes' streams and their consumer group unless they exist."""
+        for lane in keys.LANES:
+            try:
+                await self.redis.xgroup_create(keys.queue(backend, lane), keys.WORKER_GROUP,
+                                               id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
 
-    async def submit(self, task: Task, blob: bytes | None, idempotency_key: str = "") -> None:
+    async def submit(self, task: Task, blob: bytes | None, idempotency_key: str = "",
+                     max_queued_tasks: int = 0) -> None:
         """Write the task record, its queue entry and its input blob in one atomic step.
 
         Raises Duplicate when `idempotency_key` was already used by the same owner within
-        the retention: nothing is written then."""
+        the retention, QueueFull when the backend already has `max_queued_tasks` queued
+        (0: no limit): nothing is written then."""
         record = {
             "id": task.id,
             "backend": task.backend,
@@ -349,6 +421,8 @@ class TaskStore:
             "created_at": repr(time.time()),
             "attempt": 0,
             "audio_seconds": "" if task.audio_seconds is None else repr(task.audio_seconds),
+            "lane": task.lane,
+            "deadline": "" if task.deadline is None else repr(task.deadline),
         }
         flat = [str(item) for pair in record.items() for item in pair]
         in_file = self.blob_dir is not None and self.blob_dir.wants(blob)
@@ -357,17 +431,25 @@ class TaskStore:
             await asyncio.to_thread(self.blob_dir.write, self.blob_dir.input_path(task.id), blob)
         stored = False
         try:
-            queued, value = await self._submit(
-                keys=[keys.task(task.id), keys.queue(task.backend), keys.input_blob(task.id),
-                      keys.queue_counter(task.backend),
-                      keys.idempotency(task.owner, idempotency_key)],
+            queued, value, *number = await self._submit(
+                keys=[keys.task(task.id), keys.queue(task.backend, task.lane),
+                      keys.input_blob(task.id), keys.queue_counter(task.backend, task.lane),
+                      keys.idempotency(task.owner, idempotency_key), keys.backlog(task.backend),
+                      keys.deadlines(task.backend)],
                 args=[task.id, self.retention, b"" if in_file else (blob or b""),
-                      "1" if idempotency_key else "0", *flat],
+                      "1" if idempotency_key else "0", max_queued_tasks, task.lane,
+                      repr(task.audio_seconds or 0.0),
+                      "" if task.deadline is None else repr(task.deadline), *flat],
             )
-            stored = bool(queued)
+            stored = queued == 1
         finally:
             if in_file and not stored:
                 self._delete_input_file(task.id)
+        if queued == 2:
+            raise QueueFull(int(value))
+        if stored:  # the record as written, so its queue position can be read at once
+            task.entry_id, task.queue_seq = _text(value), int(number[0])
+            task.created_at = float(record["created_at"])
         if not stored:
             raise Duplicate(value.decode() if isinstance(value, bytes) else str(value))
 
@@ -381,10 +463,16 @@ class TaskStore:
             blob = await asyncio.to_thread(self.blob_dir.read, self.blob_dir.input_path(task_id))
         return blob
 
-    async def start(self, task_id: str, worker: str, deliveries: int) -> int:
-        """Mark RUNNING and open a new attempt: its number, 0 if already terminal, -1 if gone."""
-        return int(await self._start(keys=[keys.task(task_id), keys.events(task_id)],
-                                     args=[worker, repr(time.time()), deliveries]))
+    async def start(self, task_id: str, worker: str, deliveries: int, backend: str) -> int:
+        """Mark RUNNING and open a new attempt: its number, 0 if already terminal, -1 if gone,
+        -2 if its deadline passed while queued (then it is FAILED deadline_exceeded)."""
+        started = int(await self._start(
+            keys=[keys.task(task_id), keys.events(task_id), keys.backlog(backend),
+                  keys.input_blob(task_id)],
+            args=[worker, repr(time.time()), deliveries, self.retention]))
+        if started == -2:
+            self._delete_input_file(task_id)
+        return started
 
     async def finish(
         self,
@@ -407,8 +495,8 @@ class TaskStore:
             output_file = self.blob_dir.output_name(task.id, attempt)
             await asyncio.to_thread(self.blob_dir.write, self.blob_dir.root / output_file, output)
         stored = bool(await self._finish(
-            keys=[keys.task(task.id), keys.queue(task.backend), keys.events(task.id),
-                  keys.input_blob(task.id), keys.output_blob(task.id)],
+            keys=[keys.task(task.id), keys.queue(task.backend, task.lane), keys.events(task.id),
+                  keys.input_blob(task.id), keys.output_blob(task.id), keys.backlog(task.backend)],
             args=["" if attempt is None else attempt, entry_id, keys.WORKER_GROUP, state.value,
                   repr(time.time()), self.retention,
                   json.dumps(result) if result is not None else "", _one_line(error),
@@ -425,7 +513,7 @@ class TaskStore:
         """Cancel a PENDING task; returns the task's state afterwards ("" if unknown)."""
         state = await self._cancel(
             keys=[keys.task(task_id), keys.queue(backend), keys.events(task_id),
-                  keys.input_blob(task_id)],
+                  keys.input_blob(task_id), keys.backlog(backend)],
             args=[repr(time.time()), self.retention],
         )
         state = state.decode() if isinstance(state, bytes) else str(state)
@@ -473,27 +561,45 @@ class TaskStore:
 
     async def queue_position(self, task: Task) -> int | None:
         """1 for the next entry a worker will read, 2 behind it …; 0 once handed to a worker
-        (it is about to start); None when the entry predates per-entry numbers."""
+        (it is about to start); None when the entry predates per-entry numbers.
+
+        Per lane: an interactive task counts the interactive entries ahead of it; a batch
+        task counts the batch entries ahead of it plus every interactive entry waiting now
+        (best effort: interactive work queued later still goes first, and an old batch
+        entry promoted past the interactive lane goes earlier)."""
         if not task.entry_id:
             return None
         delivered, first_waiting, _, _ = await self._queue_head(
-            keys=[keys.queue(task.backend), keys.queue_counter(task.backend)],
+            keys=[keys.queue(task.backend, task.lane),
+                  keys.queue_counter(task.backend, task.lane)],
             args=[keys.WORKER_GROUP])
         if _stream_id(task.entry_id) <= _stream_id(_text(delivered)):
             return 0
         if first_waiting <= 0 or not task.queue_seq:
             return None
-        return max(1, task.queue_seq - int(first_waiting) + 1)
+        position = max(1, task.queue_seq - int(first_waiting) + 1)
+        if task.lane != keys.INTERACTIVE:
+            position += (await self.lane_depth(task.backend, keys.INTERACTIVE))[0]
+        return position
 
     async def queue_depth(self, backend: str) -> tuple[int, int]:
         """(entries not yet handed to any worker, entries handed out and not yet acked),
-        exact across Redis restarts."""
+        both lanes together, exact across Redis restarts."""
+        waiting = pending = 0
+        for lane in keys.LANES:
+            lane_waiting, lane_pending = await self.lane_depth(backend, lane)
+            waiting, pending = waiting + lane_waiting, pending + lane_pending
+        return waiting, pending
+
+    async def lane_depth(self, backend: str, lane: str) -> tuple[int, int]:
+        """`queue_depth` of one lane."""
         _, first_waiting, last, pending = await self._queue_head(
-            keys=[keys.queue(backend), keys.queue_counter(backend)], args=[keys.WORKER_GROUP])
+            keys=[keys.queue(backend, lane), keys.queue_counter(backend, lane)],
+            args=[keys.WORKER_GROUP])
         if first_waiting == 0:
             waiting = 0
         elif first_waiting < 0:  # entries from before per-entry numbers
-            waiting = int(await self.redis.xlen(keys.queue(backend)))
+            waiting = int(await self.redis.xlen(keys.queue(backend, lane)))
         else:
             waiting = max(0, int(last) - int(first_waiting) + 1)
         return waiting, int(pending)
@@ -538,8 +644,8 @@ class TaskStore:
         """FAIL `task` only if it is still in the state and attempt it was read with: the
         check is inside the Lua call, so a task a worker starts meanwhile is never failed."""
         failed = bool(await self._fail_if_unchanged(
-            keys=[keys.task(task.id), keys.queue(task.backend), keys.events(task.id),
-                  keys.input_blob(task.id)],
+            keys=[keys.task(task.id), keys.queue(task.backend, task.lane), keys.events(task.id),
+                  keys.input_blob(task.id), keys.backlog(task.backend)],
             args=[task.state.value, task.attempt, task.entry_id, keys.WORKER_GROUP,
                   repr(time.time()), self.retention, _one_line(error), error_code]))
         if failed:

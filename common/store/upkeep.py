@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from redis.exceptions import ResponseError
 
 from common import keys
+from common.store import admission
 from common.store.tasks import TaskStore
 
 
@@ -20,19 +21,24 @@ class Entry:
     task_id: str | None  # None: an entry without a task id
 
 
+#: the priority lanes: every walk below is per backend and lane
+LANES = keys.LANES
+
+
 async def queued_until(store: TaskStore, backend: str, start: str, cutoff_ms: int,
-                       count: int) -> list[Entry]:
-    """Up to `count` entries of the backend's stream from `start` ("(" + id: after it) to the
+                       count: int, lane: str = keys.BATCH) -> list[Entry]:
+    """Up to `count` entries of the lane's stream from `start` ("(" + id: after it) to the
     entries added at `cutoff_ms` (Unix milliseconds), oldest first."""
-    return _entries(await store.redis.xrange(keys.queue(backend), start, str(cutoff_ms),
+    return _entries(await store.redis.xrange(keys.queue(backend, lane), start, str(cutoff_ms),
                                              count=count))
 
 
-async def owed(store: TaskStore, backend: str, cursor: str, most: int) -> tuple[list[Entry], str]:
+async def owed(store: TaskStore, backend: str, cursor: str, most: int,
+               lane: str = keys.BATCH) -> tuple[list[Entry], str]:
     """Entries the backend may still owe a result: handed to a worker and not acked, and not
     handed out yet (after `cursor`, where the last call stopped); at most `most` of each.
     Returns them with the cursor for the next call."""
-    redis, stream = store.redis, keys.queue(backend)
+    redis, stream = store.redis, keys.queue(backend, lane)
     if not await redis.exists(stream):
         return [], cursor
     delivered = "0-0"
@@ -56,6 +62,12 @@ async def owed(store: TaskStore, backend: str, cursor: str, most: int) -> tuple[
     return entries + _entries(waiting), cursor
 
 
+async def deadlines_passed(store: TaskStore, backend: str, most: int) -> list[str]:
+    """Ids of queued tasks of `backend` whose deadline has passed (at most `most`); they are
+    forgotten here, so each is looked at once."""
+    return await admission.deadlines_passed(store.redis, backend, most)
+
+
 async def no_worker_since(store: TaskStore, backend: str, ttl_seconds: int) -> float:
     """When a sweeping gateway first saw `backend` without a live worker (now, if none did).
     Shared by every replica; kept alive by their passes, gone `ttl_seconds` after they stop."""
@@ -75,9 +87,10 @@ async def heartbeat_alive(store: TaskStore, backend: str, consumer: str) -> bool
 
 
 async def trim(store: TaskStore, backend: str, older_than: float) -> None:
-    """Drop queue and dead-letter entries added more than `older_than` seconds ago."""
+    """Drop queue (both lanes) and dead-letter entries added more than `older_than` seconds
+    ago."""
     min_id = str(int((time.time() - older_than) * 1000))
-    for stream in (keys.queue(backend), keys.dead_letter(backend)):
+    for stream in (*(keys.queue(backend, lane) for lane in LANES), keys.dead_letter(backend)):
         await store.redis.xtrim(stream, minid=min_id, approximate=False)
 
 

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from common import keys
 from common.schemas import TaskState
 from common.settings import Settings
-from common.store import metrics
+from common.store import admission, metrics
 from common.store.devices import DeviceLedger
 from common.store.queue import Delivery, Queue
 from common.store.tasks import Admission, Breaker, BreakerPolicy, Task, TaskStore, write_heartbeat
@@ -29,31 +29,36 @@ class WorkerStore:
         self.heartbeat_ttl = 3 * settings.heartbeat_seconds
         self._redis = redis
         self._tasks = TaskStore.for_settings(redis, settings)
-        self._queue = Queue(redis, self.backend, consumer)
+        self._queue = Queue(redis, self.backend, consumer,
+                            settings.batch_promotion_seconds)
 
     # --- the stream ---
+    #: the backend's priority lanes (one stream each), in reading order
+    lanes = keys.LANES
+
     async def ensure_queue(self) -> None:
         """Create the backend's stream and consumer group unless they exist."""
         await self._tasks.ensure_queue(self.backend)
 
-    async def read(self, *, after: str | None = None,
+    async def read(self, *, after: str | None = None, lane: str = keys.BATCH,
                    block_ms: int | None = 1000) -> list[Delivery]:
-        """With `after`: our own unacked entries past that id. Without: one new entry,
-        waiting up to `block_ms` (None: not at all)."""
-        return await self._queue.read(after=after, block_ms=block_ms)
+        """With `after`: our own unacked entries of `lane` past that id. Without: one new
+        entry of either lane (an overdue batch entry, else interactive, else batch), waiting
+        up to `block_ms` (None: not at all)."""
+        return await self._queue.read(after=after, lane=lane, block_ms=block_ms)
 
     async def claim_abandoned(self, min_idle_seconds: float) -> list[Delivery]:
         return await self._queue.claim_abandoned(min_idle_seconds)
 
-    async def deliveries(self, entry_id: str) -> int:
-        return await self._queue.deliveries(entry_id)
+    async def deliveries(self, delivery: Delivery) -> int:
+        return await self._queue.deliveries(delivery)
 
-    async def extend_lease(self, entry_id: str) -> bool:
+    async def extend_lease(self, delivery: Delivery) -> bool:
         """False when another worker has claimed the entry meanwhile."""
-        return await self._queue.extend_lease(entry_id)
+        return await self._queue.extend_lease(delivery)
 
-    async def ack(self, entry_id: str) -> None:
-        await self._queue.ack(entry_id)
+    async def ack(self, delivery: Delivery) -> None:
+        await self._queue.ack(delivery)
 
     async def dead_letter(self, task_id: str, reason: str, deliveries: int) -> None:
         await self._queue.dead_letter(task_id, reason, deliveries)
@@ -68,7 +73,7 @@ class WorkerStore:
     async def start(self, task_id: str, deliveries: int) -> int:
         """Mark RUNNING by this consumer and open a new attempt: its number, 0 if the task is
         already terminal, -1 if it is gone."""
-        return await self._tasks.start(task_id, self.consumer, deliveries)
+        return await self._tasks.start(task_id, self.consumer, deliveries, self.backend)
 
     async def finish(self, task: Task, state: TaskState, *, attempt: int | None, entry_id: str,
                      result: dict[str, Any] | None = None, error: str = "", error_code: str = "",
@@ -110,6 +115,10 @@ class WorkerStore:
     async def record(self, counters: tuple[str, ...] = (),
                      observations: dict[str, float] | None = None) -> None:
         await metrics.record(self._redis, self.backend, counters, observations)
+
+    async def record_rate(self, audio_seconds: float, wall_seconds: float) -> None:
+        """One finished task's audio-seconds and wall time, for predicted waits."""
+        await admission.record_rate(self._redis, self.backend, audio_seconds, wall_seconds)
 
     async def beat(self, snapshot: dict[str, Any]) -> None:
         """Publish this worker's health snapshot; it expires unless renewed."""

@@ -35,7 +35,7 @@ Serving = Annotated[TranscriptionServing, Depends(transcription_serving)]
 TRANSCRIBED = {200: {"model": Transcription | TranscriptionVerbose | TranscriptionDiarized,
                      "description": "The transcript in `response_format`",
                      "content": TRANSCRIPTION_CONTENT}}
-ASR_ERRORS = openai_errors(400, 401, 404, 409, 413, 500, 503, 504)
+ASR_ERRORS = openai_errors(400, 401, 404, 409, 413, 429, 500, 503, 504)
 
 
 @router.post("/v1/audio/transcriptions", openapi_extra=form_body(TranscriptionRequest),

@@ -6,6 +6,7 @@ as FAILED (with `state: CANCELLED`) and a store outage as PENDING with a `detail
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -16,16 +17,17 @@ from common.formats import fastwhisper_legacy
 from common.schemas import TaskState
 from common.settings import Settings
 from common.store import StoreError, Task, TaskStore
+from gateway.admission import Estimate, deadline_of, estimate_queued
 from gateway.auth import Owner
 from gateway.dependencies import SettingsDep, StoreDep
 from gateway.errors import RequestError, sage_errors
 from gateway.inputs import read_params
 from gateway.kinds import read_task_input
-from gateway.submission import enqueue, idempotency_key, resolve_backend_model
+from gateway.submission import enqueue, idempotency_key, priority, resolve_backend_model
 from gateway.tts import output_url
 
 router = APIRouter(tags=["Sage"])
-SUBMIT_ERRORS = sage_errors(400, 401, 404, 409, 413, 503)
+SUBMIT_ERRORS = sage_errors(400, 401, 404, 409, 413, 429, 503)
 STATUS_REPLY = {200: {"description": "Always HTTP 200 with a `status` (FAILED for a refused "
                                      "poll: a bad key, body or value)"}}
 
@@ -71,10 +73,18 @@ async def _submit(request: Request, owner: str, settings: Settings, store: TaskS
     options, audio = await read_task_input(params, settings, backend)
     task = await enqueue(store, settings, backend=backend, model=model, options=options,
                          audio=audio, owner=owner,
-                         idempotency_key=idempotency_key(request, params))
-    reply = {"task_id": task.id, "taskid": task.id, "status": "PENDING"}
+                         idempotency_key=idempotency_key(request, params),
+                         lane=priority(params, "batch"),
+                         deadline=deadline_of(params.get("deadline"),
+                                              params.get("max_wait_seconds")))
+    reply: dict[str, Any] = {"task_id": task.id, "taskid": task.id, "status": "PENDING"}
     if task.state != TaskState.PENDING:  # an idempotent replay of a task that moved on
         reply["state"] = task.state.value
+    else:
+        with contextlib.suppress(StoreError):  # the task is queued: estimates are extras
+            estimate = await estimate_queued(store, task, await store.queue_position(task))
+            if estimate is not None:
+                reply.update(estimate.fields())
     return JSONResponse(reply)
 
 
@@ -90,6 +100,7 @@ async def _status(request: Request, owner: str, settings: Settings,
     try:
         task = await store.get(task_id)
         position = await store.queue_position(task) if task and task.state == "PENDING" else None
+        estimate = await estimate_queued(store, task, position) if task and position else None
     except StoreError:
         return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "PENDING",
                              "detail": "the task store is briefly unavailable; keep polling"})
@@ -99,14 +110,17 @@ async def _status(request: Request, owner: str, settings: Settings,
     audio_url = None
     if task.state == TaskState.SUCCEEDED and (kind := kind_of(task.backend)) and kind.audio_output:
         audio_url = output_url(request, settings, task.id)
-    return JSONResponse(sage_status(task, position, fmt, audio_url))
+    return JSONResponse(sage_status(task, position, fmt, audio_url, estimate))
 
 
 def sage_status(task: Task, queue_position: int | None, fmt: str | None,
-                audio_url: str | None = None) -> dict[str, Any]:
+                audio_url: str | None = None,
+                estimate: Estimate | None = None) -> dict[str, Any]:
     reply: dict[str, Any] = {"task_id": task.id, "taskid": task.id, "status": task.state.value}
     if task.state == TaskState.PENDING and queue_position is not None:
         reply["queue_position"] = queue_position
+        if estimate is not None:
+            reply.update(estimate.fields())
     elif task.state == TaskState.SUCCEEDED and task.result is not None:
         result = task.result
         reply["usage"] = result.get("usage", {})

@@ -31,7 +31,7 @@ AUDIO = {"content": {"audio/mpeg": {}, "audio/ogg": {}, "audio/aac": {}, "audio/
 @router.post("/v1/audio/speech", openapi_extra=json_body(SpeechRequest),
              responses={200: {"description": f"The audio, as `response_format` "
                                              f"({', '.join(SPEECH_FORMATS)})", **AUDIO},
-                        **openai_errors(400, 401, 404, 409, 413, 500, 503, 504)})
+                        **openai_errors(400, 401, 404, 409, 413, 429, 500, 503, 504)})
 async def speech(request: Request, owner: Owner, serving: Serving) -> Response:
     """Speak a text (XTTS): queued like any task, answered with the audio when it finishes."""
     return await serving.create(request, owner)

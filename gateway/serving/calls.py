@@ -8,8 +8,9 @@ up, or for the request timeout (a 504 naming the task, which goes on).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
@@ -17,8 +18,9 @@ from fastapi import Request
 from common.catalog import UnknownBackend, UnknownModel, resolve_public_model
 from common.schemas import ErrorCode, TaskState
 from common.settings import Settings
-from common.store import Task, TaskStore, new_task_id
+from common.store import StoreError, Task, TaskStore, new_task_id
 from common.store.events import EventHub, Overloaded
+from gateway.admission import estimate_queued
 from gateway.errors import ErrorType, RequestError
 from gateway.inputs import Params
 from gateway.limits import BodyRefused
@@ -40,6 +42,8 @@ class Call:
 
     task_id: str
     events: Events
+    #: X-Queue-Position and X-Estimated-Wait at submit (empty when unknown)
+    headers: dict[str, str] = field(default_factory=dict)
 
     async def outcome(self, request: Request, *,
                       timeout_headers: dict[str, str] | None = None) -> Task | Disconnected:
@@ -70,7 +74,8 @@ class SyncCalls:
         self.hub = hub
 
     async def start(self, *, backend: str, model: str, options: dict[str, Any],
-                    audio: AudioInput, owner: str, idempotency_key: str = "") -> Call:
+                    audio: AudioInput, owner: str, idempotency_key: str = "",
+                    lane: str = "interactive", deadline: float | None = None) -> Call:
         """Queue the task, already subscribed to its events; RequestError if refused (a 503
         with Retry-After when this process has too many waiting calls). A repeated
         idempotency key listens to the original task instead."""
@@ -79,7 +84,8 @@ class SyncCalls:
         try:
             task = await enqueue(self.store, self.settings, backend=backend, model=model,
                                  options=options, audio=audio, owner=owner, task_id=task_id,
-                                 idempotency_key=idempotency_key)
+                                 idempotency_key=idempotency_key, lane=lane,
+                                 deadline=deadline)
         except RequestError:
             await events.aclose()
             raise
@@ -87,7 +93,19 @@ class SyncCalls:
             await events.aclose()
             # The subscription comes before the state is read, so a finished original is seen.
             events = await self._listen(task.id)
-        return Call(task.id, events)
+        return Call(task.id, events, await self._outlook(task))
+
+    async def _outlook(self, task: Task) -> dict[str, str]:
+        """X-Queue-Position and X-Estimated-Wait (seconds until it starts) of a queued task."""
+        headers: dict[str, str] = {}
+        with contextlib.suppress(StoreError):
+            position = await self.store.queue_position(task)
+            if position is not None:
+                headers["x-queue-position"] = str(position)
+                estimate = await estimate_queued(self.store, task, position)
+                if estimate is not None:
+                    headers["x-estimated-wait"] = f"{estimate.start:.2f}"
+        return headers
 
     async def _listen(self, task_id: str) -> Events:
         events = self.hub.events(task_id, self.settings.request_timeout_seconds)

@@ -12,6 +12,7 @@ from fastapi.responses import Response
 from common.audio import OUTPUT_FORMATS, AudioError, transcode
 from common.schemas import TaskState
 from common.store import Task
+from gateway.admission import deadline_of
 from gateway.auth import owner_or_none
 from gateway.errors import RequestError
 from gateway.inputs import read_params
@@ -22,7 +23,7 @@ from gateway.serving.calls import (
     response_format,
     task_failed,
 )
-from gateway.submission import guard_store, idempotency_key
+from gateway.submission import guard_store, idempotency_key, priority
 from gateway.tts import output_url, token_valid, tts_input
 
 
@@ -43,13 +44,18 @@ class SpeechServing:
 
         call = await self.calls.start(backend=backend, model=model, options=options,
                                       audio=audio, owner=owner,
-                                      idempotency_key=idempotency_key(request, params))
+                                      idempotency_key=idempotency_key(request, params),
+                                      lane=priority(params, "interactive"),
+                                      deadline=deadline_of(params.get("deadline"),
+                                                           params.get("max_wait_seconds")))
         # past the timeout the audio stays fetchable (as WAV) at its URL once it finishes
         finished = await call.outcome(request, timeout_headers={
             "x-output-url": output_url(request, self.settings, call.task_id)})
         if isinstance(finished, Disconnected):
             return Response(status_code=499)  # never delivered: the client is gone
-        return await self._audio_reply(finished, fmt)
+        reply = await self._audio_reply(finished, fmt)
+        reply.headers.update(call.headers)
+        return reply
 
     async def _audio_reply(self, task: Task, response_format: str) -> Response:
         if task.state != TaskState.SUCCEEDED:

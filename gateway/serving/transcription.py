@@ -17,6 +17,7 @@ from common import formats
 from common.catalog import BACKENDS
 from common.schemas import TaskState
 from common.store import Task
+from gateway.admission import deadline_of
 from gateway.diarization import asr_input
 from gateway.errors import ErrorType, RequestError, openai_error
 from gateway.inputs import Params, read_params
@@ -28,7 +29,7 @@ from gateway.serving.calls import (
     response_format,
     task_failed,
 )
-from gateway.submission import idempotency_key
+from gateway.submission import idempotency_key, priority
 
 SEGMENT_FIELDS = ("id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
                   "compression_ratio", "no_speech_prob")
@@ -75,15 +76,20 @@ class TranscriptionServing:
 
         call = await self.calls.start(backend=backend, model=model, options=options,
                                       audio=audio, owner=owner,
-                                      idempotency_key=idempotency_key(request, params))
+                                      idempotency_key=idempotency_key(request, params),
+                                      lane=priority(params, "interactive"),
+                                      deadline=deadline_of(params.get("deadline"),
+                                                           params.get("max_wait_seconds")))
         if asked.stream:
             return StreamingResponse(_sse(call.events), media_type="text/event-stream",
                                      headers={"x-task-id": call.task_id,
-                                              "cache-control": "no-cache"})
+                                              "cache-control": "no-cache", **call.headers})
         finished = await call.outcome(request)
         if isinstance(finished, Disconnected):
             return Response(status_code=499)  # never delivered: the client is gone
-        return render(finished, asked)
+        reply = render(finished, asked)
+        reply.headers.update(call.headers)
+        return reply
 
 
 def _granularities(params: Params) -> set[str]:

@@ -1,0 +1,82 @@
+"""What admission reads and the workers feed: a backend's backlog (queued tasks and
+audio-seconds per lane, running ones; kept by the task scripts in `tasks.py`), its measured
+processing rate, its live workers, and its queued tasks with a deadline.
+
+The policy (predicted wait, 429s, deadlines) is gateway/admission.py's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from common import keys
+
+#: weight of the newest finished task in the moving processing rate
+RATE_WEIGHT = 0.3
+
+# KEYS: rate | ARGV: audio seconds per wall second of one finished task, weight -> new rate
+_RECORD_RATE = """
+local old = tonumber(redis.call('HGET', KEYS[1], 'rate') or '')
+local value = tonumber(ARGV[1])
+if old then value = old + tonumber(ARGV[2]) * (value - old) end
+redis.call('HSET', KEYS[1], 'rate', value)
+redis.call('HINCRBY', KEYS[1], 'tasks', 1)
+return tostring(value)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    tasks: dict[str, int]  # lane -> tasks queued (not yet started)
+    seconds: dict[str, float]  # lane -> their audio-seconds
+    running_tasks: int
+    running_seconds: float
+
+    def ahead(self, lane: str) -> tuple[int, float]:
+        """(tasks, audio-seconds) queued in `lane` and the lanes read before it."""
+        lanes = keys.LANES[:keys.LANES.index(lane) + 1] if lane in keys.LANES else keys.LANES
+        return (sum(self.tasks[name] for name in lanes),
+                sum(self.seconds[name] for name in lanes))
+
+
+async def backlog(redis: Redis, backend: str) -> Backlog:
+    raw = {k.decode(): v.decode() for k, v in (await redis.hgetall(keys.backlog(backend))).items()}
+
+    def number(name: str) -> float:
+        return max(0.0, float(raw.get(name) or 0))  # never below 0 (float drift)
+
+    return Backlog({lane: int(number(f"{lane}:tasks")) for lane in keys.LANES},
+                   {lane: number(f"{lane}:seconds") for lane in keys.LANES},
+                   int(number("running:tasks")), number("running:seconds"))
+
+
+async def rate(redis: Redis, backend: str) -> float | None:
+    """The backend's measured audio-seconds per wall second; None until a task finished."""
+    value = await redis.hget(keys.rate(backend), "rate")
+    return float(value) if value and float(value) > 0 else None
+
+
+async def record_rate(redis: Redis, backend: str, audio_seconds: float,
+                      wall_seconds: float) -> None:
+    """Fold one finished task into the backend's moving processing rate."""
+    if audio_seconds > 0 and wall_seconds > 0:
+        await redis.register_script(_RECORD_RATE)(
+            keys=[keys.rate(backend)], args=[repr(audio_seconds / wall_seconds), RATE_WEIGHT])
+
+
+async def live_worker_count(redis: Redis, backend: str) -> int:
+    """Workers of `backend` whose heartbeat has not expired."""
+    pattern = keys.heartbeat(backend, "*")
+    return len([name async for name in redis.scan_iter(match=pattern, count=200)])
+
+
+async def deadlines_passed(redis: Redis, backend: str, most: int) -> list[str]:
+    """Ids of queued tasks whose deadline has passed (at most `most`), and forget them."""
+    found = await redis.zrangebyscore(keys.deadlines(backend), "-inf", repr(time.time()),
+                                      start=0, num=most)
+    if found:
+        await redis.zrem(keys.deadlines(backend), *found)
+    return [task_id.decode() for task_id in found]

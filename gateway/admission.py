@@ -1,0 +1,133 @@
+"""Admission a caller can plan with (issue 18): predicted waits, 429s, deadlines.
+
+Predicted start of a task = audio-seconds queued ahead of it ÷ the backend's measured rate
+(audio-seconds per wall second, a moving average the workers record) ÷ live workers, plus
+the remaining time of the running tasks, estimated as half their processing time spread over
+the workers. "Ahead" is O(1): the backlog keeps running sums per lane, so a new task has the
+whole of its lane and the lanes read before it ahead; a queued one has (queue_position - 1)
+tasks of the average queued length ahead. Both are approximations (see the README).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from common.settings import Settings
+from common.store import QueueFull, StoreError, Task, TaskStore
+from common.store import admission as facts
+from gateway.errors import RequestError
+
+#: Retry-After when there is no rate to compute one from yet
+DEFAULT_RETRY_SECONDS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    start: float  # seconds from now until a worker starts the task
+    finish: float  # … until it finishes
+
+    def fields(self) -> dict[str, float]:
+        return {"estimated_start_seconds": round(self.start, 2),
+                "estimated_finish_seconds": round(self.finish, 2)}
+
+
+@dataclass(frozen=True, slots=True)
+class Outlook:
+    """One read of what decides a backend's waits."""
+
+    backlog: facts.Backlog
+    rate: float | None
+    workers: int
+
+    def start_after(self, ahead_seconds: float) -> float | None:
+        if self.rate is None:
+            return None
+        workers = max(1, self.workers)
+        return (ahead_seconds / self.rate
+                + self.backlog.running_seconds / self.rate / 2) / workers
+
+    def estimate(self, ahead_seconds: float, own_seconds: float) -> Estimate | None:
+        start = self.start_after(ahead_seconds)
+        if start is None or self.rate is None:
+            return None
+        return Estimate(start, start + own_seconds / self.rate)
+
+
+async def outlook(store: TaskStore, backend: str) -> Outlook:
+    redis = store.redis
+    return Outlook(await facts.backlog(redis, backend), await facts.rate(redis, backend),
+                   await facts.live_worker_count(redis, backend))
+
+
+async def estimate_queued(store: TaskStore, task: Task, position: int | None) -> Estimate | None:
+    """The estimate of a PENDING task `position` in line (None without a measured rate)."""
+    if position is None:
+        return None
+    view = await outlook(store, task.backend)
+    tasks, seconds = view.backlog.ahead(task.lane)
+    mean = seconds / tasks if tasks else (task.audio_seconds or 0.0)
+    return view.estimate(max(0, position - 1) * mean, task.audio_seconds or 0.0)
+
+
+async def admit(store: TaskStore, settings: Settings, task: Task) -> None:
+    """Refuse (429) a task whose predicted start is past the backend's limit or its deadline;
+    the queued-task limit itself is checked inside the submit (see `submitted`)."""
+    limit = settings.max_queue_seconds_ahead.get(task.backend, 0)
+    if not limit and task.deadline is None:
+        return
+    view = await outlook(store, task.backend)
+    start = view.start_after(view.backlog.ahead(task.lane)[1]) or 0.0
+    if task.deadline is not None:
+        left = task.deadline - time.time()
+        if start > left or left <= 0:
+            raise RequestError(429, f"the predicted start ({start:.1f} s from now) misses "
+                                    f"the deadline ({left:.1f} s from now)",
+                               param="deadline", code="deadline_unreachable",
+                               headers=retry_after(start - max(left, 0.0)))
+    if limit and start > limit:
+        raise RequestError(429, f"the {task.backend} queue is full: the predicted wait is "
+                                f"{start:.0f} s; the limit is {limit:.0f} s",
+                           code="queue_full", headers=retry_after(start - limit))
+
+
+async def queue_full(store: TaskStore, task: Task, full: QueueFull, most: int) -> RequestError:
+    """The 429 of a submit the queued-task limit refused, with a computed Retry-After: how
+    long the excess tasks take at the measured rate."""
+    try:
+        view = await outlook(store, task.backend)
+    except StoreError:
+        view = None
+    wait = None
+    if view is not None and view.rate is not None:
+        tasks, seconds = view.backlog.ahead("batch")
+        mean = seconds / tasks if tasks else 0.0
+        wait = view.start_after(mean * (full.queued - most + 1))
+    return RequestError(429, f"the {task.backend} queue is full: {full.queued} tasks are "
+                             f"queued; the limit is {most}",
+                        code="queue_full", headers=retry_after(wait))
+
+
+def retry_after(seconds: float | None) -> dict[str, str]:
+    if seconds is None:
+        return {"Retry-After": str(DEFAULT_RETRY_SECONDS)}
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+def deadline_of(raw_deadline: str | None, raw_wait: str | None) -> float | None:
+    """The task's deadline (epoch seconds) from `deadline` or `max_wait_seconds`."""
+    try:
+        if raw_deadline:
+            value = float(raw_deadline)
+            name = "deadline"
+        elif raw_wait:
+            value = time.time() + float(raw_wait)
+            name = "max_wait_seconds"
+        else:
+            return None
+    except ValueError:
+        value, name = math.nan, "deadline" if raw_deadline else "max_wait_seconds"
+    if not math.isfinite(value):
+        raise RequestError(400, f"{name} must be a number of seconds", param=name)
+    return value
