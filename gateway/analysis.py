@@ -9,17 +9,15 @@ travel in the task's one input blob (common/clips.py); paths travel in the task'
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
 from common import clips
-from common.audio import AudioError, probe_audio
 from common.catalog import BACKENDS
 from common.settings import Settings
 from gateway.errors import RequestError
 from gateway.inputs import Params, read_upload, resolve_allowed_path
-from gateway.submission import AudioInput, read_audio_input
+from gateway.submission import AudioInput, probe_clip, read_audio_input
 
 
 async def analysis_input(params: Params, settings: Settings,
@@ -74,14 +72,7 @@ def _max_bytes(settings: Settings) -> int:
 
 async def _probe(source: bytes | Path, name: str, settings: Settings) -> None:
     """Garbage never reaches a queue: each clip is demuxed here, as the main one is."""
-    try:
-        info = await asyncio.to_thread(probe_audio, source)
-    except AudioError as exc:
-        raise RequestError(400, f"the '{name}' clip is unusable: {exc}", param=name,
-                           code="invalid_audio") from None
-    except OSError as exc:
-        raise RequestError(400, f"cannot read the '{name}' clip ({exc.strerror})",
-                           param=name) from None
+    info = await probe_clip(source, name, f"the '{name}' clip")
     if info.duration > settings.max_audio_seconds:
         raise RequestError(413, f"the '{name}' clip lasts {info.duration:.0f} s; the limit is "
                                 f"{settings.max_audio_seconds:.0f} s", param=name)

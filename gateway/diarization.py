@@ -13,7 +13,6 @@ uploaded references travel in the input blob with the main clip (common/clips.py
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import re
@@ -21,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from common import clips
-from common.audio import AudioError, probe_audio
 from common.catalog import BACKENDS
 from common.schemas import (
     MAX_KNOWN_SPEAKERS,
@@ -32,7 +30,7 @@ from common.schemas import (
 from common.settings import Settings
 from gateway.errors import RequestError
 from gateway.inputs import Params, read_upload, resolve_allowed_path
-from gateway.submission import AudioInput, asr_params, read_audio_input
+from gateway.submission import AudioInput, asr_params, probe_clip, read_audio_input
 
 NAMES = ("known_speaker_names[]", "known_speaker_names")
 REFERENCES = ("known_speaker_references[]", "known_speaker_references")
@@ -169,14 +167,7 @@ async def _references(params: Params, settings: Settings, count: int) -> list[by
 
 
 async def _probe(source: bytes | Path, name: str) -> None:
-    try:
-        info = await asyncio.to_thread(probe_audio, source)
-    except AudioError as exc:
-        raise RequestError(400, f"{name}: a clip is unusable: {exc}", param=name,
-                           code="invalid_audio") from None
-    except OSError as exc:
-        raise RequestError(400, f"{name}: cannot read a clip ({exc.strerror})",
-                           param=name) from None
+    info = await probe_clip(source, name, f"a clip of {name}")
     if not MIN_REFERENCE_SECONDS <= info.duration <= MAX_REFERENCE_SECONDS:
         raise RequestError(400, f"{name}: a clip lasts {info.duration:.2f} s; each "
                                 f"must last {MIN_REFERENCE_SECONDS:g} to "

@@ -31,7 +31,7 @@ from common.store import (
     TaskStore,
     new_task_id,
 )
-from gateway.admission import admit, queue_full
+from gateway.admission import admit, deadline_of, queue_full
 from gateway.errors import RequestError
 from gateway.fetch import fetch_audio_url
 from gateway.inputs import Params, read_upload, resolve_allowed_path
@@ -82,6 +82,18 @@ async def read_audio_input(params: Params, settings: Settings) -> AudioInput:
         raise RequestError(413, f"the audio lasts {info.duration:.0f} s; the limit is "
                                 f"{settings.max_audio_seconds:.0f} s", param="file")
     return AudioInput(blob, path, info)
+
+
+async def probe_clip(source: bytes | Path, param: str, what: str) -> AudioInfo:
+    """Demux a further clip (a reference, a second input) before queueing, as the main input
+    is: a 400 naming `param` when it is unusable; `what` names the clip in the message."""
+    try:
+        return await asyncio.to_thread(probe_audio, source)
+    except AudioError as exc:
+        raise RequestError(400, f"{what} is unusable: {exc}", param=param,
+                           code="invalid_audio") from None
+    except OSError as exc:
+        raise RequestError(400, f"cannot read {what} ({exc.strerror})", param=param) from None
 
 
 def resolve_backend_model(settings: Settings, backend: str, model: str | None) -> str:
@@ -161,10 +173,23 @@ def priority(params: Params, default: str) -> str:
     return value
 
 
+@dataclass(frozen=True, slots=True)
+class SubmitTerms:
+    """What any submit may ask besides its work: an idempotency key, a lane, a deadline."""
+
+    idempotency_key: str = ""
+    lane: str = "batch"
+    deadline: float | None = None  # epoch seconds
+
+    @classmethod
+    def of(cls, request: Request, params: Params, default_lane: str) -> SubmitTerms:
+        return cls(idempotency_key(request, params), priority(params, default_lane),
+                   deadline_of(params.get("deadline"), params.get("max_wait_seconds")))
+
+
 async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: str,
                   options: dict[str, Any], audio: AudioInput, owner: str,
-                  task_id: str | None = None, idempotency_key: str = "",
-                  lane: str = "batch", deadline: float | None = None) -> Task:
+                  terms: SubmitTerms = SubmitTerms(), task_id: str | None = None) -> Task:
     """Queue a new task, or return the original one for a repeated idempotency key; a 429
     when the backend's queue is full or the deadline cannot be met (gateway/admission.py)."""
     # An open breaker refuses at once; past its cool-down the task goes through as its probe.
@@ -177,11 +202,12 @@ async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: 
                            param="model", code="model_unavailable")
     task = Task(id=task_id or new_task_id(), backend=backend, model=model, state=TaskState.PENDING,
                 params=options, input_path=str(audio.path or ""), owner=owner,
-                audio_seconds=round(audio.info.duration, 3), lane=lane, deadline=deadline)
+                audio_seconds=round(audio.info.duration, 3), lane=terms.lane,
+                deadline=terms.deadline)
     await guard_store(admit(store, settings, task))
     most = settings.max_queued_tasks.get(backend, 0)
     try:
-        await guard_store(store.submit(task, audio.blob, idempotency_key, most))
+        await guard_store(store.submit(task, audio.blob, terms.idempotency_key, most))
     except QueueFull as full:
         raise await queue_full(store, task, full, most) from None
     except Duplicate as repeat:

@@ -17,13 +17,13 @@ from common.formats import fastwhisper_legacy
 from common.schemas import TaskState
 from common.settings import Settings
 from common.store import StoreError, Task, TaskStore
-from gateway.admission import Estimate, deadline_of, estimate_queued
+from gateway.admission import Estimate, estimate_queued
 from gateway.auth import Owner
 from gateway.dependencies import SettingsDep, StoreDep
 from gateway.errors import RequestError, sage_errors
 from gateway.inputs import read_params
 from gateway.kinds import read_task_input
-from gateway.submission import enqueue, idempotency_key, priority, resolve_backend_model
+from gateway.submission import SubmitTerms, enqueue, resolve_backend_model
 from gateway.tts import output_url
 
 router = APIRouter(tags=["Sage"])
@@ -73,10 +73,7 @@ async def _submit(request: Request, owner: str, settings: Settings, store: TaskS
     options, audio = await read_task_input(params, settings, backend)
     task = await enqueue(store, settings, backend=backend, model=model, options=options,
                          audio=audio, owner=owner,
-                         idempotency_key=idempotency_key(request, params),
-                         lane=priority(params, "batch"),
-                         deadline=deadline_of(params.get("deadline"),
-                                              params.get("max_wait_seconds")))
+                         terms=SubmitTerms.of(request, params, "batch"))
     reply: dict[str, Any] = {"task_id": task.id, "taskid": task.id, "status": "PENDING"}
     if task.state != TaskState.PENDING:  # an idempotent replay of a task that moved on
         reply["state"] = task.state.value

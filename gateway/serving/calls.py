@@ -24,7 +24,7 @@ from gateway.admission import estimate_queued
 from gateway.errors import ErrorType, RequestError
 from gateway.inputs import Params
 from gateway.limits import BodyRefused
-from gateway.submission import AudioInput, enqueue
+from gateway.submission import AudioInput, SubmitTerms, enqueue
 
 Events = AsyncGenerator[dict[str, Any], None]
 
@@ -74,8 +74,7 @@ class SyncCalls:
         self.hub = hub
 
     async def start(self, *, backend: str, model: str, options: dict[str, Any],
-                    audio: AudioInput, owner: str, idempotency_key: str = "",
-                    lane: str = "interactive", deadline: float | None = None) -> Call:
+                    audio: AudioInput, owner: str, terms: SubmitTerms) -> Call:
         """Queue the task, already subscribed to its events; RequestError if refused (a 503
         with Retry-After when this process has too many waiting calls). A repeated
         idempotency key listens to the original task instead."""
@@ -83,9 +82,8 @@ class SyncCalls:
         events = await self._listen(task_id)  # subscribed before the task exists
         try:
             task = await enqueue(self.store, self.settings, backend=backend, model=model,
-                                 options=options, audio=audio, owner=owner, task_id=task_id,
-                                 idempotency_key=idempotency_key, lane=lane,
-                                 deadline=deadline)
+                                 options=options, audio=audio, owner=owner, terms=terms,
+                                 task_id=task_id)
         except RequestError:
             await events.aclose()
             raise

@@ -12,7 +12,6 @@ from fastapi.responses import Response
 from common.audio import OUTPUT_FORMATS, AudioError, transcode
 from common.schemas import TaskState
 from common.store import Task
-from gateway.admission import deadline_of
 from gateway.auth import owner_or_none
 from gateway.errors import RequestError
 from gateway.inputs import read_params
@@ -23,7 +22,7 @@ from gateway.serving.calls import (
     response_format,
     task_failed,
 )
-from gateway.submission import guard_store, idempotency_key, priority
+from gateway.submission import SubmitTerms, guard_store
 from gateway.tts import output_url, token_valid, tts_input
 
 
@@ -44,10 +43,7 @@ class SpeechServing:
 
         call = await self.calls.start(backend=backend, model=model, options=options,
                                       audio=audio, owner=owner,
-                                      idempotency_key=idempotency_key(request, params),
-                                      lane=priority(params, "interactive"),
-                                      deadline=deadline_of(params.get("deadline"),
-                                                           params.get("max_wait_seconds")))
+                                      terms=SubmitTerms.of(request, params, "interactive"))
         # past the timeout the audio stays fetchable (as WAV) at its URL once it finishes
         finished = await call.outcome(request, timeout_headers={
             "x-output-url": output_url(request, self.settings, call.task_id)})

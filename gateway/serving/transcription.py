@@ -17,7 +17,6 @@ from common import formats
 from common.catalog import BACKENDS
 from common.schemas import TaskState
 from common.store import Task
-from gateway.admission import deadline_of
 from gateway.diarization import asr_input
 from gateway.errors import ErrorType, RequestError, openai_error
 from gateway.inputs import Params, read_params
@@ -29,7 +28,7 @@ from gateway.serving.calls import (
     response_format,
     task_failed,
 )
-from gateway.submission import idempotency_key, priority
+from gateway.submission import SubmitTerms
 
 SEGMENT_FIELDS = ("id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
                   "compression_ratio", "no_speech_prob")
@@ -76,10 +75,7 @@ class TranscriptionServing:
 
         call = await self.calls.start(backend=backend, model=model, options=options,
                                       audio=audio, owner=owner,
-                                      idempotency_key=idempotency_key(request, params),
-                                      lane=priority(params, "interactive"),
-                                      deadline=deadline_of(params.get("deadline"),
-                                                           params.get("max_wait_seconds")))
+                                      terms=SubmitTerms.of(request, params, "interactive"))
         if asked.stream:
             return StreamingResponse(_sse(call.events), media_type="text/event-stream",
                                      headers={"x-task-id": call.task_id,
