@@ -56,9 +56,7 @@ class Outlook:
 
 
 async def outlook(store: TaskStore, backend: str) -> Outlook:
-    redis = store.redis
-    return Outlook(await facts.backlog(redis, backend), await facts.rate(redis, backend),
-                   await facts.live_worker_count(redis, backend))
+    return Outlook(*await store.outlook_facts(backend))
 
 
 async def estimate_queued(store: TaskStore, task: Task, position: int | None) -> Estimate | None:

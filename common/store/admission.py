@@ -7,6 +7,7 @@ The policy (predicted wait, 429s, deadlines) is gateway/admission.py's.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -59,18 +60,30 @@ async def rate(redis: Redis, backend: str) -> float | None:
     return float(value) if value and float(value) > 0 else None
 
 
-async def record_rate(redis: Redis, backend: str, audio_seconds: float,
-                      wall_seconds: float) -> None:
-    """Fold one finished task into the backend's moving processing rate."""
-    if audio_seconds > 0 and wall_seconds > 0:
-        await redis.register_script(_RECORD_RATE)(
-            keys=[keys.rate(backend)], args=[repr(audio_seconds / wall_seconds), RATE_WEIGHT])
+class RateRecorder:
+    """Folds finished tasks into a backend's moving processing rate (its script registered
+    once, not per task)."""
+
+    def __init__(self, redis: Redis, backend: str) -> None:
+        self.backend = backend
+        self._record = redis.register_script(_RECORD_RATE)
+
+    async def record(self, audio_seconds: float, wall_seconds: float) -> None:
+        if audio_seconds > 0 and wall_seconds > 0:
+            await self._record(keys=[keys.rate(self.backend)],
+                               args=[repr(audio_seconds / wall_seconds), RATE_WEIGHT])
 
 
 async def live_worker_count(redis: Redis, backend: str) -> int:
     """Workers of `backend` whose heartbeat has not expired."""
     pattern = keys.heartbeat(backend, "*")
     return len([name async for name in redis.scan_iter(match=pattern, count=200)])
+
+
+async def outlook_facts(redis: Redis, backend: str) -> tuple[Backlog, float | None, int]:
+    """(backlog, rate, live workers) of `backend`, read concurrently."""
+    return await asyncio.gather(backlog(redis, backend), rate(redis, backend),
+                                live_worker_count(redis, backend))
 
 
 async def deadlines_passed(redis: Redis, backend: str, most: int) -> list[str]:

@@ -20,6 +20,7 @@ from common import keys
 from common.blobs import BlobDir
 from common.schemas import TERMINAL_STATES, TaskState
 from common.settings import Settings
+from common.store import admission
 from common.store.connection import bounded_client
 from common.store.devices import DeviceView, devices
 
@@ -558,6 +559,10 @@ class TaskStore:
                 self.blob_dir.delete(path)
                 removed += 1
         return removed
+
+    async def outlook_facts(self, backend: str) -> tuple[admission.Backlog, float | None, int]:
+        """What decides a backend's waits: (backlog, measured rate, live workers)."""
+        return await admission.outlook_facts(self.redis, backend)
 
     async def queue_position(self, task: Task) -> int | None:
         """1 for the next entry a worker will read, 2 behind it …; 0 once handed to a worker

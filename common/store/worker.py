@@ -28,6 +28,7 @@ class WorkerStore:
         self.breaker_policy = BreakerPolicy.of(settings)
         self.heartbeat_ttl = 3 * settings.heartbeat_seconds
         self._redis = redis
+        self._rate = admission.RateRecorder(redis, settings.backend)
         self._tasks = TaskStore.for_settings(redis, settings)
         self._queue = Queue(redis, self.backend, consumer,
                             settings.batch_promotion_seconds)
@@ -118,7 +119,7 @@ class WorkerStore:
 
     async def record_rate(self, audio_seconds: float, wall_seconds: float) -> None:
         """One finished task's audio-seconds and wall time, for predicted waits."""
-        await admission.record_rate(self._redis, self.backend, audio_seconds, wall_seconds)
+        await self._rate.record(audio_seconds, wall_seconds)
 
     async def beat(self, snapshot: dict[str, Any]) -> None:
         """Publish this worker's health snapshot; it expires unless renewed."""
