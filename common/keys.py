@@ -58,6 +58,12 @@ def heartbeat(backend: str, consumer: str) -> str:
     return f"{PREFIX}heartbeat:{backend}:{consumer}"
 
 
+def live(backend: str) -> str:
+    """Sorted set: consumer -> when its heartbeat expires (ms, Redis's clock), so counting a
+    backend's live workers is one ZCOUNT, not a scan of the keyspace."""
+    return f"{PREFIX}live:{backend}"
+
+
 def heartbeat_pattern() -> str:
     return f"{PREFIX}heartbeat:*"
 

@@ -19,9 +19,8 @@ from common.store.tasks import (
     TaskStore,
     live_workers,
     new_task_id,
-    write_heartbeat,
 )
 from common.store.worker import WorkerStore
 
 __all__ = ["Admission", "Breaker", "BreakerPolicy", "Duplicate", "QueueFull", "StoreError", "Task",
-           "TaskStore", "WorkerStore", "live_workers", "new_task_id", "write_heartbeat"]
+           "TaskStore", "WorkerStore", "live_workers", "new_task_id"]

@@ -74,10 +74,17 @@ class RateRecorder:
                                args=[repr(audio_seconds / wall_seconds), RATE_WEIGHT])
 
 
+# KEYS: live set -> workers whose heartbeat has not expired
+_LIVE_COUNT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZCOUNT', KEYS[1], now, '+inf')
+"""
+
+
 async def live_worker_count(redis: Redis, backend: str) -> int:
-    """Workers of `backend` whose heartbeat has not expired."""
-    pattern = keys.heartbeat(backend, "*")
-    return len([name async for name in redis.scan_iter(match=pattern, count=200)])
+    """Workers of `backend` whose heartbeat has not expired (O(log n), no keyspace scan)."""
+    return int(await redis.register_script(_LIVE_COUNT)(keys=[keys.live(backend)]))
 
 
 async def outlook_facts(redis: Redis, backend: str) -> tuple[Backlog, float | None, int]:

@@ -738,9 +738,3 @@ async def live_workers(redis: Redis) -> list[dict[str, Any]]:
     if not names:
         return []
     return [json.loads(raw) for raw in await redis.mget(names) if raw]
-
-
-async def write_heartbeat(redis: Redis, backend: str, consumer: str, snapshot: dict[str, Any],
-                          ttl_seconds: float) -> None:
-    await redis.set(keys.heartbeat(backend, consumer), json.dumps(snapshot),
-                    px=int(ttl_seconds * 1000))

@@ -8,6 +8,7 @@ client, so the key layout (`common/keys.py`) stays inside this package.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from redis.asyncio import Redis
@@ -18,7 +19,19 @@ from common.settings import Settings
 from common.store import admission, metrics
 from common.store.devices import DeviceLedger
 from common.store.queue import Delivery, Queue
-from common.store.tasks import Admission, Breaker, BreakerPolicy, Task, TaskStore, write_heartbeat
+from common.store.tasks import Admission, Breaker, BreakerPolicy, Task, TaskStore
+
+# KEYS: heartbeat, live set | ARGV: snapshot, ttl ms, consumer
+# The expiry in the live set is on Redis's clock, so hosts with skewed clocks agree.
+_HEARTBEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+redis.call('PEXPIRE', KEYS[2], ARGV[2])
+return 1
+"""
 
 
 class WorkerStore:
@@ -29,6 +42,7 @@ class WorkerStore:
         self.heartbeat_ttl = 3 * settings.heartbeat_seconds
         self._redis = redis
         self._rate = admission.RateRecorder(redis, settings.backend)
+        self._beat = redis.register_script(_HEARTBEAT)
         self._tasks = TaskStore.for_settings(redis, settings)
         self._queue = Queue(redis, self.backend, consumer,
                             settings.batch_promotion_seconds)
@@ -123,9 +137,12 @@ class WorkerStore:
 
     async def beat(self, snapshot: dict[str, Any]) -> None:
         """Publish this worker's health snapshot; it expires unless renewed."""
-        await write_heartbeat(self._redis, self.backend, self.consumer, snapshot,
-                              ttl_seconds=self.heartbeat_ttl)
+        await self._beat(keys=[keys.heartbeat(self.backend, self.consumer),
+                               keys.live(self.backend)],
+                         args=[json.dumps(snapshot), int(self.heartbeat_ttl * 1000),
+                               self.consumer])
 
     async def forget_heartbeat(self) -> None:
         """This worker is leaving: stop counting it as live at once, not at the TTL."""
         await self._redis.delete(keys.heartbeat(self.backend, self.consumer))
+        await self._redis.zrem(keys.live(self.backend), self.consumer)
