@@ -50,6 +50,20 @@ local function unrun(task, backlog)
 end
 """
 
+# Every terminal write ends with close(): the task leaves the backlog, takes its state, starts
+# its retention, loses its input, and its watchers hear of it. What else must happen exactly
+# once per task, atomically with its terminal state, belongs here.
+_CLOSE = _BACKLOG + """
+local function close(task, backlog, input, events, state, now, retention)
+  unqueue(task, backlog, false)
+  unrun(task, backlog)
+  redis.call('HSET', task, 'state', state, 'finished_at', now)
+  redis.call('EXPIRE', task, retention)
+  redis.call('DEL', input)
+  redis.call('PUBLISH', events, cjson.encode({type='state', status=state}))
+end
+"""
+
 # KEYS: task, queue, input blob, queue counter, idempotency key, backlog, deadlines
 # ARGV: task_id, ttl, blob ("" = none), idempotent ("1"/"0"), most queued tasks (0 = no
 #       limit), lane, audio seconds, deadline ("" = none), field, value, ...
@@ -83,19 +97,15 @@ return {1, entry, seq}
 # KEYS: task, events, backlog, input blob | ARGV: worker, now, deliveries, retention
 # -> new attempt, 0 if terminal, -1 if missing, -2 if its deadline passed while it was
 # queued (it is FAILED deadline_exceeded here, never run)
-_START = _BACKLOG + """
+_START = _CLOSE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return -1 end
 if state ~= 'PENDING' and state ~= 'RUNNING' then return 0 end
 local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline') or '')
 if state == 'PENDING' and deadline and tonumber(ARGV[2]) > deadline then
-  unqueue(KEYS[1], KEYS[3], false)
-  redis.call('HSET', KEYS[1], 'state', 'FAILED', 'finished_at', ARGV[2],
-             'error', 'its deadline passed before a worker could start it',
+  redis.call('HSET', KEYS[1], 'error', 'its deadline passed before a worker could start it',
              'error_code', 'deadline_exceeded')
-  redis.call('EXPIRE', KEYS[1], ARGV[4])
-  redis.call('DEL', KEYS[4])
-  redis.call('PUBLISH', KEYS[2], '{"type":"state","status":"FAILED"}')
+  close(KEYS[1], KEYS[3], KEYS[4], KEYS[2], 'FAILED', ARGV[2], ARGV[4])
   return -2
 end
 unqueue(KEYS[1], KEYS[3], true)
@@ -112,7 +122,7 @@ return attempt
 # -> 1 stored, 0 stale attempt or already terminal. Acks only after the state is stored.
 # The output is written here, inside the fence, so a stale attempt cannot replace the
 # winner's audio; the input is deleted here, since no attempt can need it any more.
-_FINISH = _BACKLOG + """
+_FINISH = _CLOSE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 0 end
 if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 0 end
@@ -120,17 +130,12 @@ if state ~= 'PENDING' and state ~= 'RUNNING' then
   if ARGV[2] ~= '' then redis.call('XACK', KEYS[2], ARGV[3], ARGV[2]) end
   return 0
 end
-unqueue(KEYS[1], KEYS[6], false)
-unrun(KEYS[1], KEYS[6])
-redis.call('HSET', KEYS[1], 'state', ARGV[4], 'finished_at', ARGV[5])
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[7]) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[8], 'error_code', ARGV[9]) end
 if ARGV[10] ~= '' then redis.call('SET', KEYS[5], ARGV[10], 'EX', ARGV[6]) end
 if ARGV[11] ~= '' then redis.call('HSET', KEYS[1], 'output_file', ARGV[11]) end
-redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('DEL', KEYS[4])
+close(KEYS[1], KEYS[6], KEYS[4], KEYS[3], ARGV[4], ARGV[5], ARGV[6])
 if ARGV[2] ~= '' then redis.call('XACK', KEYS[2], ARGV[3], ARGV[2]) end
-redis.call('PUBLISH', KEYS[3], cjson.encode({type='state', status=ARGV[4]}))
 return 1
 """
 
@@ -164,16 +169,12 @@ return {delivered, first, last_seq, pending}
 # KEYS: task, queue, events, input blob, backlog | ARGV: now, retention -> the state after
 # The stream entry stays (its number keeps the positions behind it exact): a worker that
 # reads it finds the task terminal and acks it.
-_CANCEL = _BACKLOG + """
+_CANCEL = _CLOSE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return '' end
 if state ~= 'PENDING' then return state end
-unqueue(KEYS[1], KEYS[5], false)
-redis.call('HSET', KEYS[1], 'state', 'CANCELLED', 'finished_at', ARGV[1],
-           'error', 'task was cancelled before it started')
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-redis.call('DEL', KEYS[4])
-redis.call('PUBLISH', KEYS[3], '{"type":"state","status":"CANCELLED"}')
+redis.call('HSET', KEYS[1], 'error', 'task was cancelled before it started')
+close(KEYS[1], KEYS[5], KEYS[4], KEYS[3], 'CANCELLED', ARGV[1], ARGV[2])
 return 'CANCELLED'
 """
 
@@ -237,17 +238,12 @@ return {'probe', b[2] or '', b[3] or ''}
 # ARGV: state read, attempt read, entry, group, now, retention, error, code
 # -> 1 FAILED, 0 left alone. The fence for a sweeper's read-then-write: a task that was
 # started, finished or re-attempted since the caller read it is not touched.
-_FAIL_IF_UNCHANGED = _BACKLOG + """
+_FAIL_IF_UNCHANGED = _CLOSE + """
 local current = redis.call('HMGET', KEYS[1], 'state', 'attempt')
 if current[1] ~= ARGV[1] or (current[2] or '0') ~= ARGV[2] then return 0 end
-unqueue(KEYS[1], KEYS[5], false)
-unrun(KEYS[1], KEYS[5])
-redis.call('HSET', KEYS[1], 'state', 'FAILED', 'finished_at', ARGV[5], 'error', ARGV[7],
-           'error_code', ARGV[8])
-redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('DEL', KEYS[4])
+redis.call('HSET', KEYS[1], 'error', ARGV[7], 'error_code', ARGV[8])
+close(KEYS[1], KEYS[5], KEYS[4], KEYS[3], 'FAILED', ARGV[5], ARGV[6])
 if ARGV[3] ~= '' then redis.call('XACK', KEYS[2], ARGV[4], ARGV[3]) end
-redis.call('PUBLISH', KEYS[3], '{"type":"state","status":"FAILED"}')
 return 1
 """
 
