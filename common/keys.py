@@ -141,3 +141,16 @@ def rate(backend: str) -> str:
 def deadlines(backend: str) -> str:
     """Sorted set: task ids of queued tasks with a deadline, scored by it (the sweeper's)."""
     return f"{PREFIX}deadlines:{backend}"
+
+
+def usage(owner: str, period: str) -> str:
+    """Hash: an owner's usage in one UTC period ("day:2025-06-01", "month:2025-06"), per unit
+    ("audio_seconds") and per unit and backend ("audio_seconds:faster-whisper"): charged at
+    submit, given back when the task fails or is cancelled; it expires a day past its period."""
+    return f"{PREFIX}usage:{owner or '-'}:{period}"
+
+
+def usage_total(owner: str) -> str:
+    """Hash: an owner's all-time usage of SUCCEEDED tasks, "<unit>:<backend>" -> amount (what
+    the per-key Prometheus counters report)."""
+    return f"{PREFIX}usage-total:{owner or '-'}"

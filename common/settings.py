@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import socket
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from common.backends import BACKENDS
 
 DEFAULT_MODELS: dict[str, dict[str, str]] = {
     "faster-whisper": {"tiny.en": "bundled"},
@@ -36,6 +40,76 @@ DEFAULT_VOICES: dict[str, str] = {
     "verse": "speaker:Dionisio Schuyler",
 }
 VOICE_KINDS = ("speaker", "file")
+#: what usage is metered in (a backend's kind says which: common/backends.py) and the periods
+#: a quota may cover (UTC days and months)
+USAGE_UNITS = ("audio_seconds", "characters")
+QUOTA_PERIODS = ("day", "month")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class Quotas(BaseModel):
+    """The most usage per UTC day and month, in the units users pay for; None: no limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    audio_seconds_per_day: float | None = Field(default=None, ge=0)
+    audio_seconds_per_month: float | None = Field(default=None, ge=0)
+    characters_per_day: int | None = Field(default=None, ge=0)
+    characters_per_month: int | None = Field(default=None, ge=0)
+
+    def limit(self, unit: str, period: str) -> float | None:
+        value = getattr(self, f"{unit}_per_{period}")
+        return None if value is None else float(value)
+
+
+class KeyQuotas(Quotas):
+    """A key's quotas over all backends, and per backend (both apply)."""
+
+    backends: dict[str, Quotas] = Field(default_factory=dict)
+
+
+class ApiKey(BaseModel):
+    """One `SPEECH_API_KEYS` entry: a plain "sha256:<hex>" string, or this object."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: the key's SHA-256 digest, "sha256:<64 hex>" (`python -m gateway.auth KEY` prints it)
+    key: str
+    #: its label on /metrics and /v1/usage (default: its owner id, 16 hex of the digest)
+    name: str = ""
+    #: the lane of its submits that name no `priority`
+    priority: Literal["interactive", "batch"] | None = None
+    quotas: KeyQuotas = Field(default_factory=KeyQuotas)
+
+    @field_validator("key")
+    @classmethod
+    def _check_key(cls, key: str) -> str:
+        hex_digest = key.strip().removeprefix("sha256:").lower()
+        if not _DIGEST.fullmatch(hex_digest):
+            raise ValueError("an API key entry must be a SHA-256 digest, 'sha256:' and 64 hex "
+                             "characters (python -m gateway.auth KEY prints it)")
+        return "sha256:" + hex_digest
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        if name and not _KEY_NAME.fullmatch(name):
+            raise ValueError(f"key name {name!r}: 1 to 64 letters, digits, '_', '.' or '-'")
+        return name
+
+    @property
+    def digest(self) -> str:
+        return self.key.removeprefix("sha256:")
+
+    @property
+    def owner(self) -> str:
+        """The owner id its tasks and usage are recorded under."""
+        return self.digest[:16]
+
+    @property
+    def label(self) -> str:
+        return self.name or self.owner
 
 
 class Settings(BaseSettings):
@@ -64,8 +138,9 @@ class Settings(BaseSettings):
     # --- gateway ---
     host: str = "127.0.0.1"
     port: int = 8000
-    #: SHA-256 digests ("sha256:<hex>") of accepted API keys; empty = no keys required
-    api_keys: list[str] = Field(default_factory=list)
+    #: accepted API keys: SHA-256 digests ("sha256:<hex>"), or objects adding a name,
+    #: a default priority and quotas (`ApiKey`); empty = no keys required
+    api_keys: list[ApiKey] = Field(default_factory=list)
     #: how long an OpenAI-style request waits for its task before answering 504
     request_timeout_seconds: float = 600.0
     allowed_roots: list[Path] = Field(default_factory=list)
@@ -168,6 +243,26 @@ class Settings(BaseSettings):
     #: how often a worker renews its lease, looks for a request to yield, and (waiting) retries
     device_poll_seconds: float = Field(default=0.2, gt=0)
 
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _read_api_keys(cls, entries: Any) -> Any:
+        if isinstance(entries, list):
+            return [{"key": entry} if isinstance(entry, str) else entry for entry in entries]
+        return entries
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_api_keys(cls, entries: list[ApiKey]) -> list[ApiKey]:
+        for what, values in (("owner id", [e.owner for e in entries]),
+                             ("name", [e.label for e in entries])):
+            if repeated := sorted({v for v in values if values.count(v) > 1}):
+                raise ValueError(f"API keys repeat the {what} {repeated[0]!r}")
+        for entry in entries:
+            if unknown := sorted(set(entry.quotas.backends) - set(BACKENDS)):
+                raise ValueError(f"key {entry.label!r}: quotas for unknown backends {unknown}; "
+                                 f"known: {', '.join(BACKENDS)}")
+        return entries
+
     @field_validator("voices")
     @classmethod
     def _check_voices(cls, voices: dict[str, str]) -> dict[str, str]:
@@ -190,8 +285,12 @@ class Settings(BaseSettings):
         replicas configured alike sign alike without another secret to distribute."""
         if self.url_secret:
             return self.url_secret.encode()
-        digests = sorted(d.removeprefix("sha256:").lower() for d in self.api_keys)
+        digests = sorted(entry.digest for entry in self.api_keys)
         return hashlib.sha256("\n".join(["speech-gateway output urls", *digests]).encode()).digest()
+
+    def api_key(self, owner: str) -> ApiKey | None:
+        """The configured key whose tasks are recorded under `owner` (None: keys are off)."""
+        return next((entry for entry in self.api_keys if entry.owner == owner), None)
 
     def backend_models(self, backend: str) -> dict[str, str]:
         return self.models.get(backend, {})

@@ -22,7 +22,18 @@ from gateway.auth import (
     require_key_or_signed_url,
 )
 from gateway.limits import BodyLimitMiddleware
-from gateway.routes import admin, docs, health, metrics, openai, sage, speech, tasks, ui
+from gateway.routes import (
+    admin,
+    docs,
+    health,
+    metrics,
+    openai,
+    sage,
+    speech,
+    tasks,
+    ui,
+    usage,
+)
 from gateway.serving.calls import SyncCalls
 from gateway.serving.speech import SpeechServing
 from gateway.serving.transcription import TranscriptionServing
@@ -63,8 +74,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # anyone: liveness, readiness, the try-it page's files (exactly auth.PUBLIC_ROUTES)
     public = [health.public, ui.router]
     # a client key when keys are on; each refusal is a 401 in the caller's dialect
-    protected = [sage.router, openai.router, speech.router, tasks.router, admin.router,
-                 health.router, docs.router]
+    protected = [sage.router, openai.router, speech.router, tasks.router, usage.router,
+                 admin.router, health.router, docs.router]
     _check_public(public)
     for router in public:
         app.include_router(router)

@@ -39,7 +39,7 @@ _CHALLENGE = {"www-authenticate": "Bearer"}
 
 def caller(request: Request, settings: SettingsDep) -> str:
     """The owner id of the caller's tasks ("" when keys are off); 401 for a bad key."""
-    digests = [d.removeprefix("sha256:").lower() for d in settings.api_keys]
+    digests = [entry.digest for entry in settings.api_keys]
     if not digests:
         return ""
     key = presented_key(request)

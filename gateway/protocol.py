@@ -207,6 +207,36 @@ class BreakerReset(BaseModel):
     previous: BreakerView
 
 
+
+class UsageAmount(BaseModel):
+    used: float = Field(description="Charged at submit; a failed or cancelled task's charge "
+                                    "is given back")
+    limit: float | None = Field(None, description="The quota; null: none")
+    remaining: float | None = Field(None, description="limit - used (never below 0); null: "
+                                                      "no quota")
+
+
+class UnitUsage(UsageAmount):
+    backends: dict[str, UsageAmount] = Field(
+        default_factory=dict, description="Per backend: those used this period or with a quota")
+
+
+class UsagePeriod(BaseModel):
+    period: str = Field(description="The UTC day (2025-06-01) or month (2025-06)")
+    resets_at: str = Field(description="When its usage resets: ISO 8601, UTC")
+    audio_seconds: UnitUsage
+    characters: UnitUsage
+
+
+class UsageReport(BaseModel):
+    """The caller's own usage and quotas: `GET /v1/usage`."""
+
+    key: str | None = Field(description="The key's name (else its owner id); null when API "
+                                        "keys are off")
+    day: UsagePeriod
+    month: UsagePeriod
+
+
 # --- declaring them on routes --------------------------------------------------------------
 
 #: request models referenced by a route's `openapi_extra`; docs adds them to the components

@@ -20,9 +20,10 @@ from common import keys
 from common.blobs import BlobDir
 from common.schemas import TERMINAL_STATES, TaskState
 from common.settings import Settings
-from common.store import admission
+from common.store import admission, usage
 from common.store.connection import bounded_client
 from common.store.devices import DeviceView, devices
+from common.store.usage import Charge, PeriodUsage
 
 # The backlog (keys.backlog): queued tasks and audio-seconds per lane, running ones, kept
 # by every script that moves a task out of PENDING or out of RUNNING. A task's 'queued' and
@@ -51,12 +52,14 @@ end
 """
 
 # Every terminal write ends with close(): the task leaves the backlog, takes its state, starts
-# its retention, loses its input, and its watchers hear of it. What else must happen exactly
-# once per task, atomically with its terminal state, belongs here.
-_CLOSE = _BACKLOG + """
+# its retention, loses its input, its owner's usage is settled (usage.LUA), and its watchers
+# hear of it. What else must happen exactly once per task, atomically with its terminal
+# state, belongs here.
+_CLOSE = _BACKLOG + usage.LUA + """
 local function close(task, backlog, input, events, state, now, retention)
   unqueue(task, backlog, false)
   unrun(task, backlog)
+  close_usage(task, state)
   redis.call('HSET', task, 'state', state, 'finished_at', now)
   redis.call('EXPIRE', task, retention)
   redis.call('DEL', input)
@@ -64,15 +67,18 @@ local function close(task, backlog, input, events, state, now, retention)
 end
 """
 
-# KEYS: task, queue, input blob, queue counter, idempotency key, backlog, deadlines
+# KEYS: task, queue, input blob, queue counter, idempotency key, backlog, deadlines, the
+#       owner's day and month usage hashes
 # ARGV: task_id, ttl, blob ("" = none), idempotent ("1"/"0"), most queued tasks (0 = no
-#       limit), lane, audio seconds, deadline ("" = none), field, value, ...
-# -> {1, entry id, its number} queued, {0, original task id} for a repeated idempotency key, or
-#    {2, tasks queued} when the backend already has its most queued tasks (nothing written).
+#       limit), lane, audio seconds, deadline ("" = none), the 9 arguments of
+#       charge_usage (usage.LUA; all "" = not metered), field, value, ...
+# -> {1, entry id, its number} queued, {0, original task id} for a repeated idempotency key,
+#    {2, tasks queued} when the backend already has its most queued tasks, or {3, which
+#    limit, used} when the charge would pass a quota (nothing written for either).
 # Each entry carries its own number in the backend's add order (our counter, not Redis's
 # group "entries-read", which Redis 7.0 loses when it reloads the AOF): a queue position
 # is then one subtraction from the first entry not yet handed to a worker.
-_SUBMIT = """
+_SUBMIT = usage.LUA + """
 if ARGV[4] == '1' then
   local original = redis.call('GET', KEYS[5])
   if original then return {0, original} end
@@ -83,9 +89,13 @@ if most > 0 then
   local queued = (tonumber(b[1] or '') or 0) + (tonumber(b[2] or '') or 0)
   if queued >= most then return {2, tostring(queued)} end
 end
+if ARGV[9] ~= '' then
+  local refused = charge_usage({KEYS[8], KEYS[9]}, {unpack(ARGV, 9, 17)})
+  if refused then return refused end
+end
 local seq = redis.call('INCR', KEYS[4])
 local entry = redis.call('XADD', KEYS[2], '*', 'task_id', ARGV[1], 'seq', seq)
-redis.call('HSET', KEYS[1], 'entry_id', entry, 'queue_seq', seq, 'queued', 1, unpack(ARGV, 9))
+redis.call('HSET', KEYS[1], 'entry_id', entry, 'queue_seq', seq, 'queued', 1, unpack(ARGV, 18))
 redis.call('HINCRBY', KEYS[6], ARGV[6] .. ':tasks', 1)
 redis.call('HINCRBYFLOAT', KEYS[6], ARGV[6] .. ':seconds', ARGV[7])
 if ARGV[8] ~= '' then redis.call('ZADD', KEYS[7], ARGV[8], ARGV[1]) end
@@ -118,7 +128,7 @@ return attempt
 
 # KEYS: task, queue, events, input blob, output blob, backlog
 # ARGV: attempt (or "" = unfenced), entry, group, state, now, retention, result, error, code,
-#       output ("" = none), output file name ("" = none)
+#       output ("" = none), output file name ("" = none), measured usage ("" = none)
 # -> 1 stored, 0 stale attempt or already terminal. Acks only after the state is stored.
 # The output is written here, inside the fence, so a stale attempt cannot replace the
 # winner's audio; the input is deleted here, since no attempt can need it any more.
@@ -134,6 +144,7 @@ if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[7]) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[8], 'error_code', ARGV[9]) end
 if ARGV[10] ~= '' then redis.call('SET', KEYS[5], ARGV[10], 'EX', ARGV[6]) end
 if ARGV[11] ~= '' then redis.call('HSET', KEYS[1], 'output_file', ARGV[11]) end
+if ARGV[12] ~= '' then settle_usage(KEYS[1], ARGV[12]) end
 close(KEYS[1], KEYS[6], KEYS[4], KEYS[3], ARGV[4], ARGV[5], ARGV[6])
 if ARGV[2] ~= '' then redis.call('XACK', KEYS[2], ARGV[3], ARGV[2]) end
 return 1
@@ -277,6 +288,8 @@ class Task:
     audio_seconds: float | None = None
     lane: str = keys.BATCH  # its priority lane: keys.INTERACTIVE or keys.BATCH
     deadline: float | None = None  # epoch seconds: FAILED deadline_exceeded if not started
+    #: what its owner was charged ({amount, unit, backend, and the usage keys}); None: unmetered
+    charge: dict[str, Any] | None = None
 
     @classmethod
     def from_hash(cls, raw: dict[bytes, bytes]) -> Task:
@@ -308,6 +321,7 @@ class Task:
             audio_seconds=number("audio_seconds"),
             lane=data.get("lane") or keys.BATCH,
             deadline=number("deadline"),
+            charge=json.loads(data["charge"]) if data.get("charge") else None,
         )
 
     def public_view(self) -> dict[str, Any]:
@@ -401,12 +415,18 @@ class TaskStore:
                     raise
 
     async def submit(self, task: Task, blob: bytes | None, idempotency_key: str = "",
-                     max_queued_tasks: int = 0) -> None:
-        """Write the task record, its queue entry and its input blob in one atomic step.
+                     max_queued_tasks: int = 0, charge: Charge | None = None) -> None:
+        """Write the task record, its queue entry and its input blob in one atomic step, and
+        charge its owner's usage (`charge`; None: unmetered).
 
         Raises Duplicate when `idempotency_key` was already used by the same owner within
         the retention, QueueFull when the backend already has `max_queued_tasks` queued
-        (0: no limit): nothing is written then."""
+        (0: no limit), QuotaExceeded when the charge would pass one of its quotas: nothing is
+        written then."""
+        now = time.time()
+        hashes, usage_args, charged = [keys.task(task.id)] * 2, [""] * 9, ""
+        if charge is not None:
+            hashes, usage_args, charged = charge.script_args(now)
         record = {
             "id": task.id,
             "backend": task.backend,
@@ -415,11 +435,12 @@ class TaskStore:
             "params": json.dumps(task.params),
             "input_path": task.input_path,
             "owner": task.owner,
-            "created_at": repr(time.time()),
+            "created_at": repr(now),
             "attempt": 0,
             "audio_seconds": "" if task.audio_seconds is None else repr(task.audio_seconds),
             "lane": task.lane,
             "deadline": "" if task.deadline is None else repr(task.deadline),
+            "charge": charged,
         }
         flat = [str(item) for pair in record.items() for item in pair]
         in_file = self.blob_dir is not None and self.blob_dir.wants(blob)
@@ -432,11 +453,12 @@ class TaskStore:
                 keys=[keys.task(task.id), keys.queue(task.backend, task.lane),
                       keys.input_blob(task.id), keys.queue_counter(task.backend, task.lane),
                       keys.idempotency(task.owner, idempotency_key), keys.backlog(task.backend),
-                      keys.deadlines(task.backend)],
+                      keys.deadlines(task.backend), *hashes],
                 args=[task.id, self.retention, b"" if in_file else (blob or b""),
                       "1" if idempotency_key else "0", max_queued_tasks, task.lane,
                       repr(task.audio_seconds or 0.0),
-                      "" if task.deadline is None else repr(task.deadline), *flat],
+                      "" if task.deadline is None else repr(task.deadline), *usage_args,
+                      *flat],
             )
             stored = queued == 1
         finally:
@@ -444,6 +466,9 @@ class TaskStore:
                 self._delete_input_file(task.id)
         if queued == 2:
             raise QueueFull(int(value))
+        if queued == 3:
+            assert charge is not None
+            raise charge.refusal(int(value), float(number[0]), now)
         if stored:  # the record as written, so its queue position can be read at once
             task.entry_id, task.queue_seq = _text(value), int(number[0])
             task.created_at = float(record["created_at"])
@@ -497,7 +522,8 @@ class TaskStore:
             args=["" if attempt is None else attempt, entry_id, keys.WORKER_GROUP, state.value,
                   repr(time.time()), self.retention,
                   json.dumps(result) if result is not None else "", _one_line(error),
-                  error_code, b"" if output_file or output is None else output, output_file],
+                  error_code, b"" if output_file or output is None else output, output_file,
+                  _measured_usage(task, state, result)],
         ))
         if self.blob_dir is not None:
             if stored:
@@ -555,6 +581,14 @@ class TaskStore:
                 self.blob_dir.delete(path)
                 removed += 1
         return removed
+
+    async def usage(self, owner: str) -> list[PeriodUsage]:
+        """The owner's usage in the current UTC day and month."""
+        return await usage.usage(self.redis, owner, time.time())
+
+    async def usage_totals(self, owners: list[str]) -> dict[str, dict[tuple[str, str], float]]:
+        """owner -> (unit, backend) -> all-time usage of its SUCCEEDED tasks."""
+        return await usage.totals(self.redis, owners)
 
     async def outlook_facts(self, backend: str) -> tuple[admission.Backlog, float | None, int]:
         """What decides a backend's waits: (backlog, measured rate, live workers)."""
@@ -713,6 +747,14 @@ class Breaker:
     def public(self) -> dict[str, Any]:
         return {"state": self.state, "failures": self.failures, "error": self.error or None,
                 "reopens_at": self.reopens_at, "trips": self.trips}
+
+
+def _measured_usage(task: Task, state: TaskState, result: dict[str, Any] | None) -> str:
+    """What a SUCCEEDED task's result says it used, in its charge's unit ("" = unknown)."""
+    if state != TaskState.SUCCEEDED or not task.charge or not result:
+        return ""
+    value = (result.get("usage") or {}).get(task.charge.get("unit"))
+    return repr(float(value)) if isinstance(value, int | float) and value >= 0 else ""
 
 
 def _stream_id(entry: str) -> tuple[int, int]:

@@ -22,7 +22,7 @@ from gateway.serving.calls import (
     response_format,
     task_failed,
 )
-from gateway.submission import SubmitTerms, guard_store
+from gateway.submission import SubmitTerms, default_lane, guard_store
 from gateway.tts import output_url, token_valid, tts_input
 
 
@@ -41,9 +41,9 @@ class SpeechServing:
                                param="stream_format")
         options, audio = await tts_input(params, self.settings, backend, text_param="input")
 
+        terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, "interactive"))
         call = await self.calls.start(backend=backend, model=model, options=options,
-                                      audio=audio, owner=owner,
-                                      terms=SubmitTerms.of(request, params, "interactive"))
+                                      audio=audio, owner=owner, terms=terms)
         # past the timeout the audio stays fetchable (as WAV) at its URL once it finishes
         finished = await call.outcome(request, timeout_headers={
             "x-output-url": output_url(request, self.settings, call.task_id)})
