@@ -175,19 +175,19 @@ class InputBuffer:
         frames = self._take(first, first + count * FRAME).reshape(count, FRAME)
         probabilities = SileroVad.shared().probabilities(self._stream, frames)
         changes: list[Change] = []
-        prefix = self._detector.config.prefix_padding_ms * SAMPLE_RATE // 1000
+        prefix = self._prefix()
         for i, probability in enumerate(probabilities):
             position = first + i * FRAME
+            if (self._turn_start is not None
+                    and position + FRAME - self._turn_start > self.max_samples):
+                self._detector.reset()  # the turn would pass the buffer's limit: cut it here
+                changes.append(self._cut(position))
             for change in self._detector.feed(probability[None], position):
                 if change.started:
                     self._turn_start = max(self._start, change.sample - prefix)
                     changes.append(SpeechStarted(self._turn_start))
                 else:
                     changes.append(self._cut(change.sample))
-            at_limit = position + FRAME - (self._turn_start or 0) >= self.max_samples
-            if self._turn_start is not None and at_limit:
-                self._detector.reset()  # a turn at the buffer's limit is cut where it is
-                changes.append(self._cut(position + FRAME))
         self._scanned = first + count * FRAME
         self._trim()
         return changes
@@ -199,11 +199,16 @@ class InputBuffer:
         self._drop_before(end)
         return SpeechStopped(end, turn)
 
+    def _prefix(self) -> int:
+        """The prefix padding in samples, at most half the buffer (so a turn has room)."""
+        assert self._detector is not None
+        padding = self._detector.config.prefix_padding_ms * SAMPLE_RATE // 1000
+        return min(padding, self.max_samples // 2)
+
     def _trim(self) -> None:
         """Waiting for speech: keep only the prefix padding before the next frame."""
         if self._detector is not None and self._turn_start is None:
-            prefix = self._detector.config.prefix_padding_ms * SAMPLE_RATE // 1000
-            self._drop_before(self._scanned - prefix)
+            self._drop_before(self._scanned - self._prefix())
 
     def _take(self, start: int, end: int) -> np.ndarray:
         """Buffered samples from `start` to `end` (positions), joining only the chunks they
