@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 from fastapi import WebSocket
-from starlette.websockets import WebSocketDisconnect, WebSocketState
+from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected, WebSocketState
 
 from common.settings import Settings
 from gateway.auth import websocket_caller
@@ -30,6 +30,9 @@ SUBPROTOCOL = "realtime"
 POLICY_VIOLATION = 1008
 TRY_AGAIN_LATER = 1013
 INTENTS = ("transcription",)
+#: what a receive or send raises once the client is gone (uvicorn's ClientDisconnected is an
+#: OSError)
+GONE = (WebSocketDisconnect, WebSocketDisconnected, OSError)
 
 
 class RealtimeServing:
@@ -62,8 +65,11 @@ class RealtimeServing:
         lock = asyncio.Lock()
 
         async def send(event: dict[str, Any]) -> None:
+            text = json.dumps(event)
             async with lock:  # turns send deltas while the loop answers client events
-                await websocket.send_text(json.dumps(event))
+                if websocket.application_state == WebSocketState.CONNECTED:
+                    with contextlib.suppress(*GONE):  # the client left: the loop sees it
+                        await websocket.send_text(text)
 
         session = Session(self.settings, self.calls, owner, send)
         try:
@@ -73,8 +79,8 @@ class RealtimeServing:
                 await session.drain(self.settings.request_timeout_seconds)
                 with contextlib.suppress(Exception):
                     await websocket.close(1000, session.ended.code)
-        except (WebSocketDisconnect, RuntimeError):
-            pass  # the client left (RuntimeError: a send after the close)
+        except GONE:
+            pass  # the client left
         finally:
             self.sessions -= 1
             await session.close()
