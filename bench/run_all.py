@@ -26,7 +26,7 @@ from typing import Any  # noqa: E402
 from bench import common as bc  # noqa: E402
 
 SCRIPTS = ("gateway_overhead", "dispatch_latency", "throughput", "rtf", "memory",
-           "start_to_ready", "cpu_per_task", "diarization")
+           "start_to_ready", "cpu_per_task", "diarization", "realtime")
 
 
 def run_one(name: str, timeout: float) -> tuple[int, float]:
@@ -87,6 +87,9 @@ def headline(name: str) -> list[str]:
         return [f"{case}: {len(c['speakers'])} speakers, DER {c['der']:.3f} (target <= 0.15: "
                 f"{ok[c['der'] <= 0.15]}), diarize/transcribe {c['diarize_over_transcribe']:.2f}"
                 for case, c in data["cases"].items()]
+    if name == "realtime":
+        return [f"{mode}: end of turn -> completed p50 {m['end_to_completed']['p50']:.0f} ms, "
+                f"p99 {m['end_to_completed']['p99']:.0f} ms" for mode, m in data["modes"].items()]
     return []
 
 

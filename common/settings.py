@@ -229,6 +229,22 @@ class Settings(BaseSettings):
     #: backend -> longest predicted wait (seconds) before a submit is refused with 429
     max_queue_seconds_ahead: dict[str, float] = Field(default_factory=dict)
 
+    # --- live transcription (/v1/realtime, gateway/realtime/) ---
+    #: WebSocket sessions one gateway process serves at once; past it a session is refused
+    #: (an `error` event, then close code 1013)
+    realtime_max_sessions: int = Field(default=100, ge=0)
+    #: a session ends after this long, counted in wall time and in audio sent (OpenAI's
+    #: sessions last 60 min): an `error` event, its pending turns finish, then close 1000
+    realtime_max_session_seconds: float = Field(default=3600.0, gt=0)
+    #: the most uncommitted audio a session holds: past it an append is refused (manual
+    #: commits), or the speech is cut into a turn there (server VAD)
+    realtime_max_buffer_seconds: float = Field(default=60.0, gt=0)
+    #: a session with no client event and no turn being transcribed this long is closed
+    realtime_idle_timeout_seconds: float = Field(default=300.0, gt=0)
+    #: turns of one session being transcribed at once; a turn committed past it fails
+    #: (`too_many_pending_turns`)
+    realtime_max_pending_turns: int = Field(default=8, ge=1)
+
     # --- device memory broker ---
     #: device ("cpu", "cuda:0") -> MiB the models of every worker on it may reserve together.
     #: Unset: the card's total (from the driver) on cuda, no broker on cpu.

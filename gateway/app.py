@@ -22,12 +22,14 @@ from gateway.auth import (
     require_key_or_signed_url,
 )
 from gateway.limits import BodyLimitMiddleware
+from gateway.realtime.connection import RealtimeServing
 from gateway.routes import (
     admin,
     docs,
     health,
     metrics,
     openai,
+    realtime,
     sage,
     speech,
     tasks,
@@ -54,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.store = store
         app.state.transcription = TranscriptionServing(calls)
         app.state.speech = SpeechServing(calls)
+        app.state.realtime = RealtimeServing(calls)
         sweeper = asyncio.create_task(sweep_forever(store, settings))
         yield
         sweeper.cancel()
@@ -74,8 +77,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # anyone: liveness, readiness, the try-it page's files (exactly auth.PUBLIC_ROUTES)
     public = [health.public, ui.router]
     # a client key when keys are on; each refusal is a 401 in the caller's dialect
-    protected = [sage.router, openai.router, speech.router, tasks.router, usage.router,
-                 admin.router, health.router, docs.router]
+    protected = [sage.router, openai.router, realtime.router, speech.router, tasks.router,
+                 usage.router, admin.router, health.router, docs.router]
     _check_public(public)
     for router in public:
         app.include_router(router)
@@ -84,6 +87,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # their own credential besides a key: a Prometheus token, a signed audio URL
     app.include_router(metrics.router, dependencies=[Depends(require_key_or_metrics_token)])
     app.include_router(speech.audio_router, dependencies=[Depends(require_key_or_signed_url)])
+    # the live-transcription WebSocket checks its key itself (header or subprotocol) and
+    # refuses with close code 1008 (gateway/auth.py's websocket_caller)
+    app.include_router(realtime.socket_router)
 
     errors.install(app)
     return app
