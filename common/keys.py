@@ -141,3 +141,19 @@ def rate(backend: str) -> str:
 def deadlines(backend: str) -> str:
     """Sorted set: task ids of queued tasks with a deadline, scored by it (the sweeper's)."""
     return f"{PREFIX}deadlines:{backend}"
+
+
+def webhooks_due() -> str:
+    """Sorted set: ids of finished tasks whose webhook is owed, scored by when the next
+    attempt is due (epoch ms); a claimed entry is scored at the end of its claim."""
+    return f"{PREFIX}webhooks:due"
+
+
+def webhook_attempts(task_id: str) -> str:
+    """List: one JSON record per webhook delivery attempt of a task (kept as long as it)."""
+    return f"{PREFIX}webhooks:attempts:{task_id}"
+
+
+def webhook_counters() -> str:
+    """Hash: webhook delivery attempts by outcome (delivered, failed, gave_up)."""
+    return f"{PREFIX}webhooks:stats"

@@ -70,10 +70,10 @@ async def _submit(request: Request, owner: str, settings: Settings, store: TaskS
     if not backend:
         raise RequestError(400, "missing 'backend'", param="backend")
     model = resolve_backend_model(settings, backend, params.get("model"))
+    terms = SubmitTerms.of(request, params, "batch", settings)  # before any audio_url fetch
     options, audio = await read_task_input(params, settings, backend)
     task = await enqueue(store, settings, backend=backend, model=model, options=options,
-                         audio=audio, owner=owner,
-                         terms=SubmitTerms.of(request, params, "batch"))
+                         audio=audio, owner=owner, terms=terms)
     reply: dict[str, Any] = {"task_id": task.id, "taskid": task.id, "status": "PENDING"}
     if task.state != TaskState.PENDING:  # an idempotent replay of a task that moved on
         reply["state"] = task.state.value

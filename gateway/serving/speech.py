@@ -39,11 +39,11 @@ class SpeechServing:
         if (params.get("stream_format") or "audio") != "audio":
             raise RequestError(400, "only stream_format 'audio' is supported",
                                param="stream_format")
+        terms = SubmitTerms.of(request, params, "interactive", self.settings)
         options, audio = await tts_input(params, self.settings, backend, text_param="input")
 
         call = await self.calls.start(backend=backend, model=model, options=options,
-                                      audio=audio, owner=owner,
-                                      terms=SubmitTerms.of(request, params, "interactive"))
+                                      audio=audio, owner=owner, terms=terms)
         # past the timeout the audio stays fetchable (as WAV) at its URL once it finishes
         finished = await call.outcome(request, timeout_headers={
             "x-output-url": output_url(request, self.settings, call.task_id)})

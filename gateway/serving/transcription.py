@@ -70,12 +70,12 @@ class TranscriptionServing:
                                param="timestamp_granularities[]")
         if task == "translate":
             params.override("language", None)  # the output language of a translation is English
+        terms = SubmitTerms.of(request, params, "interactive", self.settings)
         options, audio = await asr_input(params, self.settings, backend)
         asked = Asked(task, fmt, granularities, params.flag("stream"))
 
         call = await self.calls.start(backend=backend, model=model, options=options,
-                                      audio=audio, owner=owner,
-                                      terms=SubmitTerms.of(request, params, "interactive"))
+                                      audio=audio, owner=owner, terms=terms)
         if asked.stream:
             return StreamingResponse(_sse(call.events), media_type="text/event-stream",
                                      headers={"x-task-id": call.task_id,
