@@ -48,7 +48,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.store = store
         app.state.transcription = TranscriptionServing(calls)
         app.state.speech = SpeechServing(calls)
-        app.state.webhooks = WebhookStore(store.redis)
+        app.state.webhooks = WebhookStore.of(store)
         sweeper = asyncio.create_task(sweep_forever(store, settings))
         deliverer = asyncio.create_task(deliver_forever(app.state.webhooks, settings))
         yield

@@ -34,7 +34,11 @@ def callback_url(raw: str | None, settings: Settings) -> str:
     if len(raw) > MAX_CALLBACK_URL:
         raise RequestError(400, f"callback_url is longer than {MAX_CALLBACK_URL} characters",
                            param="callback_url", code=REFUSED)
-    return checked_url(raw, settings.callback_url_hosts, "callback_url", REFUSED).geturl()
+    url = raw.strip()
+    if any(not char.isprintable() or char.isspace() for char in url):  # CR/LF, tabs, spaces
+        raise RequestError(400, "callback_url must be an http(s) URL without spaces or control "
+                                "characters", param="callback_url")
+    return checked_url(url, settings.callback_url_hosts, "callback_url", REFUSED).geturl()
 
 
 def event_id(task_id: str, state: TaskState) -> str:

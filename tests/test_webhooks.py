@@ -294,6 +294,8 @@ def test_callback_urls_off_the_allow_list_are_refused_and_queue_nothing(
         f"ftp://{receiver.host}/hook/x": "http(s) URL",
         f"http://127.0.0.1:{port}x/hook/x": "http(s) URL",
         f"http://{receiver.host}/" + "x" * 2100: "longer than",
+        f"http://{receiver.host}/hook/x\r\nx-evil: 1": "control characters",
+        f"http://{receiver.host}/hook/x y": "without spaces",
     }
     for url, message in cases.items():
         sage = sage_submit(base, hooks["clip"], callback_url=url)

@@ -18,7 +18,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from common import keys
-from common.store.tasks import Task
+from common.store.tasks import Task, TaskStore
 
 #: attempts kept per task (the newest): a redeliver loop cannot grow a task's log for ever
 MAX_ATTEMPTS_KEPT = 100
@@ -120,6 +120,11 @@ class WebhookStore:
         self._record = redis.register_script(_RECORD)
         self._drop = redis.register_script(_DROP)
         self._redeliver = redis.register_script(_REDELIVER)
+
+    @classmethod
+    def of(cls, store: TaskStore) -> WebhookStore:
+        """The webhook side of `store`, on its connection pool."""
+        return cls(store.redis)
 
     async def claim(self, most: int, lease_seconds: float) -> list[Claim]:
         """Up to `most` due deliveries, each held for `lease_seconds`."""
