@@ -154,3 +154,19 @@ def usage_total(owner: str) -> str:
     """Hash: an owner's all-time usage of SUCCEEDED tasks, "<unit>:<backend>" -> amount (what
     the per-key Prometheus counters report)."""
     return f"{PREFIX}usage-total:{owner or '-'}"
+
+
+def webhooks_due() -> str:
+    """Sorted set: ids of finished tasks whose webhook is owed, scored by when the next
+    attempt is due (epoch ms); a claimed entry is scored at the end of its claim."""
+    return f"{PREFIX}webhooks:due"
+
+
+def webhook_attempts(task_id: str) -> str:
+    """List: one JSON record per webhook delivery attempt of a task (kept as long as it)."""
+    return f"{PREFIX}webhooks:attempts:{task_id}"
+
+
+def webhook_counters() -> str:
+    """Hash: webhook delivery attempts by outcome (delivered, failed, gave_up)."""
+    return f"{PREFIX}webhooks:stats"

@@ -7,6 +7,8 @@ The README's settings table documents each field.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import os
 import re
@@ -110,6 +112,10 @@ class ApiKey(BaseModel):
     @property
     def label(self) -> str:
         return self.name or self.owner
+#: a webhook key id travels in a space-separated header (`webhook-key-id`)
+WEBHOOK_KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+#: shortest webhook secret (decoded); Standard Webhooks asks for 24 to 64 bytes
+WEBHOOK_SECRET_MIN_BYTES = 24
 
 
 class Settings(BaseSettings):
@@ -245,6 +251,24 @@ class Settings(BaseSettings):
     #: (`too_many_pending_turns`)
     realtime_max_pending_turns: int = Field(default=8, ge=1)
 
+    # --- webhooks (`callback_url`, gateway/webhooks.py and gateway/deliverer.py) ---
+    #: hosts a `callback_url` may point at, as `audio_url_hosts`; empty = callback_url refused
+    callback_url_hosts: list[str] = Field(default_factory=list)
+    #: key id -> "whsec_<base64>": every delivery is signed with each (so receivers can switch
+    #: secrets at their own pace); the first is the current one. Needed for `callback_url`.
+    webhook_secrets: dict[str, str] = Field(default_factory=dict)
+    #: one delivery attempt (connect, send, the receiver's answer) must finish within this
+    webhook_timeout_seconds: float = Field(default=10.0, gt=0)
+    #: the wait after the first failed attempt; each further failure multiplies it by the
+    #: factor, up to the max
+    webhook_retry_seconds: float = Field(default=10.0, gt=0)
+    webhook_retry_factor: float = Field(default=2.0, ge=1)
+    webhook_retry_max_seconds: float = Field(default=1800.0, gt=0)
+    #: no new attempt starts this long after the first one (nor once the task has expired)
+    webhook_give_up_seconds: float = Field(default=8 * 3600.0, gt=0)
+    #: how often each gateway process looks for due deliveries
+    webhook_poll_seconds: float = Field(default=1.0, gt=0)
+
     # --- device memory broker ---
     #: device ("cpu", "cuda:0") -> MiB the models of every worker on it may reserve together.
     #: Unset: the card's total (from the driver) on cuda, no broker on cpu.
@@ -289,6 +313,21 @@ class Settings(BaseSettings):
                                  "'file:PATH'")
         return {name.strip().lower(): target for name, target in voices.items()}
 
+    @field_validator("webhook_secrets")
+    @classmethod
+    def _check_webhook_secrets(cls, secrets: dict[str, str]) -> dict[str, str]:
+        for key_id, secret in secrets.items():
+            if not WEBHOOK_KEY_ID.fullmatch(key_id):
+                raise ValueError(f"webhook key id {key_id!r}: use 1 to 64 of A-Z a-z 0-9 . _ -")
+            try:
+                size = len(webhook_key(secret))
+            except (ValueError, binascii.Error):
+                size = 0
+            if size < WEBHOOK_SECRET_MIN_BYTES:
+                raise ValueError(f"webhook secret {key_id!r} must be 'whsec_' and the base64 of "
+                                 f"at least {WEBHOOK_SECRET_MIN_BYTES} random bytes")
+        return secrets
+
     def voice(self, name: str | None) -> tuple[str, str]:
         """("speaker", built-in name) or ("file", clip path) of a configured voice (the first
         configured one when `name` is empty); KeyError if there is no such voice."""
@@ -325,6 +364,13 @@ class Settings(BaseSettings):
             return self.consumer
         slot = os.environ.get("SUPERVISOR_PROCESS_NAME") or f"pid{os.getpid()}"
         return f"{socket.gethostname()}:{slot}"
+
+
+def webhook_key(secret: str) -> bytes:
+    """The HMAC key of a `whsec_<base64>` webhook secret (Standard Webhooks)."""
+    if not secret.startswith("whsec_"):
+        raise ValueError("not a whsec_ secret")
+    return base64.b64decode(secret.removeprefix("whsec_"), validate=True)
 
 
 @lru_cache(maxsize=1)

@@ -14,6 +14,7 @@ from common import logs
 from common.settings import Settings, get_settings
 from common.store import TaskStore
 from common.store.events import EventHub
+from common.store.webhooks import WebhookStore
 from gateway import errors
 from gateway.auth import (
     PUBLIC_ROUTES,
@@ -21,6 +22,7 @@ from gateway.auth import (
     require_key_or_metrics_token,
     require_key_or_signed_url,
 )
+from gateway.deliverer import deliver_forever
 from gateway.limits import BodyLimitMiddleware
 from gateway.realtime.connection import RealtimeServing
 from gateway.routes import (
@@ -45,6 +47,9 @@ from gateway.sweeper import sweep_forever
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     logs.configure("gateway", settings.log_level)
+    if settings.callback_url_hosts and not settings.webhook_secrets:
+        raise RuntimeError("SPEECH_CALLBACK_URL_HOSTS is set but SPEECH_WEBHOOK_SECRETS is not: "
+                           "webhooks are never sent unsigned")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -57,9 +62,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.transcription = TranscriptionServing(calls)
         app.state.speech = SpeechServing(calls)
         app.state.realtime = RealtimeServing(calls)
+        app.state.webhooks = WebhookStore.of(store)
         sweeper = asyncio.create_task(sweep_forever(store, settings))
+        deliverer = asyncio.create_task(deliver_forever(app.state.webhooks, settings))
         yield
         sweeper.cancel()
+        deliverer.cancel()
+        await asyncio.gather(deliverer, return_exceptions=True)  # closes its HTTP client
         await hub.close()
         await store.close()
 

@@ -192,6 +192,30 @@ class TaskView(BaseModel):
     error_code: str | None = None
 
 
+class WebhookAttempt(BaseModel):
+    """One POST of a task's webhook."""
+
+    at: float = Field(description="When it started (epoch seconds)")
+    duration: float = Field(description="Seconds until the answer, or the failure")
+    outcome: Literal["delivered", "failed", "gave_up"]
+    status: int | None = Field(None, description="The receiver's HTTP status, if it answered")
+    error: str | None = Field(None, description="Why it failed")
+
+
+class WebhookDeliveries(BaseModel):
+    """`GET /v1/tasks/{task_id}/deliveries`: a task's webhook attempts (oldest first)."""
+
+    task_id: str
+    event_id: str | None = Field(None, description="The `webhook-id` every attempt carries "
+                                                   "(once the task is terminal)")
+    state: Literal["waiting", "scheduled", "delivered", "gave_up"] = Field(
+        description="waiting: the task is not finished; scheduled: an attempt is due (or "
+                    "being sent) at `next_attempt_at`; delivered: the last attempt got a 2xx; "
+                    "gave_up: no more attempts")
+    next_attempt_at: float | None
+    attempts: list[WebhookAttempt]
+
+
 class BreakerView(BaseModel):
     state: Literal["closed", "open", "half-open"]
     failures: int

@@ -38,6 +38,7 @@ from gateway.errors import RequestError
 from gateway.fetch import fetch_audio_url
 from gateway.inputs import Params, read_upload, resolve_allowed_path
 from gateway.quotas import charge_of, quota_exceeded
+from gateway.webhooks import callback_url
 
 ASR_TASKS = ("transcribe", "translate")
 #: longest `prompt` (Whisper keeps only its last 224 tokens anyway)
@@ -184,16 +185,20 @@ def default_lane(settings: Settings, owner: str, route_default: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class SubmitTerms:
-    """What any submit may ask besides its work: an idempotency key, a lane, a deadline."""
+    """What any submit may ask besides its work: an idempotency key, a lane, a deadline, a
+    webhook."""
 
     idempotency_key: str = ""
     lane: str = "batch"
     deadline: float | None = None  # epoch seconds
+    callback_url: str = ""  # checked against SPEECH_CALLBACK_URL_HOSTS
 
     @classmethod
-    def of(cls, request: Request, params: Params, default_lane: str) -> SubmitTerms:
+    def of(cls, request: Request, params: Params, default_lane: str,
+           settings: Settings) -> SubmitTerms:
         return cls(idempotency_key(request, params), priority(params, default_lane),
-                   deadline_of(params.get("deadline"), params.get("max_wait_seconds")))
+                   deadline_of(params.get("deadline"), params.get("max_wait_seconds")),
+                   callback_url(params.get("callback_url"), settings))
 
 
 async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: str,
@@ -213,7 +218,7 @@ async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: 
     task = Task(id=task_id or new_task_id(), backend=backend, model=model, state=TaskState.PENDING,
                 params=options, input_path=str(audio.path or ""), owner=owner,
                 audio_seconds=round(audio.info.duration, 3), lane=terms.lane,
-                deadline=terms.deadline)
+                deadline=terms.deadline, callback_url=terms.callback_url)
     await guard_store(admit(store, settings, task))
     most = settings.max_queued_tasks.get(backend, 0)
     charge = charge_of(settings, owner, backend, options, task.audio_seconds or 0.0)

@@ -51,12 +51,23 @@ local function unrun(task, backlog)
 end
 """
 
+# A task with a callback_url owes its webhook from the moment it is terminal: it joins the
+# deliverers' due set (keys.webhooks_due) in the same call, so no crash loses it.
+_WEBHOOK_DUE = """
+local function webhook_due(task, webhooks, now)
+  local url = redis.call('HGET', task, 'callback_url')
+  if url and url ~= '' then
+    redis.call('ZADD', webhooks, math.floor(tonumber(now) * 1000), redis.call('HGET', task, 'id'))
+  end
+end
+"""
+
 # Every terminal write ends with close(): the task leaves the backlog, takes its state, starts
-# its retention, loses its input, its owner's usage is settled (usage.LUA), and its watchers
-# hear of it. What else must happen exactly once per task, atomically with its terminal
-# state, belongs here.
-_CLOSE = _BACKLOG + usage.LUA + """
-local function close(task, backlog, input, events, state, now, retention)
+# its retention, loses its input, its owner's usage is settled (usage.LUA), its watchers
+# hear of it, and its webhook is owed. What else must happen exactly once per task,
+# atomically with its terminal state, belongs here.
+_CLOSE = _BACKLOG + usage.LUA + _WEBHOOK_DUE + """
+local function close(task, backlog, input, events, state, now, retention, webhooks)
   unqueue(task, backlog, false)
   unrun(task, backlog)
   close_usage(task, state)
@@ -64,6 +75,7 @@ local function close(task, backlog, input, events, state, now, retention)
   redis.call('EXPIRE', task, retention)
   redis.call('DEL', input)
   redis.call('PUBLISH', events, cjson.encode({type='state', status=state}))
+  webhook_due(task, webhooks, now)
 end
 """
 
@@ -104,7 +116,7 @@ if ARGV[4] == '1' then redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[2]) end
 return {1, entry, seq}
 """
 
-# KEYS: task, events, backlog, input blob | ARGV: worker, now, deliveries, retention
+# KEYS: task, events, backlog, input blob, webhooks due | ARGV: worker, now, deliveries, retention
 # -> new attempt, 0 if terminal, -1 if missing, -2 if its deadline passed while it was
 # queued (it is FAILED deadline_exceeded here, never run)
 _START = _CLOSE + """
@@ -115,7 +127,7 @@ local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline') or '')
 if state == 'PENDING' and deadline and tonumber(ARGV[2]) > deadline then
   redis.call('HSET', KEYS[1], 'error', 'its deadline passed before a worker could start it',
              'error_code', 'deadline_exceeded')
-  close(KEYS[1], KEYS[3], KEYS[4], KEYS[2], 'FAILED', ARGV[2], ARGV[4])
+  close(KEYS[1], KEYS[3], KEYS[4], KEYS[2], 'FAILED', ARGV[2], ARGV[4], KEYS[5])
   return -2
 end
 unqueue(KEYS[1], KEYS[3], true)
@@ -126,7 +138,7 @@ redis.call('PUBLISH', KEYS[2], '{"type":"state","status":"RUNNING"}')
 return attempt
 """
 
-# KEYS: task, queue, events, input blob, output blob, backlog
+# KEYS: task, queue, events, input blob, output blob, backlog, webhooks due
 # ARGV: attempt (or "" = unfenced), entry, group, state, now, retention, result, error, code,
 #       output ("" = none), output file name ("" = none), measured usage ("" = none)
 # -> 1 stored, 0 stale attempt or already terminal. Acks only after the state is stored.
@@ -145,7 +157,7 @@ if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[8], 'error_code'
 if ARGV[10] ~= '' then redis.call('SET', KEYS[5], ARGV[10], 'EX', ARGV[6]) end
 if ARGV[11] ~= '' then redis.call('HSET', KEYS[1], 'output_file', ARGV[11]) end
 if ARGV[12] ~= '' then settle_usage(KEYS[1], ARGV[12]) end
-close(KEYS[1], KEYS[6], KEYS[4], KEYS[3], ARGV[4], ARGV[5], ARGV[6])
+close(KEYS[1], KEYS[6], KEYS[4], KEYS[3], ARGV[4], ARGV[5], ARGV[6], KEYS[7])
 if ARGV[2] ~= '' then redis.call('XACK', KEYS[2], ARGV[3], ARGV[2]) end
 return 1
 """
@@ -177,7 +189,8 @@ end
 return {delivered, first, last_seq, pending}
 """
 
-# KEYS: task, queue, events, input blob, backlog | ARGV: now, retention -> the state after
+# KEYS: task, queue, events, input blob, backlog, webhooks due | ARGV: now, retention
+# -> the state after.
 # The stream entry stays (its number keeps the positions behind it exact): a worker that
 # reads it finds the task terminal and acks it.
 _CANCEL = _CLOSE + """
@@ -185,7 +198,7 @@ local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return '' end
 if state ~= 'PENDING' then return state end
 redis.call('HSET', KEYS[1], 'error', 'task was cancelled before it started')
-close(KEYS[1], KEYS[5], KEYS[4], KEYS[3], 'CANCELLED', ARGV[1], ARGV[2])
+close(KEYS[1], KEYS[5], KEYS[4], KEYS[3], 'CANCELLED', ARGV[1], ARGV[2], KEYS[6])
 return 'CANCELLED'
 """
 
@@ -245,7 +258,7 @@ redis.call('HSET', KEYS[1], 'probe', ARGV[2], 'probe_until', now + tonumber(ARGV
 return {'probe', b[2] or '', b[3] or ''}
 """
 
-# KEYS: task, queue, events, input blob, backlog
+# KEYS: task, queue, events, input blob, backlog, webhooks due
 # ARGV: state read, attempt read, entry, group, now, retention, error, code
 # -> 1 FAILED, 0 left alone. The fence for a sweeper's read-then-write: a task that was
 # started, finished or re-attempted since the caller read it is not touched.
@@ -253,7 +266,7 @@ _FAIL_IF_UNCHANGED = _CLOSE + """
 local current = redis.call('HMGET', KEYS[1], 'state', 'attempt')
 if current[1] ~= ARGV[1] or (current[2] or '0') ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'error', ARGV[7], 'error_code', ARGV[8])
-close(KEYS[1], KEYS[5], KEYS[4], KEYS[3], 'FAILED', ARGV[5], ARGV[6])
+close(KEYS[1], KEYS[5], KEYS[4], KEYS[3], 'FAILED', ARGV[5], ARGV[6], KEYS[6])
 if ARGV[3] ~= '' then redis.call('XACK', KEYS[2], ARGV[4], ARGV[3]) end
 return 1
 """
@@ -290,6 +303,7 @@ class Task:
     deadline: float | None = None  # epoch seconds: FAILED deadline_exceeded if not started
     #: what its owner was charged ({amount, unit, backend, and the usage keys}); None: unmetered
     charge: dict[str, Any] | None = None
+    callback_url: str = ""  # where its webhook goes once it is terminal ("" = none)
 
     @classmethod
     def from_hash(cls, raw: dict[bytes, bytes]) -> Task:
@@ -322,6 +336,7 @@ class Task:
             lane=data.get("lane") or keys.BATCH,
             deadline=number("deadline"),
             charge=json.loads(data["charge"]) if data.get("charge") else None,
+            callback_url=data.get("callback_url", ""),
         )
 
     def public_view(self) -> dict[str, Any]:
@@ -441,6 +456,7 @@ class TaskStore:
             "lane": task.lane,
             "deadline": "" if task.deadline is None else repr(task.deadline),
             "charge": charged,
+            "callback_url": task.callback_url,
         }
         flat = [str(item) for pair in record.items() for item in pair]
         in_file = self.blob_dir is not None and self.blob_dir.wants(blob)
@@ -490,7 +506,7 @@ class TaskStore:
         -2 if its deadline passed while queued (then it is FAILED deadline_exceeded)."""
         started = int(await self._start(
             keys=[keys.task(task_id), keys.events(task_id), keys.backlog(backend),
-                  keys.input_blob(task_id)],
+                  keys.input_blob(task_id), keys.webhooks_due()],
             args=[worker, repr(time.time()), deliveries, self.retention]))
         if started == -2:
             self._delete_input_file(task_id)
@@ -518,7 +534,8 @@ class TaskStore:
             await asyncio.to_thread(self.blob_dir.write, self.blob_dir.root / output_file, output)
         stored = bool(await self._finish(
             keys=[keys.task(task.id), keys.queue(task.backend, task.lane), keys.events(task.id),
-                  keys.input_blob(task.id), keys.output_blob(task.id), keys.backlog(task.backend)],
+                  keys.input_blob(task.id), keys.output_blob(task.id), keys.backlog(task.backend),
+                  keys.webhooks_due()],
             args=["" if attempt is None else attempt, entry_id, keys.WORKER_GROUP, state.value,
                   repr(time.time()), self.retention,
                   json.dumps(result) if result is not None else "", _one_line(error),
@@ -536,7 +553,7 @@ class TaskStore:
         """Cancel a PENDING task; returns the task's state afterwards ("" if unknown)."""
         state = await self._cancel(
             keys=[keys.task(task_id), keys.queue(backend), keys.events(task_id),
-                  keys.input_blob(task_id), keys.backlog(backend)],
+                  keys.input_blob(task_id), keys.backlog(backend), keys.webhooks_due()],
             args=[repr(time.time()), self.retention],
         )
         state = state.decode() if isinstance(state, bytes) else str(state)
@@ -680,7 +697,7 @@ class TaskStore:
         check is inside the Lua call, so a task a worker starts meanwhile is never failed."""
         failed = bool(await self._fail_if_unchanged(
             keys=[keys.task(task.id), keys.queue(task.backend, task.lane), keys.events(task.id),
-                  keys.input_blob(task.id), keys.backlog(task.backend)],
+                  keys.input_blob(task.id), keys.backlog(task.backend), keys.webhooks_due()],
             args=[task.state.value, task.attempt, task.entry_id, keys.WORKER_GROUP,
                   repr(time.time()), self.retention, _one_line(error), error_code]))
         if failed:

@@ -103,8 +103,13 @@ def _families(found: Snapshot) -> list[Metric]:
                                 labels=["backend", "model"])
     for backend, model, is_open in found.breakers:
         breaker.add_metric([backend, model], float(is_open))
+    webhooks = CounterMetricFamily("speech_webhook_deliveries", "Webhook delivery attempts by "
+                                   "outcome: delivered (2xx), failed (retried), gave_up (last)",
+                                   labels=["outcome"])
+    for outcome, count in found.webhooks.items():
+        webhooks.add_metric([outcome], count)
     return [up, waiting, running, tasks, *counters.values(), *histograms.values(), live, rss,
-            gpu, loaded, breaker, *_device_families(found)]
+            gpu, loaded, breaker, *_device_families(found), webhooks]
 
 
 async def _usage_families(settings: Settings, store: TaskStore) -> list[Metric]:

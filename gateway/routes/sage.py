@@ -70,6 +70,7 @@ async def _submit(request: Request, owner: str, settings: Settings, store: TaskS
     if not backend:
         raise RequestError(400, "missing 'backend'", param="backend")
     model = resolve_backend_model(settings, backend, params.get("model"))
+    terms = SubmitTerms.of(request, params, "batch", settings)  # before any audio_url fetch
     options, audio = await read_task_input(params, settings, backend)
     terms = SubmitTerms.of(request, params, default_lane(settings, owner, "batch"))
     task = await enqueue(store, settings, backend=backend, model=model, options=options,

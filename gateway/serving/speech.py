@@ -39,6 +39,7 @@ class SpeechServing:
         if (params.get("stream_format") or "audio") != "audio":
             raise RequestError(400, "only stream_format 'audio' is supported",
                                param="stream_format")
+        terms = SubmitTerms.of(request, params, "interactive", self.settings)
         options, audio = await tts_input(params, self.settings, backend, text_param="input")
 
         terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, "interactive"))

@@ -70,6 +70,7 @@ class TranscriptionServing:
                                param="timestamp_granularities[]")
         if task == "translate":
             params.override("language", None)  # the output language of a translation is English
+        terms = SubmitTerms.of(request, params, "interactive", self.settings)
         options, audio = await asr_input(params, self.settings, backend)
         asked = Asked(task, fmt, granularities, params.flag("stream"))
 
