@@ -128,13 +128,15 @@ def model_peaks() -> str:
 
 def backlog(backend: str) -> str:
     """Hash: the backend's queued work per lane ("<lane>:tasks", "<lane>:seconds" of audio)
-    and its running work ("running:tasks", "running:seconds"), kept by the task scripts."""
+    and its running work ("running:tasks", "running:seconds"), and the same audio-seconds per
+    model ("<lane>:seconds:<model>", "running:seconds:<model>"), kept by the task scripts."""
     return f"{PREFIX}backlog:{backend}"
 
 
 def rate(backend: str) -> str:
     """Hash: the backend's measured processing rate (audio-seconds per wall second, a moving
-    average of finished tasks) and how many tasks it averages."""
+    average of finished tasks) and how many tasks it averages, for all its models together
+    ("rate", "tasks") and per model ("rate:<model>", "tasks:<model>")."""
     return f"{PREFIX}rate:{backend}"
 
 

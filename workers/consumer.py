@@ -153,7 +153,7 @@ class Consumer:
                                     {name: max(0.0, value) for name, value in observations.items()})
             if state == TaskState.SUCCEEDED and task.audio_seconds:
                 # the processing rate a predicted wait divides by: wall time, less a load
-                await self.store.record_rate(task.audio_seconds, inference)
+                await self.store.record_rate(task.model, task.audio_seconds, inference)
 
     async def _run_task(self, task: Task) -> Outcome:
         breaker_error = await self.breakers.admit(task.model)

@@ -25,28 +25,41 @@ from common.store.connection import bounded_client
 from common.store.devices import DeviceView, devices
 from common.store.usage import Charge, PeriodUsage
 
-# The backlog (keys.backlog): queued tasks and audio-seconds per lane, running ones, kept
-# by every script that moves a task out of PENDING or out of RUNNING. A task's 'queued' and
-# 'running_counted' fields say it is counted, so nothing is subtracted twice.
+# The backlog (keys.backlog): queued tasks and audio-seconds per lane, running ones, and the
+# same seconds per model, kept by the submit and by every script that moves a task out of
+# PENDING or out of RUNNING. A task's 'queued' and 'running_counted' fields say it is counted,
+# so nothing is subtracted twice; its 'backlog_model' says under which model its seconds are
+# counted (absent on a task queued before per-model sums: only the lane totals hold it).
 _BACKLOG = """
+local function enqueue(task, backlog, lane, seconds)
+  local model = redis.call('HGET', task, 'model') or ''
+  redis.call('HSET', task, 'queued', 1, 'backlog_model', model)
+  redis.call('HINCRBY', backlog, lane .. ':tasks', 1)
+  redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds', seconds)
+  redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds:' .. model, seconds)
+end
 local function unqueue(task, backlog, running)
   if redis.call('HDEL', task, 'queued') == 1 then
-    local f = redis.call('HMGET', task, 'lane', 'audio_seconds')
-    local lane, seconds = f[1] or 'batch', tonumber(f[2] or '') or 0
+    local f = redis.call('HMGET', task, 'lane', 'audio_seconds', 'backlog_model')
+    local lane, seconds, model = f[1] or 'batch', tonumber(f[2] or '') or 0, f[3]
     redis.call('HINCRBY', backlog, lane .. ':tasks', -1)
     redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds', -seconds)
+    if model then redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds:' .. model, -seconds) end
     if running then
       redis.call('HSET', task, 'running_counted', 1)
       redis.call('HINCRBY', backlog, 'running:tasks', 1)
       redis.call('HINCRBYFLOAT', backlog, 'running:seconds', seconds)
+      if model then redis.call('HINCRBYFLOAT', backlog, 'running:seconds:' .. model, seconds) end
     end
   end
 end
 local function unrun(task, backlog)
   if redis.call('HDEL', task, 'running_counted') == 1 then
-    local seconds = tonumber(redis.call('HGET', task, 'audio_seconds') or '') or 0
+    local f = redis.call('HMGET', task, 'audio_seconds', 'backlog_model')
+    local seconds, model = tonumber(f[1] or '') or 0, f[2]
     redis.call('HINCRBY', backlog, 'running:tasks', -1)
     redis.call('HINCRBYFLOAT', backlog, 'running:seconds', -seconds)
+    if model then redis.call('HINCRBYFLOAT', backlog, 'running:seconds:' .. model, -seconds) end
   end
 end
 """
@@ -90,7 +103,7 @@ end
 # Each entry carries its own number in the backend's add order (our counter, not Redis's
 # group "entries-read", which Redis 7.0 loses when it reloads the AOF): a queue position
 # is then one subtraction from the first entry not yet handed to a worker.
-_SUBMIT = usage.LUA + """
+_SUBMIT = _BACKLOG + usage.LUA + """
 if ARGV[4] == '1' then
   local original = redis.call('GET', KEYS[5])
   if original then return {0, original} end
@@ -107,9 +120,8 @@ if ARGV[9] ~= '' then
 end
 local seq = redis.call('INCR', KEYS[4])
 local entry = redis.call('XADD', KEYS[2], '*', 'task_id', ARGV[1], 'seq', seq)
-redis.call('HSET', KEYS[1], 'entry_id', entry, 'queue_seq', seq, 'queued', 1, unpack(ARGV, 18))
-redis.call('HINCRBY', KEYS[6], ARGV[6] .. ':tasks', 1)
-redis.call('HINCRBYFLOAT', KEYS[6], ARGV[6] .. ':seconds', ARGV[7])
+redis.call('HSET', KEYS[1], 'entry_id', entry, 'queue_seq', seq, unpack(ARGV, 18))
+enqueue(KEYS[1], KEYS[6], ARGV[6], ARGV[7])
 if ARGV[8] ~= '' then redis.call('ZADD', KEYS[7], ARGV[8], ARGV[1]) end
 if ARGV[3] ~= '' then redis.call('SET', KEYS[3], ARGV[3], 'EX', ARGV[2]) end
 if ARGV[4] == '1' then redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[2]) end
@@ -391,6 +403,7 @@ class TaskStore:
         self._load_failed = redis.register_script(_LOAD_FAILED)
         self._breaker_admit = redis.register_script(_BREAKER_ADMIT)
         self._fail_if_unchanged = redis.register_script(_FAIL_IF_UNCHANGED)
+        self._outlook = admission.OutlookReader(redis)
 
     @classmethod
     def for_settings(cls, redis: Redis, settings: Settings) -> TaskStore:
@@ -607,9 +620,10 @@ class TaskStore:
         """owner -> (unit, backend) -> all-time usage of its SUCCEEDED tasks."""
         return await usage.totals(self.redis, owners)
 
-    async def outlook_facts(self, backend: str) -> tuple[admission.Backlog, float | None, int]:
-        """What decides a backend's waits: (backlog, measured rate, live workers)."""
-        return await admission.outlook_facts(self.redis, backend)
+    async def outlook_facts(self, backend: str
+                            ) -> tuple[admission.Backlog, admission.Rates, int]:
+        """What decides a backend's waits: (backlog, measured rates, live workers)."""
+        return await self._outlook.facts(backend)
 
     async def queue_position(self, task: Task) -> int | None:
         """1 for the next entry a worker will read, 2 behind it …; 0 once handed to a worker
