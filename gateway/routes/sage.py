@@ -70,9 +70,9 @@ async def _submit(request: Request, owner: str, settings: Settings, store: TaskS
     if not backend:
         raise RequestError(400, "missing 'backend'", param="backend")
     model = resolve_backend_model(settings, backend, params.get("model"))
-    terms = SubmitTerms.of(request, params, "batch", settings)  # before any audio_url fetch
+    # the terms are checked before any audio_url fetch
+    terms = SubmitTerms.of(request, params, default_lane(settings, owner, "batch"), settings)
     options, audio = await read_task_input(params, settings, backend)
-    terms = SubmitTerms.of(request, params, default_lane(settings, owner, "batch"))
     task = await enqueue(store, settings, backend=backend, model=model, options=options,
                          audio=audio, owner=owner, terms=terms)
     reply: dict[str, Any] = {"task_id": task.id, "taskid": task.id, "status": "PENDING"}

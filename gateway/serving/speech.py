@@ -39,10 +39,9 @@ class SpeechServing:
         if (params.get("stream_format") or "audio") != "audio":
             raise RequestError(400, "only stream_format 'audio' is supported",
                                param="stream_format")
-        terms = SubmitTerms.of(request, params, "interactive", self.settings)
+        terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, "interactive"),
+                               self.settings)
         options, audio = await tts_input(params, self.settings, backend, text_param="input")
-
-        terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, "interactive"))
         call = await self.calls.start(backend=backend, model=model, options=options,
                                       audio=audio, owner=owner, terms=terms)
         # past the timeout the audio stays fetchable (as WAV) at its URL once it finishes

@@ -70,11 +70,11 @@ class TranscriptionServing:
                                param="timestamp_granularities[]")
         if task == "translate":
             params.override("language", None)  # the output language of a translation is English
-        terms = SubmitTerms.of(request, params, "interactive", self.settings)
+        terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, "interactive"),
+                               self.settings)
         options, audio = await asr_input(params, self.settings, backend)
         asked = Asked(task, fmt, granularities, params.flag("stream"))
 
-        terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, "interactive"))
         call = await self.calls.start(backend=backend, model=model, options=options,
                                       audio=audio, owner=owner, terms=terms)
         if asked.stream:
