@@ -95,12 +95,12 @@ async def estimate_queued(store: TaskStore, task: Task, position: int | None) ->
     if position is None:
         return None
     view = await outlook(store, task.backend)
-    ahead, own = view.ahead(task.lane), view.processing({task.model: task.audio_seconds or 0.0})
+    ahead, own = view.ahead(task.lane), view.processing({task.model: task.work_units})
     if ahead is None or own is None:
         return None
     tasks, work = ahead
     mean = work / tasks if tasks else own
-    return view.estimate(max(0, position - 1) * mean, task.model, task.audio_seconds or 0.0)
+    return view.estimate(max(0, position - 1) * mean, task.model, task.work_units)
 
 
 async def admit(store: TaskStore, settings: Settings, task: Task) -> None:

@@ -215,13 +215,15 @@ async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: 
     if breaker.state == "open":
         raise RequestError(503, f"model {backend}/{model} is unavailable: {breaker.error}",
                            param="model", code="model_unavailable")
+    seconds = round(audio.info.duration, 3)
+    # what it costs its key is also its size for the backlog: audio-seconds, or characters
+    charge = charge_of(settings, owner, backend, options, seconds)
     task = Task(id=task_id or new_task_id(), backend=backend, model=model, state=TaskState.PENDING,
                 params=options, input_path=str(audio.path or ""), owner=owner,
-                audio_seconds=round(audio.info.duration, 3), lane=terms.lane,
+                audio_seconds=seconds, work=charge.amount, lane=terms.lane,
                 deadline=terms.deadline, callback_url=terms.callback_url)
     await guard_store(admit(store, settings, task))
     most = settings.max_queued_tasks.get(backend, 0)
-    charge = charge_of(settings, owner, backend, options, task.audio_seconds or 0.0)
     try:
         await guard_store(store.submit(task, audio.blob, terms.idempotency_key, most, charge))
     except QueueFull as full:

@@ -248,6 +248,9 @@ def test_characters_are_metered_per_month_for_speech(env):
     month = usage(env, "a")["month"]["characters"]
     assert month["used"] == 12 and month["remaining"] == 8
     assert month["backends"] == {"xtts": {"used": 12, "limit": None, "remaining": None}}
+    # the same characters are the queued task's size for predicted waits (not its 0 s of audio)
+    backlog = env["client"].hgetall("sg:backlog:xtts")
+    assert float(backlog[b"batch:seconds"]) == 12.0 and int(backlog[b"batch:tasks"]) == 1
 
 
 def test_usage_without_keys_reports_the_anonymous_callers_with_no_limits(env):

@@ -151,9 +151,10 @@ class Consumer:
         with contextlib.suppress(RedisError):
             await self.store.record((f"tasks_{state.value}",),
                                     {name: max(0.0, value) for name, value in observations.items()})
-            if state == TaskState.SUCCEEDED and task.audio_seconds:
-                # the processing rate a predicted wait divides by: wall time, less a load
-                await self.store.record_rate(task.model, task.audio_seconds, inference)
+            if state == TaskState.SUCCEEDED and task.work_units:
+                # the processing rate a predicted wait divides by: work (audio-seconds, or
+                # characters) per second of wall time, less a load
+                await self.store.record_rate(task.model, task.work_units, inference)
 
     async def _run_task(self, task: Task) -> Outcome:
         breaker_error = await self.breakers.admit(task.model)

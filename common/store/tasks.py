@@ -25,11 +25,13 @@ from common.store.connection import bounded_client
 from common.store.devices import DeviceView, devices
 from common.store.usage import Charge, PeriodUsage
 
-# The backlog (keys.backlog): queued tasks and audio-seconds per lane, running ones, and the
-# same seconds per model, kept by the submit and by every script that moves a task out of
-# PENDING or out of RUNNING. A task's 'queued' and 'running_counted' fields say it is counted,
-# so nothing is subtracted twice; its 'backlog_model' says under which model its seconds are
-# counted (absent on a task queued before per-model sums: only the lane totals hold it).
+# The backlog (keys.backlog): queued tasks and their work per lane, running ones, and the
+# same work per model (a task's 'work': audio-seconds, or characters for TTS; a task queued
+# before 'work' existed counts its 'audio_seconds'), kept by the submit and by every script
+# that moves a task out of PENDING or out of RUNNING. A task's 'queued' and 'running_counted'
+# fields say it is counted, so nothing is subtracted twice; its 'backlog_model' says under
+# which model its work is counted (absent on a task queued before per-model sums: only the
+# lane totals hold it).
 _BACKLOG = """
 local function enqueue(task, backlog, lane, seconds)
   local model = redis.call('HGET', task, 'model') or ''
@@ -40,8 +42,8 @@ local function enqueue(task, backlog, lane, seconds)
 end
 local function unqueue(task, backlog, running)
   if redis.call('HDEL', task, 'queued') == 1 then
-    local f = redis.call('HMGET', task, 'lane', 'audio_seconds', 'backlog_model')
-    local lane, seconds, model = f[1] or 'batch', tonumber(f[2] or '') or 0, f[3]
+    local f = redis.call('HMGET', task, 'lane', 'work', 'audio_seconds', 'backlog_model')
+    local lane, seconds, model = f[1] or 'batch', tonumber(f[2] or f[3] or '') or 0, f[4]
     redis.call('HINCRBY', backlog, lane .. ':tasks', -1)
     redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds', -seconds)
     if model then redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds:' .. model, -seconds) end
@@ -55,8 +57,8 @@ local function unqueue(task, backlog, running)
 end
 local function unrun(task, backlog)
   if redis.call('HDEL', task, 'running_counted') == 1 then
-    local f = redis.call('HMGET', task, 'audio_seconds', 'backlog_model')
-    local seconds, model = tonumber(f[1] or '') or 0, f[2]
+    local f = redis.call('HMGET', task, 'work', 'audio_seconds', 'backlog_model')
+    local seconds, model = tonumber(f[1] or f[2] or '') or 0, f[3]
     redis.call('HINCRBY', backlog, 'running:tasks', -1)
     redis.call('HINCRBYFLOAT', backlog, 'running:seconds', -seconds)
     if model then redis.call('HINCRBYFLOAT', backlog, 'running:seconds:' .. model, -seconds) end
@@ -311,6 +313,9 @@ class Task:
     error_code: str = ""
     last_error: str = ""
     audio_seconds: float | None = None
+    #: its size in its backend's unit (audio-seconds; characters for TTS): what the backlog
+    #: and the processing rates count. None: its audio_seconds.
+    work: float | None = None
     lane: str = keys.BATCH  # its priority lane: keys.INTERACTIVE or keys.BATCH
     deadline: float | None = None  # epoch seconds: FAILED deadline_exceeded if not started
     #: what its owner was charged ({amount, unit, backend, and the usage keys}); None: unmetered
@@ -345,11 +350,16 @@ class Task:
             error_code=data.get("error_code", ""),
             last_error=data.get("last_error", ""),
             audio_seconds=number("audio_seconds"),
+            work=number("work"),
             lane=data.get("lane") or keys.BATCH,
             deadline=number("deadline"),
             charge=json.loads(data["charge"]) if data.get("charge") else None,
             callback_url=data.get("callback_url", ""),
         )
+
+    @property
+    def work_units(self) -> float:
+        return self.work if self.work is not None else (self.audio_seconds or 0.0)
 
     def public_view(self) -> dict[str, Any]:
         """The REST view of `/v1/tasks/{id}`."""
@@ -466,6 +476,7 @@ class TaskStore:
             "created_at": repr(now),
             "attempt": 0,
             "audio_seconds": "" if task.audio_seconds is None else repr(task.audio_seconds),
+            "work": repr(task.work_units),
             "lane": task.lane,
             "deadline": "" if task.deadline is None else repr(task.deadline),
             "charge": charged,
@@ -485,7 +496,7 @@ class TaskStore:
                       keys.deadlines(task.backend), *hashes],
                 args=[task.id, self.retention, b"" if in_file else (blob or b""),
                       "1" if idempotency_key else "0", max_queued_tasks, task.lane,
-                      repr(task.audio_seconds or 0.0),
+                      repr(task.work_units),
                       "" if task.deadline is None else repr(task.deadline), *usage_args,
                       *flat],
             )
