@@ -172,6 +172,34 @@ def test_the_predicted_start_is_within_30_percent_and_a_missed_deadline_is_refus
     assert abs(predicted - actual) <= 0.3 * actual, (predicted, actual)
 
 
+def test_retry_after_of_a_long_predicted_wait_is_within_30_percent(admission):
+    """Retry-After says when the queue falls under `max_queue_seconds_ahead`: one worker, so a
+    task submitted at time T starts when the last queued one finishes, and the queue is under
+    the limit from (that finish - the limit) on."""
+    env, limit = admission, 2.0
+    worker = start_worker(env)
+    limited = procs.gateway(env["redis"].url, env["workdir"], allowed_roots=[str(env["clips"])],
+                            max_queue_seconds_ahead={"faster-whisper": limit}).start()
+    try:
+        for tid in [task_id(submit(env)) for _ in range(8)]:  # a stable measured rate
+            assert wait_status(env, tid)["status"] == "SUCCEEDED"
+        queued = [task_id(submit(env)) for _ in range(40)]  # through the unlimited gateway
+        refused = httpx.post(f"{limited.url}/api/faster-whisper-submit",
+                             data={"audio_path": str(env["clip"])}, timeout=30)
+        refused_at = time.time()
+        assert refused.status_code == 429 and "predicted wait" in refused.json()["error"]
+        retry_after = int(refused.headers["retry-after"])
+        for tid in queued:
+            assert wait_status(env, tid, timeout=180)["status"] == "SUCCEEDED"
+    finally:
+        limited.stop()
+        worker.stop()
+    last_finish = max(record(env, tid)["finished_at"] for tid in queued)
+    actual = last_finish - limit - refused_at
+    assert actual > 3, actual  # long enough for a whole-second header to be judged by 30 %
+    assert abs(retry_after - actual) <= 0.3 * actual, (retry_after, actual)
+
+
 def test_a_full_queue_refuses_with_retry_after_and_queues_nothing(admission):
     env = admission
     gateway = procs.gateway(env["redis"].url, env["workdir"], allowed_roots=[str(env["clips"])],
