@@ -140,20 +140,22 @@ def updated(config: SessionConfig, session: Any, event_id: str | None) -> Sessio
     if "format" in source:
         config = replace(config, rate=_rate(section(source, "format", f"{path}.format"), fail))
     if "transcription" in source:
-        given = source["transcription"]
-        if given is not None and not isinstance(given, dict):
-            raise fail("invalid_type", f"{path}.transcription must be an object or null",
-                       f"{path}.transcription")
+        given = _object_or_null(source, "transcription", path, fail)
         config = replace(config, transcription=None if given is None else _transcription(
             config.transcription or Transcription(), given, fail))
     if "turn_detection" in source:
-        given = source["turn_detection"]
-        if given is not None and not isinstance(given, dict):
-            raise fail("invalid_type", f"{path}.turn_detection must be an object or null",
-                       f"{path}.turn_detection")
+        given = _object_or_null(source, "turn_detection", path, fail)
         config = replace(config, turn_detection=None if given is None else _vad(
             config.turn_detection or VadConfig(), given, fail))
     return config
+
+
+def _object_or_null(source: dict[str, Any], name: str, path: str,
+                    fail: Any) -> dict[str, Any] | None:
+    given = source[name]
+    if given is not None and not isinstance(given, dict):
+        raise fail("invalid_type", f"{path}.{name} must be an object or null", f"{path}.{name}")
+    return given
 
 
 def _rate(given: dict[str, Any], fail: Any) -> int:
