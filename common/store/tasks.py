@@ -21,6 +21,7 @@ from common.blobs import BlobDir
 from common.schemas import TERMINAL_STATES, TaskState
 from common.settings import Settings
 from common.store import admission
+from common.store.chunks import SpeechChunks
 from common.store.connection import bounded_client
 from common.store.devices import DeviceView, devices
 
@@ -358,6 +359,7 @@ class TaskStore:
         self.redis = redis
         self.retention = retention_seconds
         self.blob_dir = blob_dir
+        self.speech = SpeechChunks(redis, retention_seconds)  # a TTS task's audio so far
         self._submit = redis.register_script(_SUBMIT)
         self._start = redis.register_script(_START)
         self._finish = redis.register_script(_FINISH)
