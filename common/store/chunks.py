@@ -21,14 +21,23 @@ from common.schemas import SpeechChunk
 READ_COUNT = 16
 
 # KEYS: task, chunks, events | ARGV: attempt, index (from 0), pcm, sample rate, retention
-# -> pieces stored after the call (index + 1 when this one is stored, also when it already
-#    was), or -1 when the attempt is stale or the task is not RUNNING.
+# -> pieces stored after the call (index + 1 when this one is stored, also when this attempt
+#    already had stored it: a retry after a lost reply), -1 when the attempt is stale or the
+#    task is not RUNNING, -2 when another attempt stored that piece.
 _APPEND = """
 local f = redis.call('HMGET', KEYS[1], 'state', 'attempt')
 if f[1] ~= 'RUNNING' or f[2] ~= ARGV[1] then return -1 end
 local stored = redis.call('XLEN', KEYS[2])
-if stored ~= tonumber(ARGV[2]) then return stored end
-redis.call('XADD', KEYS[2], '0-' .. (stored + 1), 'pcm', ARGV[3], 'rate', ARGV[4])
+local index = tonumber(ARGV[2])
+if stored == index + 1 then
+  local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1][2]
+  for i = 1, #last, 2 do
+    if last[i] == 'attempt' and last[i + 1] ~= ARGV[1] then return -2 end
+  end
+end
+if stored ~= index then return stored end
+redis.call('XADD', KEYS[2], '0-' .. (stored + 1), 'pcm', ARGV[3], 'rate', ARGV[4],
+           'attempt', ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[5])
 redis.call('PUBLISH', KEYS[3], cjson.encode({type='chunk', index=stored}))
 return stored + 1
@@ -50,11 +59,13 @@ class SpeechChunks:
         stored = int(await self._append(
             keys=[keys.task(task_id), keys.speech_chunks(task_id), keys.events(task_id)],
             args=[attempt, chunk.index, chunk.pcm, chunk.sample_rate, self.retention]))
-        if stored < 0:
+        if stored == -1:
             raise StaleAttempt(task_id)
-        if stored != chunk.index + 1:  # only the current attempt appends, in order
+        if stored != chunk.index + 1:  # an attempt appends after what is stored, in order
             raise RuntimeError(f"speech piece {chunk.index} of {task_id} is out of order "
-                               f"({stored} stored)")
+                               f"({stored} stored)" if stored >= 0 else
+                               f"speech piece {chunk.index} of {task_id} was stored by "
+                               "another attempt")
 
     async def read(self, task_id: str, start: int = 0,
                    count: int | None = READ_COUNT) -> list[SpeechChunk]:

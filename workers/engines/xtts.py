@@ -56,7 +56,8 @@ class XttsEngine:
     #: 22.05 kHz for the GPT and 16 kHz for the speaker encoder)
     sample_rate = 24000
     uses_torch = True
-    #: seeds sampling before each request, so the same text and voice give the same audio
+    #: seeds sampling before each piece (seed + its index), so the same text and voice give
+    #: the same audio, also when a redelivered task resumes half-way
     seed: int | None = 0
 
     def __init__(self, settings: Settings) -> None:
@@ -125,9 +126,9 @@ class XttsEngine:
         if options.speed <= 0:
             raise ValueError("speed must be positive")
         latent, embedding = self._conditioning(handle, options.voice, reference)
-        if self.seed is not None:
-            torch.manual_seed(self.seed)
-        for sentence in sentences[start:]:
+        for index, sentence in enumerate(sentences[start:], start=start):
+            if self.seed is not None:  # per piece: a resumed task speaks like a whole one
+                torch.manual_seed(self.seed + index)
             wav = handle.model.inference(sentence, language, latent, embedding,
                                          speed=options.speed, **handle.inference)["wav"]
             yield Synthesis(np.asarray(wav, dtype=np.float32), handle.output_rate)
