@@ -26,7 +26,7 @@ from typing import Any  # noqa: E402
 from bench import common as bc  # noqa: E402
 
 SCRIPTS = ("gateway_overhead", "dispatch_latency", "throughput", "rtf", "memory",
-           "start_to_ready", "cpu_per_task", "diarization")
+           "start_to_ready", "cpu_per_task", "diarization", "tts_first_audio")
 
 
 def run_one(name: str, timeout: float) -> tuple[int, float]:
@@ -86,6 +86,12 @@ def headline(name: str) -> list[str]:
     if name == "diarization":
         return [f"{case}: {len(c['speakers'])} speakers, DER {c['der']:.3f} (target <= 0.15: "
                 f"{ok[c['der'] <= 0.15]}), diarize/transcribe {c['diarize_over_transcribe']:.2f}"
+                for case, c in data["cases"].items()]
+    if name == "tts_first_audio":
+        if "skipped" in data:
+            return [f"skipped ({data['skipped']})"]
+        return [f"{case}: first byte {c['first_byte_s']['p50']:.2f} s, whole file "
+                f"{c['whole_s']['p50']:.2f} s, ratio {c['ratio']:.3f}"
                 for case, c in data["cases"].items()]
     return []
 
