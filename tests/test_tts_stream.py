@@ -7,7 +7,7 @@ left to speak; the streamed audio is the stored WAV (pcm, wav) or decodes to its
 (mp3, opus, aac); a worker killed (SIGKILL) half-way and restarted resumes after the stored
 pieces, so the client hears each sentence once, and the result is the very WAV an
 uninterrupted task gives (sampling is seeded per sentence, so the tiny model on CPU repeats
-itself exactly).
+itself exactly); a task that fails half-way ends its SSE stream with an `error` event.
 """
 
 from __future__ import annotations
@@ -199,6 +199,43 @@ def test_a_worker_killed_mid_stream_resumes_and_the_client_hears_each_sentence_o
     view = httpx.get(f"{stack['url']}/v1/tasks/{task_id}", timeout=10).json()
     assert view["status"] == "SUCCEEDED" and view["attempts"] == 2
     assert f"resuming after {before['pieces']} stored pieces" in worker.log()
+
+
+def test_a_task_failing_mid_stream_ends_sse_with_an_error_event(
+        stack: dict[str, Any]) -> None:
+    """The worker dies half-way and its replacement may deliver a task only once
+    (SPEECH_MAX_DELIVERIES=1): the task is FAILED delivery_limit, so the SSE stream has
+    the pieces spoken so far, then an `error` event; the task's pieces are dropped."""
+    client, worker = stack["redis"], stack["worker"]
+    env = dict(worker.env)
+    failed: dict[str, Any] = {}
+
+    def kill_and_restart_strict() -> None:
+        failed["task_id"] = freeze_after_first_piece(client, worker.pid)
+        proc = worker.proc
+        os.kill(worker.pid, signal.SIGKILL)
+        proc.wait(30)
+        worker.env["SPEECH_MAX_DELIVERIES"] = "1"
+        worker.start()
+
+    restarted = threading.Thread(target=kill_and_restart_strict)
+    restarted.start()
+    try:
+        reply, body = stream(stack["url"], response_format="pcm", stream_format="sse")
+    finally:
+        restarted.join(TIMEOUT)
+        worker.stop()
+        worker.env = env
+        worker.start()
+    events = [json.loads(line[len("data: "):]) for line in body.decode().split("\n\n") if line]
+    *deltas, error = events
+    assert deltas and {event["type"] for event in deltas} == {"speech.audio.delta"}
+    assert error["type"] == "error" and error["error"]["code"] == "delivery_limit", error
+    task_id = failed["task_id"]
+    assert reply.headers["x-task-id"] == task_id
+    view = httpx.get(f"{stack['url']}/v1/tasks/{task_id}", timeout=10).json()
+    assert view["status"] == "FAILED" and view["error_code"] == "delivery_limit"
+    assert client.exists(keys.speech_chunks(task_id)) == 0
 
 
 def test_bad_stream_requests_are_400_and_a_task_failing_before_audio_is_its_error(

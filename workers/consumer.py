@@ -3,9 +3,11 @@
 Claim an entry (our own pending entries first, after a restart; then an abandoned one the
 janitor takes over; then a blocking read), open an attempt, ask the model's breaker, run the
 engine through the engine host, store the terminal state (fenced by attempt), ack. Around
-each task: lease extension and metrics. What a failed load means (fail the task, count it
-against the model's breaker, after a half-built load ask the process edge to exit) is in
-`workers/breakers.py`, which hears of every load the consumer's tasks cause.
+each task: lease extension and metrics; for TTS, each spoken piece is stored (fenced by the
+same attempt) as it is done, and a redelivered task resumes after the stored ones. What a
+failed load means (fail the task, count it against the model's breaker, after a half-built
+load ask the process edge to exit) is in `workers/breakers.py`, which hears of every load
+the consumer's tasks cause.
 """
 
 from __future__ import annotations
