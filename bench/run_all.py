@@ -26,7 +26,8 @@ from typing import Any  # noqa: E402
 from bench import common as bc  # noqa: E402
 
 SCRIPTS = ("gateway_overhead", "dispatch_latency", "throughput", "rtf", "memory",
-           "start_to_ready", "cpu_per_task", "diarization", "tts_first_audio")
+           "start_to_ready", "cpu_per_task", "diarization", "realtime",
+           "tts_first_audio")
 
 
 def run_one(name: str, timeout: float) -> tuple[int, float]:
@@ -87,6 +88,9 @@ def headline(name: str) -> list[str]:
         return [f"{case}: {len(c['speakers'])} speakers, DER {c['der']:.3f} (target <= 0.15: "
                 f"{ok[c['der'] <= 0.15]}), diarize/transcribe {c['diarize_over_transcribe']:.2f}"
                 for case, c in data["cases"].items()]
+    if name == "realtime":
+        return [f"{mode}: end of turn -> completed p50 {m['end_to_completed']['p50']:.0f} ms, "
+                f"p99 {m['end_to_completed']['p99']:.0f} ms" for mode, m in data["modes"].items()]
     if name == "tts_first_audio":
         if "skipped" in data:
             return [f"skipped ({data['skipped']})"]

@@ -40,6 +40,9 @@ class Kind:
     audio_output: bool = False
     #: its requests name a language, so each of its backends lists the languages it takes
     languages: bool = True
+    #: what its tasks are metered (and quotas counted) in: "audio_seconds" (the input's
+    #: probed duration) or "characters" (of the text)
+    usage_unit: str = "audio_seconds"
 
 
 KINDS: dict[str, Kind] = {
@@ -48,7 +51,7 @@ KINDS: dict[str, Kind] = {
         Kind("asr", "/transcribe", "asr_submit_request.json.j2", "asr_status_response.json.j2",
              openai_names=("whisper-1",)),
         Kind("tts", "/synthesize", "tts_submit_request.json.j2", "tts_status_response.json.j2",
-             openai_names=("tts-1", "tts-1-hd"), audio_output=True),
+             openai_names=("tts-1", "tts-1-hd"), audio_output=True, usage_unit="characters"),
         # audio in, a JSON result out; the row declares its clips and params, so the gateway,
         # the worker's direct endpoint, Sage and the smoke test need nothing of their own
         Kind("analysis", "/analyze", "analysis_submit_request.json.j2",

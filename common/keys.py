@@ -134,16 +134,47 @@ def model_peaks() -> str:
 
 def backlog(backend: str) -> str:
     """Hash: the backend's queued work per lane ("<lane>:tasks", "<lane>:seconds" of audio)
-    and its running work ("running:tasks", "running:seconds"), kept by the task scripts."""
+    and its running work ("running:tasks", "running:seconds"), and the same audio-seconds per
+    model ("<lane>:seconds:<model>", "running:seconds:<model>"), kept by the task scripts."""
     return f"{PREFIX}backlog:{backend}"
 
 
 def rate(backend: str) -> str:
     """Hash: the backend's measured processing rate (audio-seconds per wall second, a moving
-    average of finished tasks) and how many tasks it averages."""
+    average of finished tasks) and how many tasks it averages, for all its models together
+    ("rate", "tasks") and per model ("rate:<model>", "tasks:<model>")."""
     return f"{PREFIX}rate:{backend}"
 
 
 def deadlines(backend: str) -> str:
     """Sorted set: task ids of queued tasks with a deadline, scored by it (the sweeper's)."""
     return f"{PREFIX}deadlines:{backend}"
+
+
+def usage(owner: str, period: str) -> str:
+    """Hash: an owner's usage in one UTC period ("day:2025-06-01", "month:2025-06"), per unit
+    ("audio_seconds") and per unit and backend ("audio_seconds:faster-whisper"): charged at
+    submit, given back when the task fails or is cancelled; it expires a day past its period."""
+    return f"{PREFIX}usage:{owner or '-'}:{period}"
+
+
+def usage_total(owner: str) -> str:
+    """Hash: an owner's all-time usage of SUCCEEDED tasks, "<unit>:<backend>" -> amount (what
+    the per-key Prometheus counters report)."""
+    return f"{PREFIX}usage-total:{owner or '-'}"
+
+
+def webhooks_due() -> str:
+    """Sorted set: ids of finished tasks whose webhook is owed, scored by when the next
+    attempt is due (epoch ms); a claimed entry is scored at the end of its claim."""
+    return f"{PREFIX}webhooks:due"
+
+
+def webhook_attempts(task_id: str) -> str:
+    """List: one JSON record per webhook delivery attempt of a task (kept as long as it)."""
+    return f"{PREFIX}webhooks:attempts:{task_id}"
+
+
+def webhook_counters() -> str:
+    """Hash: webhook delivery attempts by outcome (delivered, failed, gave_up)."""
+    return f"{PREFIX}webhooks:stats"

@@ -7,14 +7,20 @@ The README's settings table documents each field.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import os
+import re
 import socket
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from common.backends import BACKENDS
 
 DEFAULT_MODELS: dict[str, dict[str, str]] = {
     "faster-whisper": {"tiny.en": "bundled"},
@@ -36,6 +42,80 @@ DEFAULT_VOICES: dict[str, str] = {
     "verse": "speaker:Dionisio Schuyler",
 }
 VOICE_KINDS = ("speaker", "file")
+#: what usage is metered in (a backend's kind says which: common/backends.py) and the periods
+#: a quota may cover (UTC days and months)
+USAGE_UNITS = ("audio_seconds", "characters")
+QUOTA_PERIODS = ("day", "month")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class Quotas(BaseModel):
+    """The most usage per UTC day and month, in the units users pay for; None: no limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    audio_seconds_per_day: float | None = Field(default=None, ge=0)
+    audio_seconds_per_month: float | None = Field(default=None, ge=0)
+    characters_per_day: int | None = Field(default=None, ge=0)
+    characters_per_month: int | None = Field(default=None, ge=0)
+
+    def limit(self, unit: str, period: str) -> float | None:
+        value = getattr(self, f"{unit}_per_{period}")
+        return None if value is None else float(value)
+
+
+class KeyQuotas(Quotas):
+    """A key's quotas over all backends, and per backend (both apply)."""
+
+    backends: dict[str, Quotas] = Field(default_factory=dict)
+
+
+class ApiKey(BaseModel):
+    """One `SPEECH_API_KEYS` entry: a plain "sha256:<hex>" string, or this object."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: the key's SHA-256 digest, "sha256:<64 hex>" (`python -m gateway.auth KEY` prints it)
+    key: str
+    #: its label on /metrics and /v1/usage (default: its owner id, 16 hex of the digest)
+    name: str = ""
+    #: the lane of its submits that name no `priority`
+    priority: Literal["interactive", "batch"] | None = None
+    quotas: KeyQuotas = Field(default_factory=KeyQuotas)
+
+    @field_validator("key")
+    @classmethod
+    def _check_key(cls, key: str) -> str:
+        hex_digest = key.strip().removeprefix("sha256:").lower()
+        if not _DIGEST.fullmatch(hex_digest):
+            raise ValueError("an API key entry must be a SHA-256 digest, 'sha256:' and 64 hex "
+                             "characters (python -m gateway.auth KEY prints it)")
+        return "sha256:" + hex_digest
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        if name and not _KEY_NAME.fullmatch(name):
+            raise ValueError(f"key name {name!r}: 1 to 64 letters, digits, '_', '.' or '-'")
+        return name
+
+    @property
+    def digest(self) -> str:
+        return self.key.removeprefix("sha256:")
+
+    @property
+    def owner(self) -> str:
+        """The owner id its tasks and usage are recorded under."""
+        return self.digest[:16]
+
+    @property
+    def label(self) -> str:
+        return self.name or self.owner
+#: a webhook key id travels in a space-separated header (`webhook-key-id`)
+WEBHOOK_KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+#: shortest webhook secret (decoded); Standard Webhooks asks for 24 to 64 bytes
+WEBHOOK_SECRET_MIN_BYTES = 24
 
 
 class Settings(BaseSettings):
@@ -64,8 +144,9 @@ class Settings(BaseSettings):
     # --- gateway ---
     host: str = "127.0.0.1"
     port: int = 8000
-    #: SHA-256 digests ("sha256:<hex>") of accepted API keys; empty = no keys required
-    api_keys: list[str] = Field(default_factory=list)
+    #: accepted API keys: SHA-256 digests ("sha256:<hex>"), or objects adding a name,
+    #: a default priority and quotas (`ApiKey`); empty = no keys required
+    api_keys: list[ApiKey] = Field(default_factory=list)
     #: how long an OpenAI-style request waits for its task before answering 504
     request_timeout_seconds: float = 600.0
     allowed_roots: list[Path] = Field(default_factory=list)
@@ -154,6 +235,40 @@ class Settings(BaseSettings):
     #: backend -> longest predicted wait (seconds) before a submit is refused with 429
     max_queue_seconds_ahead: dict[str, float] = Field(default_factory=dict)
 
+    # --- live transcription (/v1/realtime, gateway/realtime/) ---
+    #: WebSocket sessions one gateway process serves at once; past it a session is refused
+    #: (an `error` event, then close code 1013)
+    realtime_max_sessions: int = Field(default=100, ge=0)
+    #: a session ends after this long, counted in wall time and in audio sent (OpenAI's
+    #: sessions last 60 min): an `error` event, its pending turns finish, then close 1000
+    realtime_max_session_seconds: float = Field(default=3600.0, gt=0)
+    #: the most uncommitted audio a session holds: past it an append is refused (manual
+    #: commits), or the speech is cut into a turn there (server VAD)
+    realtime_max_buffer_seconds: float = Field(default=60.0, gt=0)
+    #: a session with no client event and no turn being transcribed this long is closed
+    realtime_idle_timeout_seconds: float = Field(default=300.0, gt=0)
+    #: turns of one session being transcribed at once; a turn committed past it fails
+    #: (`too_many_pending_turns`)
+    realtime_max_pending_turns: int = Field(default=8, ge=1)
+
+    # --- webhooks (`callback_url`, gateway/webhooks.py and gateway/deliverer.py) ---
+    #: hosts a `callback_url` may point at, as `audio_url_hosts`; empty = callback_url refused
+    callback_url_hosts: list[str] = Field(default_factory=list)
+    #: key id -> "whsec_<base64>": every delivery is signed with each (so receivers can switch
+    #: secrets at their own pace); the first is the current one. Needed for `callback_url`.
+    webhook_secrets: dict[str, str] = Field(default_factory=dict)
+    #: one delivery attempt (connect, send, the receiver's answer) must finish within this
+    webhook_timeout_seconds: float = Field(default=10.0, gt=0)
+    #: the wait after the first failed attempt; each further failure multiplies it by the
+    #: factor, up to the max
+    webhook_retry_seconds: float = Field(default=10.0, gt=0)
+    webhook_retry_factor: float = Field(default=2.0, ge=1)
+    webhook_retry_max_seconds: float = Field(default=1800.0, gt=0)
+    #: no new attempt starts this long after the first one (nor once the task has expired)
+    webhook_give_up_seconds: float = Field(default=8 * 3600.0, gt=0)
+    #: how often each gateway process looks for due deliveries
+    webhook_poll_seconds: float = Field(default=1.0, gt=0)
+
     # --- device memory broker ---
     #: device ("cpu", "cuda:0") -> MiB the models of every worker on it may reserve together.
     #: Unset: the card's total (from the driver) on cuda, no broker on cpu.
@@ -168,6 +283,26 @@ class Settings(BaseSettings):
     #: how often a worker renews its lease, looks for a request to yield, and (waiting) retries
     device_poll_seconds: float = Field(default=0.2, gt=0)
 
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _read_api_keys(cls, entries: Any) -> Any:
+        if isinstance(entries, list):
+            return [{"key": entry} if isinstance(entry, str) else entry for entry in entries]
+        return entries
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_api_keys(cls, entries: list[ApiKey]) -> list[ApiKey]:
+        for what, values in (("owner id", [e.owner for e in entries]),
+                             ("name", [e.label for e in entries])):
+            if repeated := sorted({v for v in values if values.count(v) > 1}):
+                raise ValueError(f"API keys repeat the {what} {repeated[0]!r}")
+        for entry in entries:
+            if unknown := sorted(set(entry.quotas.backends) - set(BACKENDS)):
+                raise ValueError(f"key {entry.label!r}: quotas for unknown backends {unknown}; "
+                                 f"known: {', '.join(BACKENDS)}")
+        return entries
+
     @field_validator("voices")
     @classmethod
     def _check_voices(cls, voices: dict[str, str]) -> dict[str, str]:
@@ -177,6 +312,21 @@ class Settings(BaseSettings):
                 raise ValueError(f"voice {name!r}: {target!r} must be 'speaker:NAME' or "
                                  "'file:PATH'")
         return {name.strip().lower(): target for name, target in voices.items()}
+
+    @field_validator("webhook_secrets")
+    @classmethod
+    def _check_webhook_secrets(cls, secrets: dict[str, str]) -> dict[str, str]:
+        for key_id, secret in secrets.items():
+            if not WEBHOOK_KEY_ID.fullmatch(key_id):
+                raise ValueError(f"webhook key id {key_id!r}: use 1 to 64 of A-Z a-z 0-9 . _ -")
+            try:
+                size = len(webhook_key(secret))
+            except (ValueError, binascii.Error):
+                size = 0
+            if size < WEBHOOK_SECRET_MIN_BYTES:
+                raise ValueError(f"webhook secret {key_id!r} must be 'whsec_' and the base64 of "
+                                 f"at least {WEBHOOK_SECRET_MIN_BYTES} random bytes")
+        return secrets
 
     def voice(self, name: str | None) -> tuple[str, str]:
         """("speaker", built-in name) or ("file", clip path) of a configured voice (the first
@@ -190,8 +340,12 @@ class Settings(BaseSettings):
         replicas configured alike sign alike without another secret to distribute."""
         if self.url_secret:
             return self.url_secret.encode()
-        digests = sorted(d.removeprefix("sha256:").lower() for d in self.api_keys)
+        digests = sorted(entry.digest for entry in self.api_keys)
         return hashlib.sha256("\n".join(["speech-gateway output urls", *digests]).encode()).digest()
+
+    def api_key(self, owner: str) -> ApiKey | None:
+        """The configured key whose tasks are recorded under `owner` (None: keys are off)."""
+        return next((entry for entry in self.api_keys if entry.owner == owner), None)
 
     def backend_models(self, backend: str) -> dict[str, str]:
         return self.models.get(backend, {})
@@ -210,6 +364,13 @@ class Settings(BaseSettings):
             return self.consumer
         slot = os.environ.get("SUPERVISOR_PROCESS_NAME") or f"pid{os.getpid()}"
         return f"{socket.gethostname()}:{slot}"
+
+
+def webhook_key(secret: str) -> bytes:
+    """The HMAC key of a `whsec_<base64>` webhook secret (Standard Webhooks)."""
+    if not secret.startswith("whsec_"):
+        raise ValueError("not a whsec_ secret")
+    return base64.b64decode(secret.removeprefix("whsec_"), validate=True)
 
 
 @lru_cache(maxsize=1)

@@ -1,17 +1,23 @@
 """Admission a caller can plan with (issue 18): predicted waits, 429s, deadlines.
 
-Predicted start of a task = audio-seconds queued ahead of it ÷ the backend's measured rate
-(audio-seconds per wall second, a moving average the workers record) ÷ live workers, plus
-the remaining time of the running tasks, estimated as half their processing time spread over
-the workers. "Ahead" is O(1): the backlog keeps running sums per lane, so a new task has the
-whole of its lane and the lanes read before it ahead; a queued one has (queue_position - 1)
-tasks of the average queued length ahead. Both are approximations (see the README).
+Predicted start of a task = the processing time of the work queued ahead of it ÷ live
+workers, plus the remaining time of the running tasks (estimated as half their processing
+time) ÷ live workers. Processing time is per model: Σ over models of that model's queued
+audio-seconds ÷ its measured rate (audio-seconds per wall second, a moving average the
+workers record per model), so a backend serving a fast and a slow model weighs each
+correctly. A model without a measured rate yet counts at the mean rate of the backend's
+models that have one (else the backend's rate over all models); with no rate at all there is
+no estimate. The task's own finish uses its model's rate. "Ahead" is O(1): the backlog keeps
+running sums per lane and model, so a new task has the whole of its lane and the lanes read
+before it ahead; a queued one has (queue_position - 1) tasks of the average queued
+processing time ahead. Both are approximations (see the README).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from common.settings import Settings
@@ -38,21 +44,46 @@ class Outlook:
     """One read of what decides a backend's waits."""
 
     backlog: facts.Backlog
-    rate: float | None
+    rates: facts.Rates
     workers: int
 
-    def start_after(self, ahead_seconds: float) -> float | None:
-        if self.rate is None:
-            return None
-        workers = max(1, self.workers)
-        return (ahead_seconds / self.rate
-                + self.backlog.running_seconds / self.rate / 2) / workers
+    @property
+    def fallback_rate(self) -> float | None:
+        """The rate of a model not measured yet: the mean of the measured models' rates,
+        else the backend's rate over all models (recorded before per-model rates)."""
+        measured = self.rates.models.values()
+        return sum(measured) / len(measured) if measured else self.rates.backend
 
-    def estimate(self, ahead_seconds: float, own_seconds: float) -> Estimate | None:
-        start = self.start_after(ahead_seconds)
-        if start is None or self.rate is None:
+    def rate_of(self, model: str) -> float | None:
+        """`model`'s audio-seconds per wall second; None while the backend has no rate."""
+        return self.rates.models.get(model) or self.fallback_rate
+
+    def processing(self, seconds: Mapping[str, float]) -> float | None:
+        """Wall seconds one worker takes for `seconds` (model -> audio-seconds); None while
+        the backend has no rate."""
+        if self.fallback_rate is None:
             return None
-        return Estimate(start, start + own_seconds / self.rate)
+        return sum(amount / (self.rate_of(model) or self.fallback_rate)
+                   for model, amount in seconds.items())
+
+    def ahead(self, lane: str) -> tuple[int, float] | None:
+        """(tasks, their processing seconds) queued in `lane` and the lanes read before it;
+        None while the backend has no rate."""
+        work = self.processing(self.backlog.ahead_by_model(lane))
+        return None if work is None else (self.backlog.ahead(lane)[0], work)
+
+    def start_after(self, work_ahead: float) -> float | None:
+        """Seconds until a task with `work_ahead` processing seconds queued ahead starts."""
+        running = self.processing(self.backlog.running_by_model())
+        if running is None:
+            return None
+        return (work_ahead + running / 2) / max(1, self.workers)
+
+    def estimate(self, work_ahead: float, model: str, own_seconds: float) -> Estimate | None:
+        start, rate = self.start_after(work_ahead), self.rate_of(model)
+        if start is None or rate is None:
+            return None
+        return Estimate(start, start + own_seconds / rate)
 
 
 async def outlook(store: TaskStore, backend: str) -> Outlook:
@@ -64,9 +95,12 @@ async def estimate_queued(store: TaskStore, task: Task, position: int | None) ->
     if position is None:
         return None
     view = await outlook(store, task.backend)
-    tasks, seconds = view.backlog.ahead(task.lane)
-    mean = seconds / tasks if tasks else (task.audio_seconds or 0.0)
-    return view.estimate(max(0, position - 1) * mean, task.audio_seconds or 0.0)
+    ahead, own = view.ahead(task.lane), view.processing({task.model: task.audio_seconds or 0.0})
+    if ahead is None or own is None:
+        return None
+    tasks, work = ahead
+    mean = work / tasks if tasks else own
+    return view.estimate(max(0, position - 1) * mean, task.model, task.audio_seconds or 0.0)
 
 
 async def admit(store: TaskStore, settings: Settings, task: Task) -> None:
@@ -76,7 +110,8 @@ async def admit(store: TaskStore, settings: Settings, task: Task) -> None:
     if not limit and task.deadline is None:
         return
     view = await outlook(store, task.backend)
-    start = view.start_after(view.backlog.ahead(task.lane)[1]) or 0.0
+    ahead = view.ahead(task.lane)
+    start = (view.start_after(ahead[1]) if ahead else None) or 0.0
     if task.deadline is not None:
         left = task.deadline - time.time()
         if start > left or left <= 0:
@@ -98,9 +133,9 @@ async def queue_full(store: TaskStore, task: Task, full: QueueFull, most: int) -
     except StoreError:
         view = None
     wait = None
-    if view is not None and view.rate is not None:
-        tasks, seconds = view.backlog.ahead("batch")
-        mean = seconds / tasks if tasks else 0.0
+    if view is not None and (ahead := view.ahead("batch")) is not None:
+        tasks, work = ahead
+        mean = work / tasks if tasks else 0.0
         wait = view.start_after(mean * (full.queued - most + 1))
     return RequestError(429, f"the {task.backend} queue is full: {full.queued} tasks are "
                              f"queued; the limit is {most}",

@@ -14,6 +14,7 @@ from common import logs
 from common.settings import Settings, get_settings
 from common.store import TaskStore
 from common.store.events import EventHub
+from common.store.webhooks import WebhookStore
 from gateway import errors
 from gateway.auth import (
     PUBLIC_ROUTES,
@@ -21,8 +22,22 @@ from gateway.auth import (
     require_key_or_metrics_token,
     require_key_or_signed_url,
 )
+from gateway.deliverer import deliver_forever
 from gateway.limits import BodyLimitMiddleware
-from gateway.routes import admin, docs, health, metrics, openai, sage, speech, tasks, ui
+from gateway.realtime.connection import RealtimeServing
+from gateway.routes import (
+    admin,
+    docs,
+    health,
+    metrics,
+    openai,
+    realtime,
+    sage,
+    speech,
+    tasks,
+    ui,
+    usage,
+)
 from gateway.serving.calls import SyncCalls
 from gateway.serving.speech import SpeechServing
 from gateway.serving.transcription import TranscriptionServing
@@ -32,6 +47,9 @@ from gateway.sweeper import sweep_forever
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     logs.configure("gateway", settings.log_level)
+    if settings.callback_url_hosts and not settings.webhook_secrets:
+        raise RuntimeError("SPEECH_CALLBACK_URL_HOSTS is set but SPEECH_WEBHOOK_SECRETS is not: "
+                           "webhooks are never sent unsigned")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -43,9 +61,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.store = store
         app.state.transcription = TranscriptionServing(calls)
         app.state.speech = SpeechServing(calls)
+        app.state.realtime = RealtimeServing(calls)
+        app.state.webhooks = WebhookStore.of(store)
         sweeper = asyncio.create_task(sweep_forever(store, settings))
+        deliverer = asyncio.create_task(deliver_forever(app.state.webhooks, settings))
         yield
         sweeper.cancel()
+        deliverer.cancel()
+        await asyncio.gather(deliverer, return_exceptions=True)  # closes its HTTP client
         await hub.close()
         await store.close()
 
@@ -63,8 +86,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # anyone: liveness, readiness, the try-it page's files (exactly auth.PUBLIC_ROUTES)
     public = [health.public, ui.router]
     # a client key when keys are on; each refusal is a 401 in the caller's dialect
-    protected = [sage.router, openai.router, speech.router, tasks.router, admin.router,
-                 health.router, docs.router]
+    protected = [sage.router, openai.router, realtime.router, speech.router, tasks.router,
+                 usage.router, admin.router, health.router, docs.router]
     _check_public(public)
     for router in public:
         app.include_router(router)
@@ -73,6 +96,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # their own credential besides a key: a Prometheus token, a signed audio URL
     app.include_router(metrics.router, dependencies=[Depends(require_key_or_metrics_token)])
     app.include_router(speech.audio_router, dependencies=[Depends(require_key_or_signed_url)])
+    # the live-transcription WebSocket checks its key itself (header or subprotocol) and
+    # refuses with close code 1008 (gateway/auth.py's websocket_caller)
+    app.include_router(realtime.socket_router)
 
     errors.install(app)
     return app

@@ -8,6 +8,8 @@ and the protected routers are listed:
 - `require_key_or_metrics_token`: `/metrics` (`SPEECH_METRICS_TOKEN`, for Prometheus).
 - `require_key_or_signed_url`: a finished TTS task's audio (a signed `token`, checked by
   the route, instead of a key).
+- `websocket_caller`: the live transcription WebSocket, which checks its key itself (a
+  header, or a subprotocol) and refuses with close code 1008 (gateway/realtime/).
 - none: the routes in `PUBLIC_ROUTES`, and only those (create_app checks).
 
     python -m gateway.auth NEW-KEY     # prints the digest to put in SPEECH_API_KEYS
@@ -20,7 +22,8 @@ import hmac
 import sys
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, WebSocket
+from starlette.requests import HTTPConnection
 
 from common.settings import Settings
 from gateway.dependencies import SettingsDep
@@ -31,6 +34,8 @@ PUBLIC_ROUTES = frozenset({"/health", "/ready",
                            "/", "/static/{name}"})  # the try-it page: files, no data
 #: a finished TTS task's audio: a signed `token` (checked by the route) instead of a key
 SIGNED_AUDIO_ROUTE = "/v1/tasks/{task_id}/audio"
+#: a WebSocket's key may come as this subprotocol + KEY (what browsers send)
+SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
 #: Prometheus: `metrics_token` instead of a key when set
 METRICS_ROUTE = "/metrics"
 
@@ -39,10 +44,25 @@ _CHALLENGE = {"www-authenticate": "Bearer"}
 
 def caller(request: Request, settings: SettingsDep) -> str:
     """The owner id of the caller's tasks ("" when keys are off); 401 for a bad key."""
-    digests = [d.removeprefix("sha256:").lower() for d in settings.api_keys]
+    return key_owner(presented_key(request), settings)
+
+
+def websocket_caller(websocket: WebSocket, settings: Settings) -> str:
+    """`caller` for a WebSocket: the key as a header, or as the subprotocol browsers must use
+    (`openai-insecure-api-key.KEY` in Sec-WebSocket-Protocol: a browser cannot set headers
+    on a WebSocket). gateway/realtime/connection.py closes with 1008 on a RequestError."""
+    key = presented_key(websocket)
+    for protocol in websocket.scope.get("subprotocols") or []:
+        if key is None and protocol.startswith(SUBPROTOCOL_KEY_PREFIX):
+            key = protocol.removeprefix(SUBPROTOCOL_KEY_PREFIX) or None
+    return key_owner(key, settings)
+
+
+def key_owner(key: str | None, settings: Settings) -> str:
+    """The owner id of a presented key ("" when keys are off); 401 for a missing or bad one."""
+    digests = [entry.digest for entry in settings.api_keys]
     if not digests:
         return ""
-    key = presented_key(request)
     if key is None:
         raise RequestError(401, "missing API key: send 'Authorization: Bearer KEY'",
                            code="invalid_api_key", headers=_CHALLENGE)
@@ -106,7 +126,7 @@ def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def presented_key(request: Request) -> str | None:
+def presented_key(request: HTTPConnection) -> str | None:
     authorization = request.headers.get("authorization", "")
     scheme, _, token = authorization.partition(" ")
     if scheme.lower() == "bearer" and token.strip():

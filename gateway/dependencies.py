@@ -11,6 +11,7 @@ from fastapi import Depends, Request
 
 from common.settings import Settings
 from common.store import TaskStore
+from common.store.webhooks import WebhookStore
 
 
 def app_settings(request: Request) -> Settings:
@@ -21,5 +22,10 @@ def app_store(request: Request) -> TaskStore:
     return request.app.state.store
 
 
+def app_webhooks(request: Request) -> WebhookStore:
+    return request.app.state.webhooks
+
+
 SettingsDep = Annotated[Settings, Depends(app_settings)]
 StoreDep = Annotated[TaskStore, Depends(app_store)]
+WebhooksDep = Annotated[WebhookStore, Depends(app_webhooks)]

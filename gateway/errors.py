@@ -44,8 +44,8 @@ class RequestError(Exception):
     """A request we refuse, rendered by the app's handler in the caller's dialect.
 
     `code` is a stable machine-readable reason (`model_not_found`, `overloaded`, or a task's
-    `common.schemas.ErrorCode` value); `extra` adds top-level fields to an OpenAI-shaped
-    body (the 504's `task_id`)."""
+    `common.schemas.ErrorCode` value); `extra` adds top-level fields to the body in either
+    dialect (the 504's `task_id`, a quota refusal's `resets_at`): plain values only."""
 
     def __init__(self, status_code: int, message: str, param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None, *,
@@ -105,7 +105,7 @@ def openai_body(exc: RequestError) -> dict[str, Any]:
 
 
 def sage_body(exc: RequestError) -> dict[str, Any]:
-    return SageError(error=exc.message).model_dump()
+    return {**SageError(error=exc.message).model_dump(), **exc.extra}
 
 
 # --- the handler ------------------------------------------------------------------------------
@@ -163,8 +163,9 @@ _WHY = {
     404: "Unknown model, backend or task",
     409: "Conflicting state: an expired idempotency key, a cancelled or running task",
     413: "The upload, or the audio's duration, is over the limit",
-    429: "Admission refused it: the backend's queue is full (`queue_full`) or the deadline "
-         "cannot be met (`deadline_unreachable`); `Retry-After` says when to try again",
+    429: "Admission refused it: the backend's queue is full (`queue_full`), the deadline "
+         "cannot be met (`deadline_unreachable`) or the key's quota is spent "
+         "(`quota_exceeded`, with `resets_at`); `Retry-After` says when to try again",
     500: "The task failed in its engine, or the gateway failed",
     503: "The task store or the model is unavailable, or too many calls are waiting "
          "(`Retry-After`)",

@@ -3,7 +3,8 @@ proxy into the operator's network), bounded in size and in time, then treated li
 
 An allow-list entry without a port allows only the scheme's default port (80, 443), so
 allowing a web host does not open its other services (Redis, admin ports). Redirects are
-not followed: they could lead anywhere.
+not followed: they could lead anywhere. `checked_url` is the one allow-list check, also for
+webhook `callback_url`s (gateway/webhooks.py).
 """
 
 from __future__ import annotations
@@ -40,20 +41,26 @@ def allowed(parts: SplitResult, hosts: list[str]) -> bool:
     return False
 
 
-async def fetch_audio_url(url: str, settings: Settings) -> bytes:
-    hosts = settings.audio_url_hosts
+def checked_url(url: str, hosts: list[str], param: str, code: str | None = None) -> SplitResult:
+    """`url` parsed, if it is http(s) to a host:port of `hosts`; a 400 naming `param` (with
+    `code` when the host is the problem) otherwise."""
     if not hosts:
-        raise _refuse("audio_url inputs are not enabled on this server")
+        raise RequestError(400, f"{param} is not enabled on this server", param=param, code=code)
     parts = urlsplit(url.strip())
     try:
         if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
             raise ValueError
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number
     except ValueError:
-        raise _refuse("audio_url must be an http(s) URL") from None
+        raise RequestError(400, f"{param} must be an http(s) URL", param=param) from None
     if not allowed(parts, hosts):
         where = f"{parts.hostname}:{parts.port or DEFAULT_PORTS[parts.scheme]}"
-        raise _refuse(f"audio_url host {where!r} is not allowed")
+        raise RequestError(400, f"{param} host {where!r} is not allowed", param=param, code=code)
+    return parts
+
+
+async def fetch_audio_url(url: str, settings: Settings) -> bytes:
+    parts = checked_url(url, settings.audio_url_hosts, "audio_url")
     limit = int(settings.max_upload_mib * 1024 * 1024)
     deadline = settings.audio_url_timeout_seconds
     try:

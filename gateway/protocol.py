@@ -196,6 +196,30 @@ class TaskView(BaseModel):
     error_code: str | None = None
 
 
+class WebhookAttempt(BaseModel):
+    """One POST of a task's webhook."""
+
+    at: float = Field(description="When it started (epoch seconds)")
+    duration: float = Field(description="Seconds until the answer, or the failure")
+    outcome: Literal["delivered", "failed", "gave_up"]
+    status: int | None = Field(None, description="The receiver's HTTP status, if it answered")
+    error: str | None = Field(None, description="Why it failed")
+
+
+class WebhookDeliveries(BaseModel):
+    """`GET /v1/tasks/{task_id}/deliveries`: a task's webhook attempts (oldest first)."""
+
+    task_id: str
+    event_id: str | None = Field(None, description="The `webhook-id` every attempt carries "
+                                                   "(once the task is terminal)")
+    state: Literal["waiting", "scheduled", "delivered", "gave_up"] = Field(
+        description="waiting: the task is not finished; scheduled: an attempt is due (or "
+                    "being sent) at `next_attempt_at`; delivered: the last attempt got a 2xx; "
+                    "gave_up: no more attempts")
+    next_attempt_at: float | None
+    attempts: list[WebhookAttempt]
+
+
 class BreakerView(BaseModel):
     state: Literal["closed", "open", "half-open"]
     failures: int
@@ -209,6 +233,36 @@ class BreakerReset(BaseModel):
     model: str
     state: Literal["closed"] = "closed"
     previous: BreakerView
+
+
+
+class UsageAmount(BaseModel):
+    used: float = Field(description="Charged at submit; a failed or cancelled task's charge "
+                                    "is given back")
+    limit: float | None = Field(None, description="The quota; null: none")
+    remaining: float | None = Field(None, description="limit - used (never below 0); null: "
+                                                      "no quota")
+
+
+class UnitUsage(UsageAmount):
+    backends: dict[str, UsageAmount] = Field(
+        default_factory=dict, description="Per backend: those used this period or with a quota")
+
+
+class UsagePeriod(BaseModel):
+    period: str = Field(description="The UTC day (2025-06-01) or month (2025-06)")
+    resets_at: str = Field(description="When its usage resets: ISO 8601, UTC")
+    audio_seconds: UnitUsage
+    characters: UnitUsage
+
+
+class UsageReport(BaseModel):
+    """The caller's own usage and quotas: `GET /v1/usage`."""
+
+    key: str | None = Field(description="The key's name (else its owner id); null when API "
+                                        "keys are off")
+    day: UsagePeriod
+    month: UsagePeriod
 
 
 # --- declaring them on routes --------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from common.store import (
     BreakerPolicy,
     Duplicate,
     QueueFull,
+    QuotaExceeded,
     StoreError,
     Task,
     TaskStore,
@@ -35,6 +37,8 @@ from gateway.admission import admit, deadline_of, queue_full
 from gateway.errors import RequestError
 from gateway.fetch import fetch_audio_url
 from gateway.inputs import Params, read_upload, resolve_allowed_path
+from gateway.quotas import charge_of, quota_exceeded
+from gateway.webhooks import callback_url
 
 ASR_TASKS = ("transcribe", "translate")
 #: longest `prompt` (Whisper keeps only its last 224 tokens anyway)
@@ -173,25 +177,36 @@ def priority(params: Params, default: str) -> str:
     return value
 
 
+def default_lane(settings: Settings, owner: str, route_default: str) -> str:
+    """The lane of a submit that names no `priority`: its key's default, else the route's."""
+    key = settings.api_key(owner)
+    return key.priority if key is not None and key.priority else route_default
+
+
 @dataclass(frozen=True, slots=True)
 class SubmitTerms:
-    """What any submit may ask besides its work: an idempotency key, a lane, a deadline."""
+    """What any submit may ask besides its work: an idempotency key, a lane, a deadline, a
+    webhook."""
 
     idempotency_key: str = ""
     lane: str = "batch"
     deadline: float | None = None  # epoch seconds
+    callback_url: str = ""  # checked against SPEECH_CALLBACK_URL_HOSTS
 
     @classmethod
-    def of(cls, request: Request, params: Params, default_lane: str) -> SubmitTerms:
+    def of(cls, request: Request, params: Params, default_lane: str,
+           settings: Settings) -> SubmitTerms:
         return cls(idempotency_key(request, params), priority(params, default_lane),
-                   deadline_of(params.get("deadline"), params.get("max_wait_seconds")))
+                   deadline_of(params.get("deadline"), params.get("max_wait_seconds")),
+                   callback_url(params.get("callback_url"), settings))
 
 
 async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: str,
                   options: dict[str, Any], audio: AudioInput, owner: str,
                   terms: SubmitTerms = SubmitTerms(), task_id: str | None = None) -> Task:
-    """Queue a new task, or return the original one for a repeated idempotency key; a 429
-    when the backend's queue is full or the deadline cannot be met (gateway/admission.py)."""
+    """Queue a new task charged to its owner's usage, or return the original one for a
+    repeated idempotency key; a 429 when the backend's queue is full or the deadline cannot
+    be met (gateway/admission.py), or when the charge would pass a quota (gateway/quotas.py)."""
     # An open breaker refuses at once; past its cool-down the task goes through as its probe.
     source = settings.backend_models(backend).get(model, "")
     breakers = await guard_store(store.breakers(backend, {model: source},
@@ -203,13 +218,16 @@ async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: 
     task = Task(id=task_id or new_task_id(), backend=backend, model=model, state=TaskState.PENDING,
                 params=options, input_path=str(audio.path or ""), owner=owner,
                 audio_seconds=round(audio.info.duration, 3), lane=terms.lane,
-                deadline=terms.deadline)
+                deadline=terms.deadline, callback_url=terms.callback_url)
     await guard_store(admit(store, settings, task))
     most = settings.max_queued_tasks.get(backend, 0)
+    charge = charge_of(settings, owner, backend, options, task.audio_seconds or 0.0)
     try:
-        await guard_store(store.submit(task, audio.blob, terms.idempotency_key, most))
+        await guard_store(store.submit(task, audio.blob, terms.idempotency_key, most, charge))
     except QueueFull as full:
         raise await queue_full(store, task, full, most) from None
+    except QuotaExceeded as refused:
+        raise quota_exceeded(refused, time.time()) from None
     except Duplicate as repeat:
         original = await guard_store(store.get(repeat.task_id))
         if original is None:

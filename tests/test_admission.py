@@ -135,6 +135,10 @@ def test_the_predicted_start_is_within_30_percent_and_a_missed_deadline_is_refus
     try:
         for tid in [task_id(submit(env)) for _ in range(4)]:  # a stable measured rate
             assert wait_status(env, tid)["status"] == "SUCCEEDED"
+        # the worker measures the rate per model (and for the backend as a whole)
+        rates = env["redis"].client().hgetall(keys.rate("faster-whisper"))
+        assert float(rates[b"rate:tiny.en"]) > 0 and int(rates[b"tasks:tiny.en"]) >= 4
+        assert float(rates[b"rate"]) > 0
         replies = [submit(env) for _ in range(8)]
         last = replies[-1].json()
         assert replies[-1].status_code == 200 and "estimated_start_seconds" in last, last

@@ -1,8 +1,10 @@
 """With API keys on, every route of the real app but /health and /ready refuses a request
-without a key; the routes are read from the app itself, so a new one cannot be forgotten."""
+without a key (a WebSocket: close code 1008); the routes are read from the app itself, so a
+new one cannot be forgotten."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
+import websockets
+from starlette.routing import WebSocketRoute
 
 from common.settings import Settings
 from gateway.app import create_app
@@ -21,6 +25,7 @@ KEY = "route-walk-key-0123456789"
 METRICS_TOKEN = "scraper-token-9876543210"
 PATH_VALUES = {"backend": "faster-whisper", "model": "tiny.en", "task_id": "no-such-task",
                "name": "app.js"}
+WEBSOCKET = "WEBSOCKET"  # a WebSocket route's "method" in the walk
 
 
 def app_routes() -> list[tuple[str, str]]:
@@ -31,14 +36,26 @@ def app_routes() -> list[tuple[str, str]]:
         for route in routes:
             if hasattr(route, "effective_route_contexts"):  # FastAPI's included routers
                 for context in route.effective_route_contexts():
+                    if isinstance(context.original_route, WebSocketRoute):
+                        found.append((context.original_route.path, WEBSOCKET))
+                        continue
                     found.extend((context.path, m) for m in context.methods or {"GET"})
             elif hasattr(route, "routes"):  # a mount
                 walk(route.routes)
+            elif isinstance(route, WebSocketRoute):
+                found.append((route.path, WEBSOCKET))
             elif getattr(route, "path", None):
                 found.extend((route.path, m) for m in getattr(route, "methods", None) or {"GET"})
 
     walk(create_app(Settings()).routes)
     return sorted(set(found))
+
+
+async def websocket_close_code(url: str) -> int | None:
+    async with websockets.connect(url.replace("http://", "ws://")) as socket:
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await socket.recv()
+    return closed.value.rcvd.code if closed.value.rcvd else None
 
 
 def concrete(path: str) -> str:
@@ -58,10 +75,15 @@ def test_every_route_but_the_public_ones_needs_a_key(keyed_gateway: str) -> None
     routes = app_routes()
     paths = {path for path, _ in routes}
     assert {"/api/submit", "/v1/audio/transcriptions", "/api/config", "/metrics", "/docs",
-            "/openapi.json", "/redoc", "/v1/models"} <= paths, paths
+            "/openapi.json", "/redoc", "/v1/models", "/v1/realtime"} <= paths, paths
     checked = 0
     for path, method in routes:
         url = keyed_gateway + concrete(path)
+        if method == WEBSOCKET:  # accepted, then closed with 1008 before any event is read
+            assert path not in PUBLIC_ROUTES
+            assert asyncio.run(websocket_close_code(url)) == 1008, path
+            checked += 1
+            continue
         reply = httpx.request(method, url, timeout=30)
         where = (method, path, reply.status_code, reply.text[:200])
         if path in PUBLIC_ROUTES:

@@ -156,7 +156,7 @@ class Consumer:
                                     {name: max(0.0, value) for name, value in observations.items()})
             if state == TaskState.SUCCEEDED and task.audio_seconds:
                 # the processing rate a predicted wait divides by: wall time, less a load
-                await self.store.record_rate(task.audio_seconds, inference)
+                await self.store.record_rate(task.model, task.audio_seconds, inference)
 
     async def _drop_speech(self, task: Task) -> None:
         """A finished TTS task's pieces: its WAV (or its error) says it all from now on; left

@@ -1,9 +1,9 @@
 """Everything that reads or writes Redis, and the only code that builds its keys
 (`common/keys.py`): task records and their Lua scripts (`tasks`), a worker's side of a
 backend's stream (`queue`), metrics every process records and the gateway reads
-(`metrics`), all of a worker's side in one object (`worker.WorkerStore`), the gateway's
-pub/sub multiplexer (`events`), the sweeper's stream reads (`upkeep`) and the gateway's
-bounded client (`connection`)."""
+(`metrics`), usage and quotas per key (`usage`), all of a worker's side in one object
+(`worker.WorkerStore`), the gateway's pub/sub multiplexer (`events`), the sweeper's stream
+reads (`upkeep`) and the gateway's bounded client (`connection`)."""
 
 # what any store call raises when Redis is unreachable, too slow, or its pool exhausted:
 # callers answer "unavailable" and never need to import redis themselves
@@ -20,7 +20,9 @@ from common.store.tasks import (
     live_workers,
     new_task_id,
 )
+from common.store.usage import Charge, QuotaExceeded
 from common.store.worker import WorkerStore
 
-__all__ = ["Admission", "Breaker", "BreakerPolicy", "Duplicate", "QueueFull", "StoreError", "Task",
-           "TaskStore", "WorkerStore", "live_workers", "new_task_id"]
+__all__ = ["Admission", "Breaker", "BreakerPolicy", "Charge", "Duplicate", "QueueFull",
+           "QuotaExceeded", "StoreError", "Task", "TaskStore", "WorkerStore", "live_workers",
+           "new_task_id"]

@@ -1,6 +1,7 @@
 """What admission reads and the workers feed: a backend's backlog (queued tasks and
-audio-seconds per lane, running ones; kept by the task scripts in `tasks.py`), its measured
-processing rate, its live workers, and its queued tasks with a deadline.
+audio-seconds per lane, running ones, and those seconds per model; kept by the task scripts in
+`tasks.py`), its measured processing rates (per model, and for all its models together), its
+live workers, and its queued tasks with a deadline.
 
 The policy (predicted wait, 429s, deadlines) is gateway/admission.py's.
 """
@@ -17,62 +18,23 @@ from common import keys
 
 #: weight of the newest finished task in the moving processing rate
 RATE_WEIGHT = 0.3
+#: the backlog key of the running tasks (the lanes are keys.LANES)
+RUNNING = "running"
 
-# KEYS: rate | ARGV: audio seconds per wall second of one finished task, weight -> new rate
+# KEYS: rate | ARGV: audio seconds per wall second of one finished task, weight, model
+# ("" = none) -> the backend's new rate. Folded into the backend's rate and the model's.
 _RECORD_RATE = """
-local old = tonumber(redis.call('HGET', KEYS[1], 'rate') or '')
-local value = tonumber(ARGV[1])
-if old then value = old + tonumber(ARGV[2]) * (value - old) end
-redis.call('HSET', KEYS[1], 'rate', value)
-redis.call('HINCRBY', KEYS[1], 'tasks', 1)
-return tostring(value)
+local function fold(rate, count)
+  local old = tonumber(redis.call('HGET', KEYS[1], rate) or '')
+  local value = tonumber(ARGV[1])
+  if old then value = old + tonumber(ARGV[2]) * (value - old) end
+  redis.call('HSET', KEYS[1], rate, value)
+  redis.call('HINCRBY', KEYS[1], count, 1)
+  return value
+end
+if ARGV[3] ~= '' then fold('rate:' .. ARGV[3], 'tasks:' .. ARGV[3]) end
+return tostring(fold('rate', 'tasks'))
 """
-
-
-@dataclass(frozen=True, slots=True)
-class Backlog:
-    tasks: dict[str, int]  # lane -> tasks queued (not yet started)
-    seconds: dict[str, float]  # lane -> their audio-seconds
-    running_tasks: int
-    running_seconds: float
-
-    def ahead(self, lane: str) -> tuple[int, float]:
-        """(tasks, audio-seconds) queued in `lane` and the lanes read before it."""
-        lanes = keys.LANES[:keys.LANES.index(lane) + 1] if lane in keys.LANES else keys.LANES
-        return (sum(self.tasks[name] for name in lanes),
-                sum(self.seconds[name] for name in lanes))
-
-
-async def backlog(redis: Redis, backend: str) -> Backlog:
-    raw = {k.decode(): v.decode() for k, v in (await redis.hgetall(keys.backlog(backend))).items()}
-
-    def number(name: str) -> float:
-        return max(0.0, float(raw.get(name) or 0))  # never below 0 (float drift)
-
-    return Backlog({lane: int(number(f"{lane}:tasks")) for lane in keys.LANES},
-                   {lane: number(f"{lane}:seconds") for lane in keys.LANES},
-                   int(number("running:tasks")), number("running:seconds"))
-
-
-async def rate(redis: Redis, backend: str) -> float | None:
-    """The backend's measured audio-seconds per wall second; None until a task finished."""
-    value = await redis.hget(keys.rate(backend), "rate")
-    return float(value) if value and float(value) > 0 else None
-
-
-class RateRecorder:
-    """Folds finished tasks into a backend's moving processing rate (its script registered
-    once, not per task)."""
-
-    def __init__(self, redis: Redis, backend: str) -> None:
-        self.backend = backend
-        self._record = redis.register_script(_RECORD_RATE)
-
-    async def record(self, audio_seconds: float, wall_seconds: float) -> None:
-        if audio_seconds > 0 and wall_seconds > 0:
-            await self._record(keys=[keys.rate(self.backend)],
-                               args=[repr(audio_seconds / wall_seconds), RATE_WEIGHT])
-
 
 # KEYS: live set -> workers whose heartbeat has not expired
 _LIVE_COUNT = """
@@ -82,15 +44,122 @@ return redis.call('ZCOUNT', KEYS[1], now, '+inf')
 """
 
 
-async def live_worker_count(redis: Redis, backend: str) -> int:
-    """Workers of `backend` whose heartbeat has not expired (O(log n), no keyspace scan)."""
-    return int(await redis.register_script(_LIVE_COUNT)(keys=[keys.live(backend)]))
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    tasks: dict[str, int]  # lane -> tasks queued (not yet started)
+    seconds: dict[str, float]  # lane -> their audio-seconds
+    running_tasks: int
+    running_seconds: float
+    #: lane (or RUNNING) -> model -> audio-seconds; "" holds what no model is known for
+    #: (tasks queued before per-model sums)
+    models: dict[str, dict[str, float]]
+
+    def lanes_ahead(self, lane: str) -> tuple[str, ...]:
+        """`lane` and the lanes read before it."""
+        return keys.LANES[:keys.LANES.index(lane) + 1] if lane in keys.LANES else keys.LANES
+
+    def ahead(self, lane: str) -> tuple[int, float]:
+        """(tasks, audio-seconds) queued in `lane` and the lanes read before it."""
+        lanes = self.lanes_ahead(lane)
+        return (sum(self.tasks[name] for name in lanes),
+                sum(self.seconds[name] for name in lanes))
+
+    def ahead_by_model(self, lane: str) -> dict[str, float]:
+        """model -> audio-seconds queued in `lane` and the lanes read before it."""
+        found: dict[str, float] = {}
+        for name in self.lanes_ahead(lane):
+            for model, seconds in self.models[name].items():
+                found[model] = found.get(model, 0.0) + seconds
+        return found
+
+    def running_by_model(self) -> dict[str, float]:
+        return dict(self.models[RUNNING])
 
 
-async def outlook_facts(redis: Redis, backend: str) -> tuple[Backlog, float | None, int]:
-    """(backlog, rate, live workers) of `backend`, read concurrently."""
-    return await asyncio.gather(backlog(redis, backend), rate(redis, backend),
-                                live_worker_count(redis, backend))
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """A backend's measured audio-seconds per wall second (moving averages)."""
+
+    backend: float | None  # all its models together; None until a task finished
+    models: dict[str, float]  # model -> its own, once one of its tasks finished
+
+
+def _split(total: float, models: dict[str, float]) -> dict[str, float]:
+    """The per-model sums of one lane, made to add up to its total: the total is kept by
+    every version of the scripts, the split only by those that know the task's model."""
+    counted = sum(models.values())
+    if counted > total:  # a model's sum drifted past the lane's: share the total out
+        return {model: seconds * total / counted for model, seconds in models.items()}
+    if total - counted > 1e-6:
+        models = {**models, "": models.get("", 0.0) + total - counted}
+    return models
+
+
+def _backlog(raw: dict[str, str]) -> Backlog:
+    def number(name: str) -> float:
+        return max(0.0, float(raw.get(name) or 0))  # never below 0 (float drift)
+
+    models: dict[str, dict[str, float]] = {}
+    for name in (*keys.LANES, RUNNING):
+        prefix = f"{name}:seconds:"
+        found = {field.removeprefix(prefix): number(field) for field in raw
+                 if field.startswith(prefix)}
+        models[name] = _split(number(f"{name}:seconds"),
+                              {model: seconds for model, seconds in found.items() if seconds})
+    return Backlog({lane: int(number(f"{lane}:tasks")) for lane in keys.LANES},
+                   {lane: number(f"{lane}:seconds") for lane in keys.LANES},
+                   int(number("running:tasks")), number("running:seconds"), models)
+
+
+def _rates(raw: dict[str, str]) -> Rates:
+    def positive(value: str | None) -> float | None:
+        return float(value) if value and float(value) > 0 else None
+
+    models = {field.removeprefix("rate:"): positive(value) for field, value in raw.items()
+              if field.startswith("rate:")}
+    return Rates(positive(raw.get("rate")),
+                 {model: rate for model, rate in models.items() if rate is not None})
+
+
+class RateRecorder:
+    """Folds finished tasks into a backend's moving processing rates, its model's and its
+    own (its script registered once, not per task)."""
+
+    def __init__(self, redis: Redis, backend: str) -> None:
+        self.backend = backend
+        self._record = redis.register_script(_RECORD_RATE)
+
+    async def record(self, model: str, audio_seconds: float, wall_seconds: float) -> None:
+        if audio_seconds > 0 and wall_seconds > 0:
+            await self._record(keys=[keys.rate(self.backend)],
+                               args=[repr(audio_seconds / wall_seconds), RATE_WEIGHT, model])
+
+
+class OutlookReader:
+    """The reads a predicted wait needs (its script registered once, not per read)."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+        self._live_count = redis.register_script(_LIVE_COUNT)
+
+    async def backlog(self, backend: str) -> Backlog:
+        return _backlog(await _text_hash(self.redis, keys.backlog(backend)))
+
+    async def rates(self, backend: str) -> Rates:
+        return _rates(await _text_hash(self.redis, keys.rate(backend)))
+
+    async def live_workers(self, backend: str) -> int:
+        """Workers of `backend` whose heartbeat has not expired (O(log n), no scan)."""
+        return int(await self._live_count(keys=[keys.live(backend)]))
+
+    async def facts(self, backend: str) -> tuple[Backlog, Rates, int]:
+        """(backlog, rates, live workers) of `backend`, read concurrently."""
+        return await asyncio.gather(self.backlog(backend), self.rates(backend),
+                                    self.live_workers(backend))
+
+
+async def _text_hash(redis: Redis, key: str) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in (await redis.hgetall(key)).items()}
 
 
 async def deadlines_passed(redis: Redis, backend: str, most: int) -> list[str]:

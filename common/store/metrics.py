@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from redis.asyncio import Redis
 
 from common import keys
+from common.store import webhooks
 from common.store.devices import DeviceView, devices
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ class Snapshot:
     workers: list[dict[str, Any]]  # live workers' heartbeat snapshots
     breakers: list[tuple[str, str, bool]] = field(default_factory=list)  # backend, model, open
     devices: list[DeviceView] = field(default_factory=list)  # the memory broker's devices
+    webhooks: dict[str, int] = field(default_factory=dict)  # delivery attempts by outcome
 
 
 async def snapshot(store: TaskStore, backends: list[str]) -> Snapshot:
@@ -92,4 +94,5 @@ async def snapshot(store: TaskStore, backends: list[str]) -> Snapshot:
         backend, model = keys.breaker_parts(key.decode())
         found.breakers.append((backend, model, await redis.hget(key, "open") == b"1"))
     found.devices = await devices(redis)
+    found.webhooks = await webhooks.counters(redis)
     return found

@@ -20,46 +20,91 @@ from common import keys
 from common.blobs import BlobDir
 from common.schemas import TERMINAL_STATES, TaskState
 from common.settings import Settings
-from common.store import admission
+from common.store import admission, usage
 from common.store.chunks import SpeechChunks
 from common.store.connection import bounded_client
 from common.store.devices import DeviceView, devices
+from common.store.usage import Charge, PeriodUsage
 
-# The backlog (keys.backlog): queued tasks and audio-seconds per lane, running ones, kept
-# by every script that moves a task out of PENDING or out of RUNNING. A task's 'queued' and
-# 'running_counted' fields say it is counted, so nothing is subtracted twice.
+# The backlog (keys.backlog): queued tasks and audio-seconds per lane, running ones, and the
+# same seconds per model, kept by the submit and by every script that moves a task out of
+# PENDING or out of RUNNING. A task's 'queued' and 'running_counted' fields say it is counted,
+# so nothing is subtracted twice; its 'backlog_model' says under which model its seconds are
+# counted (absent on a task queued before per-model sums: only the lane totals hold it).
 _BACKLOG = """
+local function enqueue(task, backlog, lane, seconds)
+  local model = redis.call('HGET', task, 'model') or ''
+  redis.call('HSET', task, 'queued', 1, 'backlog_model', model)
+  redis.call('HINCRBY', backlog, lane .. ':tasks', 1)
+  redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds', seconds)
+  redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds:' .. model, seconds)
+end
 local function unqueue(task, backlog, running)
   if redis.call('HDEL', task, 'queued') == 1 then
-    local f = redis.call('HMGET', task, 'lane', 'audio_seconds')
-    local lane, seconds = f[1] or 'batch', tonumber(f[2] or '') or 0
+    local f = redis.call('HMGET', task, 'lane', 'audio_seconds', 'backlog_model')
+    local lane, seconds, model = f[1] or 'batch', tonumber(f[2] or '') or 0, f[3]
     redis.call('HINCRBY', backlog, lane .. ':tasks', -1)
     redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds', -seconds)
+    if model then redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds:' .. model, -seconds) end
     if running then
       redis.call('HSET', task, 'running_counted', 1)
       redis.call('HINCRBY', backlog, 'running:tasks', 1)
       redis.call('HINCRBYFLOAT', backlog, 'running:seconds', seconds)
+      if model then redis.call('HINCRBYFLOAT', backlog, 'running:seconds:' .. model, seconds) end
     end
   end
 end
 local function unrun(task, backlog)
   if redis.call('HDEL', task, 'running_counted') == 1 then
-    local seconds = tonumber(redis.call('HGET', task, 'audio_seconds') or '') or 0
+    local f = redis.call('HMGET', task, 'audio_seconds', 'backlog_model')
+    local seconds, model = tonumber(f[1] or '') or 0, f[2]
     redis.call('HINCRBY', backlog, 'running:tasks', -1)
     redis.call('HINCRBYFLOAT', backlog, 'running:seconds', -seconds)
+    if model then redis.call('HINCRBYFLOAT', backlog, 'running:seconds:' .. model, -seconds) end
   end
 end
 """
 
-# KEYS: task, queue, input blob, queue counter, idempotency key, backlog, deadlines
+# A task with a callback_url owes its webhook from the moment it is terminal: it joins the
+# deliverers' due set (keys.webhooks_due) in the same call, so no crash loses it.
+_WEBHOOK_DUE = """
+local function webhook_due(task, webhooks, now)
+  local url = redis.call('HGET', task, 'callback_url')
+  if url and url ~= '' then
+    redis.call('ZADD', webhooks, math.floor(tonumber(now) * 1000), redis.call('HGET', task, 'id'))
+  end
+end
+"""
+
+# Every terminal write ends with close(): the task leaves the backlog, takes its state, starts
+# its retention, loses its input, its owner's usage is settled (usage.LUA), its watchers
+# hear of it, and its webhook is owed. What else must happen exactly once per task,
+# atomically with its terminal state, belongs here.
+_CLOSE = _BACKLOG + usage.LUA + _WEBHOOK_DUE + """
+local function close(task, backlog, input, events, state, now, retention, webhooks)
+  unqueue(task, backlog, false)
+  unrun(task, backlog)
+  close_usage(task, state)
+  redis.call('HSET', task, 'state', state, 'finished_at', now)
+  redis.call('EXPIRE', task, retention)
+  redis.call('DEL', input)
+  redis.call('PUBLISH', events, cjson.encode({type='state', status=state}))
+  webhook_due(task, webhooks, now)
+end
+"""
+
+# KEYS: task, queue, input blob, queue counter, idempotency key, backlog, deadlines, the
+#       owner's day and month usage hashes
 # ARGV: task_id, ttl, blob ("" = none), idempotent ("1"/"0"), most queued tasks (0 = no
-#       limit), lane, audio seconds, deadline ("" = none), field, value, ...
-# -> {1, entry id, its number} queued, {0, original task id} for a repeated idempotency key, or
-#    {2, tasks queued} when the backend already has its most queued tasks (nothing written).
+#       limit), lane, audio seconds, deadline ("" = none), the 9 arguments of
+#       charge_usage (usage.LUA; all "" = not metered), field, value, ...
+# -> {1, entry id, its number} queued, {0, original task id} for a repeated idempotency key,
+#    {2, tasks queued} when the backend already has its most queued tasks, or {3, which
+#    limit, used} when the charge would pass a quota (nothing written for either).
 # Each entry carries its own number in the backend's add order (our counter, not Redis's
 # group "entries-read", which Redis 7.0 loses when it reloads the AOF): a queue position
 # is then one subtraction from the first entry not yet handed to a worker.
-_SUBMIT = """
+_SUBMIT = _BACKLOG + usage.LUA + """
 if ARGV[4] == '1' then
   local original = redis.call('GET', KEYS[5])
   if original then return {0, original} end
@@ -70,33 +115,32 @@ if most > 0 then
   local queued = (tonumber(b[1] or '') or 0) + (tonumber(b[2] or '') or 0)
   if queued >= most then return {2, tostring(queued)} end
 end
+if ARGV[9] ~= '' then
+  local refused = charge_usage({KEYS[8], KEYS[9]}, {unpack(ARGV, 9, 17)})
+  if refused then return refused end
+end
 local seq = redis.call('INCR', KEYS[4])
 local entry = redis.call('XADD', KEYS[2], '*', 'task_id', ARGV[1], 'seq', seq)
-redis.call('HSET', KEYS[1], 'entry_id', entry, 'queue_seq', seq, 'queued', 1, unpack(ARGV, 9))
-redis.call('HINCRBY', KEYS[6], ARGV[6] .. ':tasks', 1)
-redis.call('HINCRBYFLOAT', KEYS[6], ARGV[6] .. ':seconds', ARGV[7])
+redis.call('HSET', KEYS[1], 'entry_id', entry, 'queue_seq', seq, unpack(ARGV, 18))
+enqueue(KEYS[1], KEYS[6], ARGV[6], ARGV[7])
 if ARGV[8] ~= '' then redis.call('ZADD', KEYS[7], ARGV[8], ARGV[1]) end
 if ARGV[3] ~= '' then redis.call('SET', KEYS[3], ARGV[3], 'EX', ARGV[2]) end
 if ARGV[4] == '1' then redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[2]) end
 return {1, entry, seq}
 """
 
-# KEYS: task, events, backlog, input blob | ARGV: worker, now, deliveries, retention
+# KEYS: task, events, backlog, input blob, webhooks due | ARGV: worker, now, deliveries, retention
 # -> new attempt, 0 if terminal, -1 if missing, -2 if its deadline passed while it was
 # queued (it is FAILED deadline_exceeded here, never run)
-_START = _BACKLOG + """
+_START = _CLOSE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return -1 end
 if state ~= 'PENDING' and state ~= 'RUNNING' then return 0 end
 local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline') or '')
 if state == 'PENDING' and deadline and tonumber(ARGV[2]) > deadline then
-  unqueue(KEYS[1], KEYS[3], false)
-  redis.call('HSET', KEYS[1], 'state', 'FAILED', 'finished_at', ARGV[2],
-             'error', 'its deadline passed before a worker could start it',
+  redis.call('HSET', KEYS[1], 'error', 'its deadline passed before a worker could start it',
              'error_code', 'deadline_exceeded')
-  redis.call('EXPIRE', KEYS[1], ARGV[4])
-  redis.call('DEL', KEYS[4])
-  redis.call('PUBLISH', KEYS[2], '{"type":"state","status":"FAILED"}')
+  close(KEYS[1], KEYS[3], KEYS[4], KEYS[2], 'FAILED', ARGV[2], ARGV[4], KEYS[5])
   return -2
 end
 unqueue(KEYS[1], KEYS[3], true)
@@ -107,13 +151,13 @@ redis.call('PUBLISH', KEYS[2], '{"type":"state","status":"RUNNING"}')
 return attempt
 """
 
-# KEYS: task, queue, events, input blob, output blob, backlog
+# KEYS: task, queue, events, input blob, output blob, backlog, webhooks due
 # ARGV: attempt (or "" = unfenced), entry, group, state, now, retention, result, error, code,
-#       output ("" = none), output file name ("" = none)
+#       output ("" = none), output file name ("" = none), measured usage ("" = none)
 # -> 1 stored, 0 stale attempt or already terminal. Acks only after the state is stored.
 # The output is written here, inside the fence, so a stale attempt cannot replace the
 # winner's audio; the input is deleted here, since no attempt can need it any more.
-_FINISH = _BACKLOG + """
+_FINISH = _CLOSE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 0 end
 if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 0 end
@@ -121,17 +165,13 @@ if state ~= 'PENDING' and state ~= 'RUNNING' then
   if ARGV[2] ~= '' then redis.call('XACK', KEYS[2], ARGV[3], ARGV[2]) end
   return 0
 end
-unqueue(KEYS[1], KEYS[6], false)
-unrun(KEYS[1], KEYS[6])
-redis.call('HSET', KEYS[1], 'state', ARGV[4], 'finished_at', ARGV[5])
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[7]) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[8], 'error_code', ARGV[9]) end
 if ARGV[10] ~= '' then redis.call('SET', KEYS[5], ARGV[10], 'EX', ARGV[6]) end
 if ARGV[11] ~= '' then redis.call('HSET', KEYS[1], 'output_file', ARGV[11]) end
-redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('DEL', KEYS[4])
+if ARGV[12] ~= '' then settle_usage(KEYS[1], ARGV[12]) end
+close(KEYS[1], KEYS[6], KEYS[4], KEYS[3], ARGV[4], ARGV[5], ARGV[6], KEYS[7])
 if ARGV[2] ~= '' then redis.call('XACK', KEYS[2], ARGV[3], ARGV[2]) end
-redis.call('PUBLISH', KEYS[3], cjson.encode({type='state', status=ARGV[4]}))
 return 1
 """
 
@@ -162,19 +202,16 @@ end
 return {delivered, first, last_seq, pending}
 """
 
-# KEYS: task, queue, events, input blob, backlog | ARGV: now, retention -> the state after
+# KEYS: task, queue, events, input blob, backlog, webhooks due | ARGV: now, retention
+# -> the state after.
 # The stream entry stays (its number keeps the positions behind it exact): a worker that
 # reads it finds the task terminal and acks it.
-_CANCEL = _BACKLOG + """
+_CANCEL = _CLOSE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return '' end
 if state ~= 'PENDING' then return state end
-unqueue(KEYS[1], KEYS[5], false)
-redis.call('HSET', KEYS[1], 'state', 'CANCELLED', 'finished_at', ARGV[1],
-           'error', 'task was cancelled before it started')
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-redis.call('DEL', KEYS[4])
-redis.call('PUBLISH', KEYS[3], '{"type":"state","status":"CANCELLED"}')
+redis.call('HSET', KEYS[1], 'error', 'task was cancelled before it started')
+close(KEYS[1], KEYS[5], KEYS[4], KEYS[3], 'CANCELLED', ARGV[1], ARGV[2], KEYS[6])
 return 'CANCELLED'
 """
 
@@ -234,21 +271,16 @@ redis.call('HSET', KEYS[1], 'probe', ARGV[2], 'probe_until', now + tonumber(ARGV
 return {'probe', b[2] or '', b[3] or ''}
 """
 
-# KEYS: task, queue, events, input blob, backlog
+# KEYS: task, queue, events, input blob, backlog, webhooks due
 # ARGV: state read, attempt read, entry, group, now, retention, error, code
 # -> 1 FAILED, 0 left alone. The fence for a sweeper's read-then-write: a task that was
 # started, finished or re-attempted since the caller read it is not touched.
-_FAIL_IF_UNCHANGED = _BACKLOG + """
+_FAIL_IF_UNCHANGED = _CLOSE + """
 local current = redis.call('HMGET', KEYS[1], 'state', 'attempt')
 if current[1] ~= ARGV[1] or (current[2] or '0') ~= ARGV[2] then return 0 end
-unqueue(KEYS[1], KEYS[5], false)
-unrun(KEYS[1], KEYS[5])
-redis.call('HSET', KEYS[1], 'state', 'FAILED', 'finished_at', ARGV[5], 'error', ARGV[7],
-           'error_code', ARGV[8])
-redis.call('EXPIRE', KEYS[1], ARGV[6])
-redis.call('DEL', KEYS[4])
+redis.call('HSET', KEYS[1], 'error', ARGV[7], 'error_code', ARGV[8])
+close(KEYS[1], KEYS[5], KEYS[4], KEYS[3], 'FAILED', ARGV[5], ARGV[6], KEYS[6])
 if ARGV[3] ~= '' then redis.call('XACK', KEYS[2], ARGV[4], ARGV[3]) end
-redis.call('PUBLISH', KEYS[3], '{"type":"state","status":"FAILED"}')
 return 1
 """
 
@@ -282,6 +314,9 @@ class Task:
     audio_seconds: float | None = None
     lane: str = keys.BATCH  # its priority lane: keys.INTERACTIVE or keys.BATCH
     deadline: float | None = None  # epoch seconds: FAILED deadline_exceeded if not started
+    #: what its owner was charged ({amount, unit, backend, and the usage keys}); None: unmetered
+    charge: dict[str, Any] | None = None
+    callback_url: str = ""  # where its webhook goes once it is terminal ("" = none)
 
     @classmethod
     def from_hash(cls, raw: dict[bytes, bytes]) -> Task:
@@ -313,6 +348,8 @@ class Task:
             audio_seconds=number("audio_seconds"),
             lane=data.get("lane") or keys.BATCH,
             deadline=number("deadline"),
+            charge=json.loads(data["charge"]) if data.get("charge") else None,
+            callback_url=data.get("callback_url", ""),
         )
 
     def public_view(self) -> dict[str, Any]:
@@ -368,6 +405,7 @@ class TaskStore:
         self._load_failed = redis.register_script(_LOAD_FAILED)
         self._breaker_admit = redis.register_script(_BREAKER_ADMIT)
         self._fail_if_unchanged = redis.register_script(_FAIL_IF_UNCHANGED)
+        self._outlook = admission.OutlookReader(redis)
 
     @classmethod
     def for_settings(cls, redis: Redis, settings: Settings) -> TaskStore:
@@ -407,12 +445,18 @@ class TaskStore:
                     raise
 
     async def submit(self, task: Task, blob: bytes | None, idempotency_key: str = "",
-                     max_queued_tasks: int = 0) -> None:
-        """Write the task record, its queue entry and its input blob in one atomic step.
+                     max_queued_tasks: int = 0, charge: Charge | None = None) -> None:
+        """Write the task record, its queue entry and its input blob in one atomic step, and
+        charge its owner's usage (`charge`; None: unmetered).
 
         Raises Duplicate when `idempotency_key` was already used by the same owner within
         the retention, QueueFull when the backend already has `max_queued_tasks` queued
-        (0: no limit): nothing is written then."""
+        (0: no limit), QuotaExceeded when the charge would pass one of its quotas: nothing is
+        written then."""
+        now = time.time()
+        hashes, usage_args, charged = [keys.task(task.id)] * 2, [""] * 9, ""
+        if charge is not None:
+            hashes, usage_args, charged = charge.script_args(now)
         record = {
             "id": task.id,
             "backend": task.backend,
@@ -421,11 +465,13 @@ class TaskStore:
             "params": json.dumps(task.params),
             "input_path": task.input_path,
             "owner": task.owner,
-            "created_at": repr(time.time()),
+            "created_at": repr(now),
             "attempt": 0,
             "audio_seconds": "" if task.audio_seconds is None else repr(task.audio_seconds),
             "lane": task.lane,
             "deadline": "" if task.deadline is None else repr(task.deadline),
+            "charge": charged,
+            "callback_url": task.callback_url,
         }
         flat = [str(item) for pair in record.items() for item in pair]
         in_file = self.blob_dir is not None and self.blob_dir.wants(blob)
@@ -438,11 +484,12 @@ class TaskStore:
                 keys=[keys.task(task.id), keys.queue(task.backend, task.lane),
                       keys.input_blob(task.id), keys.queue_counter(task.backend, task.lane),
                       keys.idempotency(task.owner, idempotency_key), keys.backlog(task.backend),
-                      keys.deadlines(task.backend)],
+                      keys.deadlines(task.backend), *hashes],
                 args=[task.id, self.retention, b"" if in_file else (blob or b""),
                       "1" if idempotency_key else "0", max_queued_tasks, task.lane,
                       repr(task.audio_seconds or 0.0),
-                      "" if task.deadline is None else repr(task.deadline), *flat],
+                      "" if task.deadline is None else repr(task.deadline), *usage_args,
+                      *flat],
             )
             stored = queued == 1
         finally:
@@ -450,6 +497,9 @@ class TaskStore:
                 self._delete_input_file(task.id)
         if queued == 2:
             raise QueueFull(int(value))
+        if queued == 3:
+            assert charge is not None
+            raise charge.refusal(int(value), float(number[0]), now)
         if stored:  # the record as written, so its queue position can be read at once
             task.entry_id, task.queue_seq = _text(value), int(number[0])
             task.created_at = float(record["created_at"])
@@ -471,7 +521,7 @@ class TaskStore:
         -2 if its deadline passed while queued (then it is FAILED deadline_exceeded)."""
         started = int(await self._start(
             keys=[keys.task(task_id), keys.events(task_id), keys.backlog(backend),
-                  keys.input_blob(task_id)],
+                  keys.input_blob(task_id), keys.webhooks_due()],
             args=[worker, repr(time.time()), deliveries, self.retention]))
         if started == -2:
             self._delete_input_file(task_id)
@@ -499,11 +549,13 @@ class TaskStore:
             await asyncio.to_thread(self.blob_dir.write, self.blob_dir.root / output_file, output)
         stored = bool(await self._finish(
             keys=[keys.task(task.id), keys.queue(task.backend, task.lane), keys.events(task.id),
-                  keys.input_blob(task.id), keys.output_blob(task.id), keys.backlog(task.backend)],
+                  keys.input_blob(task.id), keys.output_blob(task.id), keys.backlog(task.backend),
+                  keys.webhooks_due()],
             args=["" if attempt is None else attempt, entry_id, keys.WORKER_GROUP, state.value,
                   repr(time.time()), self.retention,
                   json.dumps(result) if result is not None else "", _one_line(error),
-                  error_code, b"" if output_file or output is None else output, output_file],
+                  error_code, b"" if output_file or output is None else output, output_file,
+                  _measured_usage(task, state, result)],
         ))
         if self.blob_dir is not None:
             if stored:
@@ -516,7 +568,7 @@ class TaskStore:
         """Cancel a PENDING task; returns the task's state afterwards ("" if unknown)."""
         state = await self._cancel(
             keys=[keys.task(task_id), keys.queue(backend), keys.events(task_id),
-                  keys.input_blob(task_id), keys.backlog(backend)],
+                  keys.input_blob(task_id), keys.backlog(backend), keys.webhooks_due()],
             args=[repr(time.time()), self.retention],
         )
         state = state.decode() if isinstance(state, bytes) else str(state)
@@ -562,9 +614,18 @@ class TaskStore:
                 removed += 1
         return removed
 
-    async def outlook_facts(self, backend: str) -> tuple[admission.Backlog, float | None, int]:
-        """What decides a backend's waits: (backlog, measured rate, live workers)."""
-        return await admission.outlook_facts(self.redis, backend)
+    async def usage(self, owner: str) -> list[PeriodUsage]:
+        """The owner's usage in the current UTC day and month."""
+        return await usage.usage(self.redis, owner, time.time())
+
+    async def usage_totals(self, owners: list[str]) -> dict[str, dict[tuple[str, str], float]]:
+        """owner -> (unit, backend) -> all-time usage of its SUCCEEDED tasks."""
+        return await usage.totals(self.redis, owners)
+
+    async def outlook_facts(self, backend: str
+                            ) -> tuple[admission.Backlog, admission.Rates, int]:
+        """What decides a backend's waits: (backlog, measured rates, live workers)."""
+        return await self._outlook.facts(backend)
 
     async def queue_position(self, task: Task) -> int | None:
         """1 for the next entry a worker will read, 2 behind it …; 0 once handed to a worker
@@ -652,7 +713,7 @@ class TaskStore:
         check is inside the Lua call, so a task a worker starts meanwhile is never failed."""
         failed = bool(await self._fail_if_unchanged(
             keys=[keys.task(task.id), keys.queue(task.backend, task.lane), keys.events(task.id),
-                  keys.input_blob(task.id), keys.backlog(task.backend)],
+                  keys.input_blob(task.id), keys.backlog(task.backend), keys.webhooks_due()],
             args=[task.state.value, task.attempt, task.entry_id, keys.WORKER_GROUP,
                   repr(time.time()), self.retention, _one_line(error), error_code]))
         if failed:
@@ -719,6 +780,14 @@ class Breaker:
     def public(self) -> dict[str, Any]:
         return {"state": self.state, "failures": self.failures, "error": self.error or None,
                 "reopens_at": self.reopens_at, "trips": self.trips}
+
+
+def _measured_usage(task: Task, state: TaskState, result: dict[str, Any] | None) -> str:
+    """What a SUCCEEDED task's result says it used, in its charge's unit ("" = unknown)."""
+    if state != TaskState.SUCCEEDED or not task.charge or not result:
+        return ""
+    value = (result.get("usage") or {}).get(task.charge.get("unit"))
+    return repr(float(value)) if isinstance(value, int | float) and value >= 0 else ""
 
 
 def _stream_id(entry: str) -> tuple[int, int]:

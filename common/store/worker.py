@@ -143,9 +143,9 @@ class WorkerStore:
                      observations: dict[str, float] | None = None) -> None:
         await metrics.record(self._redis, self.backend, counters, observations)
 
-    async def record_rate(self, audio_seconds: float, wall_seconds: float) -> None:
-        """One finished task's audio-seconds and wall time, for predicted waits."""
-        await self._rate.record(audio_seconds, wall_seconds)
+    async def record_rate(self, model: str, audio_seconds: float, wall_seconds: float) -> None:
+        """One finished task's model, audio-seconds and wall time, for predicted waits."""
+        await self._rate.record(model, audio_seconds, wall_seconds)
 
     async def beat(self, snapshot: dict[str, Any]) -> None:
         """Publish this worker's health snapshot; it expires unless renewed."""

@@ -1,5 +1,6 @@
 """`GET /metrics`: Prometheus text, built from what workers record in Redis on every host
-(read in one `common.store.metrics.snapshot`)."""
+(read in one `common.store.metrics.snapshot`), and each key's all-time usage (kept in Redis
+too, so every gateway replica reports the same numbers)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from prometheus_client.core import (
 )
 
 from common.catalog import enabled_backends
-from common.store import StoreError
+from common.settings import USAGE_UNITS, Settings
+from common.store import StoreError, TaskStore
 from common.store.metrics import BUCKETS, Snapshot, snapshot
 from gateway.auth import METRICS_ROUTE
 from gateway.dependencies import SettingsDep, StoreDep
+from gateway.quotas import UNIT_NAMES
 
 #: its own access rule (the metrics token, or a key): see create_app
 router = APIRouter(tags=["Operations"])
@@ -43,6 +46,7 @@ class _Families:
 async def metrics(settings: SettingsDep, store: StoreDep) -> Response:
     try:
         families = _families(await snapshot(store, enabled_backends(settings)))
+        families += await _usage_families(settings, store)
     except StoreError:
         up = GaugeMetricFamily("speech_redis_up", "Whether the gateway reaches Redis")
         up.add_metric([], 0)
@@ -99,8 +103,29 @@ def _families(found: Snapshot) -> list[Metric]:
                                 labels=["backend", "model"])
     for backend, model, is_open in found.breakers:
         breaker.add_metric([backend, model], float(is_open))
+    webhooks = CounterMetricFamily("speech_webhook_deliveries", "Webhook delivery attempts by "
+                                   "outcome: delivered (2xx), failed (retried), gave_up (last)",
+                                   labels=["outcome"])
+    for outcome, count in found.webhooks.items():
+        webhooks.add_metric([outcome], count)
     return [up, waiting, running, tasks, *counters.values(), *histograms.values(), live, rss,
-            gpu, loaded, breaker, *_device_families(found)]
+            gpu, loaded, breaker, *_device_families(found), webhooks]
+
+
+async def _usage_families(settings: Settings, store: TaskStore) -> list[Metric]:
+    """Per key and backend: the audio-seconds and characters of its SUCCEEDED tasks. A key is
+    labelled by its name (else its owner id, 16 hex of its digest; never the key itself);
+    with keys off, every caller is "anonymous"."""
+    labels = {entry.owner: entry.label for entry in settings.api_keys} or {"": "anonymous"}
+    families = {unit: CounterMetricFamily(f"speech_usage_{unit}",
+                                          f"{UNIT_NAMES[unit].capitalize()} of succeeded tasks, "
+                                          "per API key", labels=["key", "backend"])
+                for unit in USAGE_UNITS}
+    for owner, used in (await store.usage_totals(list(labels))).items():
+        for (unit, backend), amount in sorted(used.items()):
+            if unit in families:
+                families[unit].add_metric([labels[owner], backend], amount)
+    return list(families.values())
 
 
 def _device_families(found: Snapshot) -> list[Metric]:

@@ -23,7 +23,7 @@ from gateway.dependencies import SettingsDep, StoreDep
 from gateway.errors import RequestError, sage_errors
 from gateway.inputs import read_params
 from gateway.kinds import read_task_input
-from gateway.submission import SubmitTerms, enqueue, resolve_backend_model
+from gateway.submission import SubmitTerms, default_lane, enqueue, resolve_backend_model
 from gateway.tts import output_url
 
 router = APIRouter(tags=["Sage"])
@@ -70,10 +70,11 @@ async def _submit(request: Request, owner: str, settings: Settings, store: TaskS
     if not backend:
         raise RequestError(400, "missing 'backend'", param="backend")
     model = resolve_backend_model(settings, backend, params.get("model"))
+    # the terms are checked before any audio_url fetch
+    terms = SubmitTerms.of(request, params, default_lane(settings, owner, "batch"), settings)
     options, audio = await read_task_input(params, settings, backend)
     task = await enqueue(store, settings, backend=backend, model=model, options=options,
-                         audio=audio, owner=owner,
-                         terms=SubmitTerms.of(request, params, "batch"))
+                         audio=audio, owner=owner, terms=terms)
     reply: dict[str, Any] = {"task_id": task.id, "taskid": task.id, "status": "PENDING"}
     if task.state != TaskState.PENDING:  # an idempotent replay of a task that moved on
         reply["state"] = task.state.value

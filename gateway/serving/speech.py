@@ -25,7 +25,7 @@ from gateway.serving.calls import (
     task_failed,
 )
 from gateway.serving.speech_stream import stream_reply
-from gateway.submission import SubmitTerms, guard_store
+from gateway.submission import SubmitTerms, default_lane, guard_store
 from gateway.tts import output_url, token_valid, tts_input
 
 
@@ -40,11 +40,11 @@ class SpeechServing:
         backend, model = public_model(self.settings, params, "tts-1", "tts")
         fmt = response_format(params, tuple(OUTPUT_FORMATS), "mp3")
         stream_format = _stream_format(params, fmt)
+        terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, "interactive"),
+                               self.settings)
         options, audio = await tts_input(params, self.settings, backend, text_param="input")
-
         call = await self.calls.start(backend=backend, model=model, options=options,
-                                      audio=audio, owner=owner,
-                                      terms=SubmitTerms.of(request, params, "interactive"))
+                                      audio=audio, owner=owner, terms=terms)
         # past the timeout the audio stays fetchable (as WAV) at its URL once it finishes
         url = {"x-output-url": output_url(request, self.settings, call.task_id)}
         if stream_format:

@@ -28,7 +28,7 @@ from gateway.serving.calls import (
     response_format,
     task_failed,
 )
-from gateway.submission import SubmitTerms
+from gateway.submission import SubmitTerms, default_lane
 
 SEGMENT_FIELDS = ("id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
                   "compression_ratio", "no_speech_prob")
@@ -70,12 +70,13 @@ class TranscriptionServing:
                                param="timestamp_granularities[]")
         if task == "translate":
             params.override("language", None)  # the output language of a translation is English
+        terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, "interactive"),
+                               self.settings)
         options, audio = await asr_input(params, self.settings, backend)
         asked = Asked(task, fmt, granularities, params.flag("stream"))
 
         call = await self.calls.start(backend=backend, model=model, options=options,
-                                      audio=audio, owner=owner,
-                                      terms=SubmitTerms.of(request, params, "interactive"))
+                                      audio=audio, owner=owner, terms=terms)
         if asked.stream:
             return StreamingResponse(_sse(call.events), media_type="text/event-stream",
                                      headers={"x-task-id": call.task_id,

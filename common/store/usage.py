@@ -1,0 +1,198 @@
+"""Metering and quotas per owner (API key), in the units users pay for: audio-seconds and
+characters, per UTC day and month, in total and per backend.
+
+The submit script (`tasks._SUBMIT`) checks every limit that applies and charges the task in
+the same call, so concurrent submits cannot overshoot and a refused submit writes nothing.
+The task records its charge (`charge`: JSON of the amount, unit, backend and the keys it went
+to); a SUCCEEDED task's charge is settled to the usage its result measured (`settle_usage`,
+in the finish script: a container cannot claim less audio than it holds) and added to the
+owner's all-time totals, a FAILED or CANCELLED task's is given back (`close_usage`, in
+`close()`). The policy (which limits, the 429, `/v1/usage`) is gateway/quotas.py's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from redis.asyncio import Redis
+
+from common import keys
+from common.settings import QUOTA_PERIODS, KeyQuotas
+
+#: a period's hash outlives the period by this much (a task finishing just after midnight
+#: still finds the hash its charge went to, and gateways' clocks may differ a little)
+KEEP_PAST_PERIOD = timedelta(days=1)
+
+# Lua, for the task scripts. `charge_usage(hashes, a)`: hashes = {day, month}; a = {amount,
+# unit, backend, day expiry, month expiry, then the limits (day total, day backend, month
+# total, month backend; '' = none)}. -> nil when charged, or {3, which limit (1-4), used}.
+# `close_usage` and `settle_usage` touch a period's hash only while it exists: a charge whose
+# period has ended (the hash expired) is not revived.
+LUA = """
+local function usage_add(charge, amount)
+  for _, hash in ipairs({charge.day, charge.month}) do
+    if redis.call('EXISTS', hash) == 1 then
+      redis.call('HINCRBYFLOAT', hash, charge.unit, amount)
+      redis.call('HINCRBYFLOAT', hash, charge.unit .. ':' .. charge.backend, amount)
+    end
+  end
+end
+local function charge_usage(hashes, a)
+  local amount = tonumber(a[1])
+  local fields = {a[2], a[2] .. ':' .. a[3]}
+  for p = 1, 2 do
+    for s = 1, 2 do
+      local limit = a[5 + (p - 1) * 2 + s]
+      if limit ~= '' then
+        local used = tonumber(redis.call('HGET', hashes[p], fields[s]) or '') or 0
+        if used + amount > tonumber(limit) + 1e-6 then
+          return {3, (p - 1) * 2 + s, tostring(used)}
+        end
+      end
+    end
+  end
+  for p = 1, 2 do
+    for s = 1, 2 do redis.call('HINCRBYFLOAT', hashes[p], fields[s], amount) end
+    redis.call('EXPIREAT', hashes[p], a[3 + p])
+  end
+  return nil
+end
+local function settle_usage(task, measured)
+  local raw = redis.call('HGET', task, 'charge')
+  local amount = tonumber(measured)
+  if not raw or raw == '' or not amount then return end
+  local charge = cjson.decode(raw)
+  usage_add(charge, amount - charge.amount)
+  charge.amount = amount
+  redis.call('HSET', task, 'charge', cjson.encode(charge))
+end
+local function close_usage(task, state)
+  local raw = redis.call('HGET', task, 'charge')
+  if not raw or raw == '' then return end
+  local charge = cjson.decode(raw)
+  if state == 'SUCCEEDED' then
+    redis.call('HINCRBYFLOAT', charge.total, charge.unit .. ':' .. charge.backend, charge.amount)
+  else
+    usage_add(charge, -charge.amount)
+  end
+end
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Period:
+    """One UTC day or month."""
+
+    name: str  # "day" | "month"
+    label: str  # "2025-06-01" | "2025-06"
+    start: datetime
+    end: datetime  # when its usage resets
+
+    @classmethod
+    def of(cls, name: str, now: float) -> Period:
+        moment = datetime.fromtimestamp(now, UTC)
+        if name == "day":
+            start = moment.replace(hour=0, minute=0, second=0, microsecond=0)
+            return cls(name, start.strftime("%Y-%m-%d"), start, start + timedelta(days=1))
+        start = moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        end = (start + timedelta(days=32)).replace(day=1)
+        return cls(name, start.strftime("%Y-%m"), start, end)
+
+    def key(self, owner: str) -> str:
+        return keys.usage(owner, f"{self.name}:{self.label}")
+
+    @property
+    def resets_at(self) -> str:
+        """ISO 8601, UTC."""
+        return self.end.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def periods(now: float) -> list[Period]:
+    return [Period.of(name, now) for name in QUOTA_PERIODS]
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What a submit costs its owner, and the quotas it must fit in (None: no limits)."""
+
+    owner: str
+    backend: str
+    unit: str  # "audio_seconds" | "characters"
+    amount: float
+    quotas: KeyQuotas | None = None
+
+    def limit(self, period: str, per_backend: bool) -> float | None:
+        if self.quotas is None:
+            return None
+        if per_backend:
+            quotas = self.quotas.backends.get(self.backend)
+            return None if quotas is None else quotas.limit(self.unit, period)
+        return self.quotas.limit(self.unit, period)
+
+    def script_args(self, now: float) -> tuple[list[str], list[str], str]:
+        """(the period hashes, the submit script's usage arguments, the task's `charge`)."""
+        day, month = periods(now)
+        limits = [self.limit(period.name, per_backend) for period in (day, month)
+                  for per_backend in (False, True)]
+        args = [repr(self.amount), self.unit, self.backend,
+                *(str(int((p.end + KEEP_PAST_PERIOD).timestamp())) for p in (day, month)),
+                *("" if limit is None else repr(limit) for limit in limits)]
+        record = json.dumps({"amount": self.amount, "unit": self.unit, "backend": self.backend,
+                             "day": day.key(self.owner), "month": month.key(self.owner),
+                             "total": keys.usage_total(self.owner)})
+        return [day.key(self.owner), month.key(self.owner)], args, record
+
+    def refusal(self, which: int, used: float, now: float) -> QuotaExceeded:
+        """The exception of a submit refused by limit `which` (1-4, as the script counts)."""
+        period = periods(now)[(which - 1) // 2]
+        per_backend = which % 2 == 0
+        limit = self.limit(period.name, per_backend)
+        assert limit is not None
+        return QuotaExceeded(self, period, self.backend if per_backend else "", limit, used)
+
+
+class QuotaExceeded(Exception):
+    """A submit that would take its owner past a quota: nothing was written."""
+
+    def __init__(self, charge: Charge, period: Period, backend: str, limit: float,
+                 used: float) -> None:
+        super().__init__(f"{charge.unit} per {period.name}")
+        self.charge = charge
+        self.period = period
+        self.backend = backend  # "" for the quota over all backends
+        self.limit = limit
+        self.used = used
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodUsage:
+    period: Period
+    used: dict[str, float]  # "audio_seconds" or "audio_seconds:<backend>" -> amount
+
+
+async def usage(redis: Redis, owner: str, now: float) -> list[PeriodUsage]:
+    """The owner's usage in the current day and month."""
+    found = []
+    for period in periods(now):
+        raw = await redis.hgetall(period.key(owner))
+        found.append(PeriodUsage(period, {k.decode(): max(0.0, float(v))  # float drift
+                                          for k, v in raw.items()}))
+    return found
+
+
+async def totals(redis: Redis, owners: list[str]) -> dict[str, dict[tuple[str, str], float]]:
+    """owner -> (unit, backend) -> all-time usage of its SUCCEEDED tasks, in one round trip."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for owner in owners:
+            pipe.hgetall(keys.usage_total(owner))
+        raws = await pipe.execute()
+    found: dict[str, dict[tuple[str, str], float]] = {}
+    for owner, raw in zip(owners, raws, strict=True):
+        per_field: dict[tuple[str, str], float] = {}
+        for field, value in raw.items():
+            unit, _, backend = field.decode().partition(":")
+            per_field[(unit, backend)] = float(value)
+        found[owner] = per_field
+    return found

@@ -1,0 +1,110 @@
+"""The WebSocket's edge: subprotocol, API key, the per-process session limit, and the loop
+that reads client events until the client leaves or a limit ends the session.
+
+A refused key is a close with 1008 (policy violation) right after the handshake, before any
+event is read: the socket is accepted first only because a close code cannot reach a client
+otherwise (a refused handshake is a bare HTTP 403).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from fastapi import WebSocket
+from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected, WebSocketState
+
+from common.settings import Settings
+from gateway.auth import websocket_caller
+from gateway.errors import RequestError
+from gateway.realtime.protocol import ProtocolError, error_event
+from gateway.realtime.session import Session
+from gateway.serving.calls import SyncCalls
+
+log = logging.getLogger("gateway.realtime")
+
+SUBPROTOCOL = "realtime"
+POLICY_VIOLATION = 1008
+TRY_AGAIN_LATER = 1013
+INTENTS = ("transcription",)
+#: what a receive or send raises once the client is gone (uvicorn's ClientDisconnected is an
+#: OSError)
+GONE = (WebSocketDisconnect, WebSocketDisconnected, OSError)
+
+
+class RealtimeServing:
+    def __init__(self, calls: SyncCalls) -> None:
+        self.calls = calls
+        self.settings: Settings = calls.settings
+        self.sessions = 0  # open in this process
+
+    async def serve(self, websocket: WebSocket) -> None:
+        offered = websocket.scope.get("subprotocols") or []
+        await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+        try:
+            owner = websocket_caller(websocket, self.settings)
+        except RequestError as refused:
+            await websocket.close(POLICY_VIOLATION, refused.message)
+            return
+        intent = websocket.query_params.get("intent")
+        if intent is not None and intent not in INTENTS:
+            await _refuse(websocket, ProtocolError(
+                "invalid_value", f"intent {intent[:40]!r} is not served here: only "
+                                 "intent=transcription", "intent"), POLICY_VIOLATION)
+            return
+        if self.sessions >= self.settings.realtime_max_sessions:
+            await _refuse(websocket, ProtocolError(
+                "too_many_sessions", "this gateway process serves "
+                f"{self.settings.realtime_max_sessions} sessions already; retry shortly",
+                type="server_error"), TRY_AGAIN_LATER)
+            return
+        self.sessions += 1
+        lock = asyncio.Lock()
+
+        async def send(event: dict[str, Any]) -> None:
+            text = json.dumps(event)
+            async with lock:  # turns send deltas while the loop answers client events
+                if websocket.application_state == WebSocketState.CONNECTED:
+                    with contextlib.suppress(*GONE):  # the client left: the loop sees it
+                        await websocket.send_text(text)
+
+        session = Session(self.settings, self.calls, owner, send)
+        try:
+            await session.open()
+            await self._read(websocket, session)
+            if session.ended is not None:
+                await session.drain(self.settings.request_timeout_seconds)
+                with contextlib.suppress(Exception):
+                    await websocket.close(1000, session.ended.code)
+        except GONE:
+            pass  # the client left
+        finally:
+            self.sessions -= 1
+            await session.close()
+
+    async def _read(self, websocket: WebSocket, session: Session) -> None:
+        while session.ended is None:
+            try:
+                async with asyncio.timeout(session.next_timer()):
+                    message = await websocket.receive()
+            except TimeoutError:
+                if (ended := session.timer_expired()) is not None:
+                    await session.end(ended)
+                continue
+            if message["type"] == "websocket.disconnect":
+                return
+            if message.get("text") is not None:
+                await session.handle(message["text"])
+            else:
+                await session.handle_error(ProtocolError(
+                    "invalid_json", "binary frames are not events: send JSON text frames"))
+            if websocket.client_state != WebSocketState.CONNECTED:
+                return
+
+
+async def _refuse(websocket: WebSocket, error: ProtocolError, code: int) -> None:
+    await websocket.send_text(json.dumps(error_event(error)))
+    await websocket.close(code, error.code)

@@ -1,0 +1,212 @@
+"""The OpenAI Realtime transcription protocol's events and session config, as the `openai`
+SDK's `types/realtime` define them: server events are built here, client events read here,
+and every refusal is a `ProtocolError`, sent back as an `error` event."""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gateway.realtime.vad import VadConfig
+
+#: the client events a transcription session answers
+CLIENT_EVENTS = ("session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
+                 "input_audio_buffer.clear")
+#: input sample rates taken (`audio.input.format.rate`); OpenAI's is 24000
+SAMPLE_RATES = (24000, 16000)
+MAX_EVENT_ID = 128
+MAX_MS = 10_000  # the longest prefix padding or silence a server VAD config may ask for
+
+
+class ProtocolError(Exception):
+    """A client event refused: sent as an `error` event, and the session goes on."""
+
+    def __init__(self, code: str, message: str, param: str | None = None,
+                 event_id: str | None = None, type: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+        self.event_id, self.type = event_id, type
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_urlsafe(15)}"
+
+
+def server_event(type: str, **fields: Any) -> dict[str, Any]:
+    return {"type": type, "event_id": new_id("event"), **fields}
+
+
+def error_event(error: ProtocolError) -> dict[str, Any]:
+    return server_event("error", error={"type": error.type, "code": error.code,
+                                        "message": error.message, "param": error.param,
+                                        "event_id": error.event_id})
+
+
+@dataclass(frozen=True, slots=True)
+class ClientEvent:
+    type: str
+    event_id: str | None
+    body: dict[str, Any]
+
+
+def read_event(text: str) -> ClientEvent:
+    """One client message as an event of a type this session answers; ProtocolError if not."""
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError("invalid_json", f"the event is not valid JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise ProtocolError("invalid_json", "an event must be a JSON object")
+    event_id = body.get("event_id")
+    if event_id is not None and (not isinstance(event_id, str) or len(event_id) > MAX_EVENT_ID):
+        raise ProtocolError("invalid_value", f"event_id must be a string of at most "
+                                             f"{MAX_EVENT_ID} characters", "event_id")
+    kind = body.get("type")
+    if not isinstance(kind, str) or not kind:
+        raise ProtocolError("missing_required_parameter", "the event has no 'type'", "type",
+                            event_id)
+    if kind not in CLIENT_EVENTS:
+        raise ProtocolError("invalid_value", f"unknown or unsupported event type "
+                                             f"{kind[:80]!r}: a transcription session takes "
+                                             f"{', '.join(CLIENT_EVENTS)}", "type", event_id)
+    return ClientEvent(kind, event_id, body)
+
+
+# --- the session's configuration ---------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Transcription:
+    model: str = "whisper-1"
+    language: str | None = None
+    prompt: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    rate: int = 24000
+    transcription: Transcription | None = field(default_factory=Transcription)
+    turn_detection: VadConfig | None = field(default_factory=VadConfig)
+
+    def public(self, session_id: str) -> dict[str, Any]:
+        """The session object of session.created / session.updated."""
+        vad = self.turn_detection
+        t = self.transcription
+        return {
+            "type": "transcription", "id": session_id, "object": "realtime.transcription_session",
+            "audio": {"input": {
+                "format": {"type": "audio/pcm", "rate": self.rate},
+                "transcription": None if t is None else {
+                    "model": t.model, "language": t.language, "prompt": t.prompt},
+                "noise_reduction": None,
+                "turn_detection": None if vad is None else {
+                    "type": "server_vad", "threshold": vad.threshold,
+                    "prefix_padding_ms": vad.prefix_padding_ms,
+                    "silence_duration_ms": vad.silence_duration_ms},
+            }},
+            "include": [],
+        }
+
+
+def updated(config: SessionConfig, session: Any, event_id: str | None) -> SessionConfig:
+    """`config` with a session.update's `session` applied: only the fields present change
+    (null turns a field off). ProtocolError naming the field if a value is unusable."""
+    def fail(code: str, message: str, param: str) -> ProtocolError:
+        return ProtocolError(code, message, param, event_id)
+
+    def section(parent: dict[str, Any], name: str, path: str) -> dict[str, Any]:
+        value = parent.get(name)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise fail("invalid_type", f"{path} must be an object", path)
+        return value
+
+    if not isinstance(session, dict):
+        raise fail("missing_required_parameter" if session is None else "invalid_type",
+                   "session.update needs a 'session' object", "session")
+    if session.get("type", "transcription") != "transcription":
+        raise fail("invalid_value", "this endpoint serves transcription sessions only: "
+                                    "session.type must be 'transcription'", "session.type")
+    if session.get("include"):
+        raise fail("invalid_value", "include: logprobs are not available", "session.include")
+    source = section(section(session, "audio", "session.audio"), "input", "session.audio.input")
+    path = "session.audio.input"
+    if source.get("noise_reduction") is not None:
+        raise fail("invalid_value", "noise reduction is not available: send null",
+                   f"{path}.noise_reduction")
+    if "format" in source:
+        config = replace(config, rate=_rate(section(source, "format", f"{path}.format"), fail))
+    if "transcription" in source:
+        given = source["transcription"]
+        if given is not None and not isinstance(given, dict):
+            raise fail("invalid_type", f"{path}.transcription must be an object or null",
+                       f"{path}.transcription")
+        config = replace(config, transcription=None if given is None else _transcription(
+            config.transcription or Transcription(), given, fail))
+    if "turn_detection" in source:
+        given = source["turn_detection"]
+        if given is not None and not isinstance(given, dict):
+            raise fail("invalid_type", f"{path}.turn_detection must be an object or null",
+                       f"{path}.turn_detection")
+        config = replace(config, turn_detection=None if given is None else _vad(
+            config.turn_detection or VadConfig(), given, fail))
+    return config
+
+
+def _rate(given: dict[str, Any], fail: Any) -> int:
+    path = "session.audio.input.format"
+    kind = given.get("type", "audio/pcm")
+    if kind != "audio/pcm":
+        raise fail("invalid_value", f"unsupported audio format {str(kind)[:40]!r}: send "
+                                    "'audio/pcm' (16-bit little-endian mono)", f"{path}.type")
+    rate = given.get("rate", 24000)
+    if rate not in SAMPLE_RATES or isinstance(rate, bool):
+        raise fail("invalid_value", f"unsupported sample rate {str(rate)[:20]}: audio/pcm is "
+                                    "taken at 24000 or 16000 Hz", f"{path}.rate")
+    return int(rate)
+
+
+def _transcription(current: Transcription, given: dict[str, Any], fail: Any) -> Transcription:
+    path = "session.audio.input.transcription"
+    result = current
+    for name in ("model", "language", "prompt"):
+        if name not in given:
+            continue
+        value = given[name]
+        if value is not None and not isinstance(value, str):
+            raise fail("invalid_type", f"{path}.{name} must be a string", f"{path}.{name}")
+        if name == "model":
+            result = replace(result, model=value or "whisper-1")
+        elif name == "language":
+            result = replace(result, language=value or None)
+        else:
+            result = replace(result, prompt=value or "")
+    return result
+
+
+def _vad(current: VadConfig, given: dict[str, Any], fail: Any) -> VadConfig:
+    path = "session.audio.input.turn_detection"
+    if given.get("type", "server_vad") != "server_vad":
+        raise fail("invalid_value", "turn_detection.type must be 'server_vad' (semantic_vad is "
+                                    "not available), or send null for manual commits",
+                   f"{path}.type")
+    result = current
+    if (value := given.get("threshold")) is not None:
+        if not _number(value) or not 0.0 < value < 1.0:
+            raise fail("invalid_value", "threshold must be a number between 0 and 1",
+                       f"{path}.threshold")
+        result = replace(result, threshold=float(value))
+    for name in ("prefix_padding_ms", "silence_duration_ms"):
+        if (value := given.get(name)) is not None:
+            if not _number(value) or value != int(value) or not 0 <= value <= MAX_MS:
+                raise fail("invalid_value", f"{name} must be an integer from 0 to {MAX_MS}",
+                           f"{path}.{name}")
+            result = replace(result, **{name: int(value)})
+    return result
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

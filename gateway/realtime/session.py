@@ -1,0 +1,308 @@
+"""One transcription session: its config, input buffer and turns.
+
+A committed turn is an ordinary task on its backend's queue, in the `interactive` lane that
+workers read before batch work (gateway/submission.py's `enqueue`, as every OpenAI call), so
+it has every lifecycle guarantee: one terminal state, redelivery when its worker dies, the
+memory cap, the model's breaker. The session listens to the task's events like any waiting
+call (one pub/sub connection per gateway process, `EventHub`): each segment the worker
+publishes is a `...delta`, the terminal state a `...completed` or `...failed`. Every
+committed item gets exactly one of those two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from common.audio import AudioInfo
+from common.catalog import UnknownBackend, UnknownModel, resolve_public_model
+from common.schemas import TaskState
+from common.settings import Settings
+from common.store import Task
+from gateway.errors import RequestError
+from gateway.inputs import Params
+from gateway.realtime.buffer import (
+    MIN_COMMIT_MS,
+    InputBuffer,
+    SpeechStarted,
+    Turn,
+    decode_pcm16,
+)
+from gateway.realtime.protocol import (
+    ClientEvent,
+    ProtocolError,
+    SessionConfig,
+    Transcription,
+    error_event,
+    new_id,
+    read_event,
+    server_event,
+    updated,
+)
+from gateway.realtime.vad import SAMPLE_RATE
+from gateway.serving.calls import SyncCalls
+from gateway.submission import AudioInput, SubmitTerms, asr_params
+
+log = logging.getLogger("gateway.realtime")
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+TRANSCRIPTION = "conversation.item.input_audio_transcription"
+MODEL_PARAM = "session.audio.input.transcription"
+
+
+class SessionEnded(ProtocolError):
+    """A limit ends the session: the error is sent, pending turns finish, the socket closes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a turn goes: the backend, model and task options of the session's transcription."""
+
+    backend: str
+    model: str
+    options: dict[str, Any]
+
+
+def resolve(settings: Settings, transcription: Transcription,
+            event_id: str | None = None) -> Target:
+    """The transcription config checked like an OpenAI call's fields (model, language,
+    prompt); ProtocolError naming the field."""
+    try:
+        backend, model = resolve_public_model(settings, transcription.model, "asr")
+    except (UnknownModel, UnknownBackend) as exc:
+        raise ProtocolError("invalid_value", f"{exc}; GET /v1/models lists them",
+                            f"{MODEL_PARAM}.model", event_id) from None
+    params = Params({"language": transcription.language or "", "prompt": transcription.prompt},
+                    {}, {})
+    try:
+        options = asr_params(params, settings, backend)
+    except RequestError as exc:
+        raise ProtocolError("invalid_value", exc.message, f"{MODEL_PARAM}.{exc.param}",
+                            event_id) from None
+    return Target(backend, model, options)
+
+
+class Session:
+    def __init__(self, settings: Settings, calls: SyncCalls, owner: str, send: Send) -> None:
+        self.settings = settings
+        self.calls = calls
+        self.owner = owner
+        self._send = send
+        self.id = new_id("sess")
+        self.config = SessionConfig()
+        self.buffer = InputBuffer(self.config.rate, self.config.turn_detection,
+                                  int(settings.realtime_max_buffer_seconds * SAMPLE_RATE))
+        self.opened = time.monotonic()
+        self.last_activity = self.opened
+        self.ended: SessionEnded | None = None
+        self.turns: set[asyncio.Task[None]] = set()
+        self._previous_item: str | None = None
+        self._speech_item: str | None = None
+        self._target: Target | None = None
+        with contextlib.suppress(ProtocolError):  # no ASR backend: each turn fails, saying so
+            self._target = resolve(settings, self.config.transcription or Transcription())
+
+    async def open(self) -> None:
+        await self._send(server_event("session.created", session=self.config.public(self.id)))
+
+    async def handle(self, text: str) -> None:
+        """One client message; a refusal is an `error` event, and the session goes on (a
+        SessionEnded sets `ended`)."""
+        self.last_activity = time.monotonic()
+        try:
+            event = read_event(text)
+            if event.type == "session.update":
+                await self._update(event)
+            elif event.type == "input_audio_buffer.append":
+                await self._append(event)
+            elif event.type == "input_audio_buffer.commit":
+                await self._commit(event)
+            else:  # input_audio_buffer.clear
+                self.buffer.clear()
+                self._speech_item = None
+                await self._send(server_event("input_audio_buffer.cleared"))
+        except SessionEnded as ended:
+            await self.end(ended)
+        except ProtocolError as error:
+            await self.handle_error(error)
+
+    async def handle_error(self, error: ProtocolError) -> None:
+        await self._send(error_event(error))
+
+    async def end(self, ended: SessionEnded) -> None:
+        self.ended = ended
+        await self._send(error_event(ended))
+
+    def timer_expired(self) -> SessionEnded | None:
+        """The wall-clock limits: the session's length, and idleness (no client message and no
+        turn being transcribed)."""
+        now = time.monotonic()
+        if now - self.opened >= self.settings.realtime_max_session_seconds:
+            return SessionEnded("session_expired", "the session reached its maximum length of "
+                                f"{self.settings.realtime_max_session_seconds:.0f} s")
+        if self.turns:
+            self.last_activity = now
+        elif now - self.last_activity >= self.settings.realtime_idle_timeout_seconds:
+            return SessionEnded("idle_timeout", "no event for "
+                                f"{self.settings.realtime_idle_timeout_seconds:.0f} s")
+        return None
+
+    def next_timer(self) -> float:
+        """Seconds until `timer_expired` may have something to say."""
+        now = time.monotonic()
+        return max(0.0, min(self.opened + self.settings.realtime_max_session_seconds,
+                            self.last_activity + self.settings.realtime_idle_timeout_seconds)
+                   - now)
+
+    async def drain(self, timeout: float) -> None:
+        """Let the turns already committed finish (up to `timeout`)."""
+        if self.turns:
+            await asyncio.wait(set(self.turns), timeout=timeout)
+
+    async def close(self) -> None:
+        """The client is gone: stop listening (the turns' tasks still run and are kept)."""
+        for turn in list(self.turns):
+            turn.cancel()
+        await asyncio.gather(*self.turns, return_exceptions=True)
+
+    # --- client events ----------------------------------------------------------------------
+
+    async def _update(self, event: ClientEvent) -> None:
+        config = updated(self.config, event.body.get("session"), event.event_id)
+        target = self._target
+        if config.transcription is not None and config.transcription != self.config.transcription:
+            target = resolve(self.settings, config.transcription, event.event_id)
+        if config.rate != self.config.rate:
+            self.buffer.set_rate(config.rate)
+        if config.turn_detection != self.config.turn_detection:
+            self.buffer.set_vad(config.turn_detection)
+            self._speech_item = None
+        self.config, self._target = config, target
+        await self._send(server_event("session.updated", session=config.public(self.id)))
+
+    async def _append(self, event: ClientEvent) -> None:
+        limit = self.settings.realtime_max_session_seconds
+        samples = decode_pcm16(event.body.get("audio"), self.buffer.max_samples,
+                               self.config.rate, event.event_id)
+        if (self.buffer.received / SAMPLE_RATE + len(samples) / self.config.rate) > limit:
+            raise SessionEnded("session_expired", f"the session's audio passed its limit of "
+                               f"{limit:.0f} s", "audio", event.event_id)
+        # the VAD costs ~0.1 ms per 32 ms frame: off the loop, so a large chunk blocks no one
+        changes = await asyncio.to_thread(self.buffer.append, samples, event.event_id)
+        for change in changes:
+            if isinstance(change, SpeechStarted):
+                self._speech_item = new_id("item")
+                await self._send(server_event("input_audio_buffer.speech_started",
+                                              audio_start_ms=_ms(change.sample),
+                                              item_id=self._speech_item))
+            else:
+                item = self._speech_item or new_id("item")
+                self._speech_item = None
+                await self._send(server_event("input_audio_buffer.speech_stopped",
+                                              audio_end_ms=_ms(change.sample), item_id=item))
+                await self._committed(item, change.turn)
+
+    async def _commit(self, event: ClientEvent) -> None:
+        held = self.buffer.buffered / SAMPLE_RATE * 1000
+        turn = self.buffer.commit()
+        self._speech_item = None
+        if turn is None:
+            raise ProtocolError("input_audio_buffer_commit_empty", "buffer too small: a commit "
+                                f"needs at least {MIN_COMMIT_MS} ms of audio, the buffer holds "
+                                f"{held:.2f} ms", None, event.event_id)
+        await self._committed(new_id("item"), turn)
+
+    # --- turns ---------------------------------------------------------------------------------
+
+    async def _committed(self, item: str, turn: Turn) -> None:
+        previous, self._previous_item = self._previous_item, item
+        await self._send(server_event("input_audio_buffer.committed", item_id=item,
+                                      previous_item_id=previous))
+        user_item = {"id": item, "type": "message", "object": "realtime.item",
+                     "status": "completed", "role": "user",
+                     "content": [{"type": "input_audio", "transcript": None}]}
+        await self._send(server_event("conversation.item.added", previous_item_id=previous,
+                                      item=user_item))
+        await self._send(server_event("conversation.item.done", previous_item_id=previous,
+                                      item=user_item))
+        if self.config.transcription is None:
+            return
+        task = asyncio.create_task(self._transcribe(item, turn, self._target))
+        self.turns.add(task)
+        task.add_done_callback(self.turns.discard)
+
+    async def _transcribe(self, item: str, turn: Turn, target: Target | None) -> None:
+        try:
+            if len(self.turns) > self.settings.realtime_max_pending_turns:
+                raise RequestError(429, f"this session already has "
+                                        f"{self.settings.realtime_max_pending_turns} turns "
+                                        "being transcribed", code="too_many_pending_turns")
+            if target is None:  # the default model names no enabled backend
+                target = resolve(self.settings, self.config.transcription or Transcription())
+            await self._run_turn(item, turn, target)
+        except ProtocolError as error:
+            await self._failed(item, error.code, error.message, error.type)
+        except RequestError as error:
+            await self._failed(item, error.code or "request_refused", error.message,
+                               error.type.value)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a turn must never end the session, nor stay unanswered
+            log.exception("turn %s failed", item)
+            with contextlib.suppress(Exception):
+                await self._failed(item, "server_error", f"internal error ({type(exc).__name__})",
+                                   "server_error")
+
+    async def _run_turn(self, item: str, turn: Turn, target: Target) -> None:
+        audio = AudioInput(turn.wav(), None, AudioInfo(turn.seconds, SAMPLE_RATE, 1, "pcm_s16le"))
+        call = await self.calls.start(backend=target.backend, model=target.model,
+                                      options=target.options, audio=audio, owner=self.owner,
+                                      terms=SubmitTerms(lane="interactive"))
+        sent: set[int] = set()
+        try:
+            async for event in call.events:
+                if event["type"] == "segment":
+                    # a redelivered task's new attempt publishes its segments again
+                    if event.get("id") in sent or not event.get("text"):
+                        continue
+                    sent.add(event.get("id", -1))
+                    text = event["text"].lstrip() if len(sent) == 1 else event["text"]
+                    await self._send(server_event(f"{TRANSCRIPTION}.delta", item_id=item,
+                                                  content_index=0, delta=text))
+                elif event["type"] == "done":
+                    await self._finished(item, event["task"])
+                    return
+                elif event["type"] == "timeout":
+                    await self._failed(item, "task_timeout", "the transcription did not finish "
+                                       f"within {self.settings.request_timeout_seconds:.0f} s "
+                                       f"(task {call.task_id})", "server_error")
+                    return
+        finally:
+            await call.events.aclose()
+
+    async def _finished(self, item: str, task: Task) -> None:
+        if task.state == TaskState.SUCCEEDED and task.result is not None:
+            seconds = float(task.result.get("usage", {}).get("audio_seconds")
+                            or task.audio_seconds or 0.0)
+            await self._send(server_event(
+                f"{TRANSCRIPTION}.completed", item_id=item, content_index=0,
+                transcript=task.result.get("text", ""),
+                usage={"type": "duration", "seconds": round(seconds, 3)}))
+        else:
+            await self._failed(item, task.error_code or "task_failed",
+                               task.error or f"the task was {task.state.value.lower()}",
+                               "server_error")
+
+    async def _failed(self, item: str, code: str, message: str, kind: str) -> None:
+        await self._send(server_event(f"{TRANSCRIPTION}.failed", item_id=item, content_index=0,
+                                      error={"type": kind, "code": code, "message": message,
+                                             "param": None}))
+
+
+def _ms(sample: int) -> int:
+    return sample * 1000 // SAMPLE_RATE

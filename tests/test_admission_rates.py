@@ -1,0 +1,171 @@
+"""Predicted waits use each model's own processing rate (issue 18): a backend serving a fast
+and a slow model weighs each model's queued audio by its rate. Deterministic, on a real
+redis-server and the store's real Lua scripts: rates recorded as a worker records them,
+tasks queued, started, finished and cancelled as the gateway and workers do it, and every
+estimate checked against the formula in gateway/admission.py.
+
+(No second faster-whisper model of a really different speed ships with the tests, so the
+end-to-end check that workers record per-model rates is in test_admission.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+from common import keys
+from common.schemas import TaskState
+from common.settings import Settings
+from common.store import QueueFull, Task, TaskStore, WorkerStore, new_task_id
+from common.store import admission as facts
+from gateway import admission
+from gateway.errors import RequestError
+from harness import procs
+
+BACKEND = "faster-whisper"
+FAST, SLOW, NEW = "fast", "slow", "unmeasured"  # 10 and 1 audio-seconds per wall second
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server = procs.RedisServer(tmp_path_factory.mktemp("rates") / "redis").start()
+    yield server.url
+    server.stop()
+
+
+async def queue(store: TaskStore, model: str, seconds: float, lane: str = keys.BATCH,
+                backend: str = BACKEND) -> Task:
+    task = Task(id=new_task_id(), backend=backend, model=model, state=TaskState.PENDING,
+                input_path="/nonexistent/clip.wav", audio_seconds=seconds, lane=lane)
+    await store.submit(task, None)
+    return task
+
+
+def test_each_model_counts_at_its_own_rate_and_the_backlog_balances(redis_url: str) -> None:
+    async def scenario() -> None:
+        redis = Redis.from_url(redis_url)
+        store = TaskStore(redis, 60)
+        await store.ensure_queue(BACKEND)
+        for consumer in ("worker-a", "worker-b"):  # two live workers share the work
+            await WorkerStore(redis, Settings(backend=BACKEND), consumer).beat({})
+        rates = facts.RateRecorder(redis, BACKEND)
+        await rates.record(FAST, 10.0, 1.0)
+        await rates.record(SLOW, 2.0, 2.0)
+
+        running = await queue(store, SLOW, 4.0)
+        assert await store.start(running.id, "worker-a", 1, BACKEND) == 1
+        queued = [await queue(store, FAST, 10.0), await queue(store, FAST, 10.0),
+                  await queue(store, SLOW, 3.0), await queue(store, NEW, 6.0),
+                  await queue(store, FAST, 5.0, keys.INTERACTIVE)]
+
+        view = await admission.outlook(store, BACKEND)
+        assert view.workers == 2
+        assert view.rates.models == {FAST: 10.0, SLOW: 1.0}
+        # the backend's rate over all models is kept too: 10, then 1 folded in at 0.3
+        assert view.rates.backend == pytest.approx(10.0 + 0.3 * (1.0 - 10.0))
+        assert view.rate_of(NEW) == pytest.approx(5.5)  # the mean of the measured models
+        # a new batch task has both lanes ahead; the running slow task is half done
+        work_ahead = 5.0 / 10 + 20.0 / 10 + 3.0 / 1 + 6.0 / 5.5
+        running_work = 4.0 / 1
+        start = (work_ahead + running_work / 2) / 2
+        assert view.ahead(keys.BATCH) == (5, pytest.approx(work_ahead))
+        assert view.ahead(keys.INTERACTIVE) == (1, pytest.approx(0.5))
+        assert view.start_after(work_ahead) == pytest.approx(start)
+        # with one rate for every model the same queue looked far shorter (34 audio-seconds
+        # queued, 4 running, all at 7.3): what per-model rates fix
+        one_rate = view.rates.backend
+        assert one_rate is not None
+        assert start > 1.5 * (34.0 / one_rate + 4.0 / one_rate / 2) / 2
+        # the task's own finish is at its model's rate
+        slow_estimate = view.estimate(work_ahead, SLOW, 2.0)
+        fast_estimate = view.estimate(work_ahead, FAST, 2.0)
+        assert slow_estimate is not None and fast_estimate is not None
+        assert slow_estimate.finish == pytest.approx(start + 2.0)
+        assert fast_estimate.finish == pytest.approx(start + 0.2)
+
+        # a queued task third in line: two tasks of the mean queued processing time ahead
+        third = queued[3]
+        estimate = await admission.estimate_queued(store, await store.get(third.id), 3)
+        assert estimate is not None
+        expected = (2 * work_ahead / 5 + running_work / 2) / 2
+        assert estimate.start == pytest.approx(expected)
+        assert estimate.finish == pytest.approx(expected + 6.0 / 5.5)
+
+        # Retry-Afters come from the same numbers
+        limited = Settings(max_queue_seconds_ahead={BACKEND: 1.0})
+        with pytest.raises(RequestError) as refused:
+            await admission.admit(store, limited, await queue_view(NEW, 1.0))
+        assert refused.value.status_code == 429 and refused.value.code == "queue_full"
+        assert refused.value.headers == {"Retry-After": str(math.ceil(start - 1.0))}
+        await admission.admit(store, Settings(max_queue_seconds_ahead={BACKEND: start + 1}),
+                              await queue_view(NEW, 1.0))
+        full = await admission.queue_full(store, await queue_view(FAST, 1.0), QueueFull(5), 4)
+        excess = (5 - 4 + 1) * work_ahead / 5
+        assert full.headers == {
+            "Retry-After": str(math.ceil((excess + running_work / 2) / 2))}
+
+        # every task that leaves leaves the backlog, per lane and per model
+        for task in queued:
+            assert await store.cancel(task.id, BACKEND) == TaskState.CANCELLED
+        assert await store.finish(running, TaskState.SUCCEEDED, attempt=1,
+                                  entry_id=running.entry_id, result={"text": ""})
+        backlog = {k.decode(): float(v) for k, v in
+                   (await redis.hgetall(keys.backlog(BACKEND))).items()}
+        assert f"batch:seconds:{FAST}" in backlog and f"running:seconds:{SLOW}" in backlog
+        assert all(abs(value) < 1e-9 for value in backlog.values()), backlog
+        assert await admission.estimate_queued(store, third, 1) is not None  # rates stay
+        await redis.aclose()
+
+    asyncio.run(scenario())
+
+
+async def queue_view(model: str, seconds: float) -> Task:
+    """A new task as admit() sees it before its submit (nothing written)."""
+    return Task(id=new_task_id(), backend=BACKEND, model=model, state=TaskState.PENDING,
+                audio_seconds=seconds)
+
+
+def test_no_rate_no_estimate_then_the_backend_rate_then_the_models_mean(
+        redis_url: str) -> None:
+    backend = "parakeet"
+
+    async def scenario() -> None:
+        redis = Redis.from_url(redis_url)
+        store = TaskStore(redis, 60)
+        await store.ensure_queue(backend)
+        task = await queue(store, FAST, 8.0, backend=backend)
+        view = await admission.outlook(store, backend)
+        assert view.ahead(keys.BATCH) is None and view.start_after(0.0) is None
+        assert await admission.estimate_queued(store, task, 1) is None
+        # no rate, no refusal: a deadline is not held against an unknown wait
+        await admission.admit(store, Settings(max_queue_seconds_ahead={backend: 0.1}), task)
+
+        rates = facts.RateRecorder(redis, backend)
+        await rates.record("", 4.0, 1.0)  # a rate recorded without a model (as before)
+        view = await admission.outlook(store, backend)
+        assert view.rates.models == {} and view.rate_of(FAST) == pytest.approx(4.0)
+        assert view.ahead(keys.BATCH) == (1, pytest.approx(2.0))
+
+        await rates.record(SLOW, 1.0, 1.0)
+        await rates.record(NEW, 3.0, 1.0)
+        view = await admission.outlook(store, backend)
+        assert view.rate_of(FAST) == pytest.approx(2.0)  # mean of 1 and 3, not the backend's
+        assert view.ahead(keys.BATCH) == (1, pytest.approx(4.0))
+        await redis.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_backlog_from_before_per_model_sums_still_counts_whole() -> None:
+    """Tasks queued by an older version count in the lane totals only: the seconds no model
+    is known for count at the fallback rate; per-model sums never exceed their lane's."""
+    backlog = facts._backlog({"batch:tasks": "3", "batch:seconds": "9.0",
+                              "batch:seconds:fast": "4.0", "interactive:seconds": "2.0",
+                              "interactive:seconds:fast": "4.0", "running:seconds": "1.0"})
+    assert backlog.ahead_by_model(keys.BATCH) == {"fast": 6.0, "": 5.0}
+    assert backlog.running_by_model() == {"": 1.0}
+    view = admission.Outlook(backlog, facts.Rates(None, {"fast": 2.0, "slow": 1.0}), 1)
+    assert view.ahead(keys.BATCH) == (3, pytest.approx(6.0 / 2 + 5.0 / 1.5))
