@@ -26,7 +26,8 @@ from typing import Any  # noqa: E402
 from bench import common as bc  # noqa: E402
 
 SCRIPTS = ("gateway_overhead", "dispatch_latency", "throughput", "rtf", "memory",
-           "start_to_ready", "cpu_per_task", "diarization", "realtime")
+           "start_to_ready", "cpu_per_task", "diarization", "realtime",
+           "tts_first_audio")
 
 
 def run_one(name: str, timeout: float) -> tuple[int, float]:
@@ -90,6 +91,12 @@ def headline(name: str) -> list[str]:
     if name == "realtime":
         return [f"{mode}: end of turn -> completed p50 {m['end_to_completed']['p50']:.0f} ms, "
                 f"p99 {m['end_to_completed']['p99']:.0f} ms" for mode, m in data["modes"].items()]
+    if name == "tts_first_audio":
+        if "skipped" in data:
+            return [f"skipped ({data['skipped']})"]
+        return [f"{case}: first byte {c['first_byte_s']['p50']:.2f} s, whole file "
+                f"{c['whole_s']['p50']:.2f} s, ratio {c['ratio']:.3f}"
+                for case, c in data["cases"].items()]
     return []
 
 

@@ -168,11 +168,15 @@ class _Samples:
         self.data = np.empty(0, dtype=np.float32)
 
 
-def encode_wav(audio: np.ndarray, sample_rate: int) -> bytes:
-    """16-bit PCM WAV of a mono float array in [-1, 1]."""
+def pcm16(audio: np.ndarray) -> bytes:
+    """16-bit little-endian PCM of a mono float array in [-1, 1]."""
+    return (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+def wav_from_pcm(pcm: bytes, sample_rate: int) -> bytes:
+    """A mono 16-bit WAV holding exactly `pcm`."""
     import wave
 
-    pcm = (np.clip(audio, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
     buffer = io.BytesIO()
     with wave.open(buffer, "wb") as wav:
         wav.setnchannels(1)
@@ -180,6 +184,24 @@ def encode_wav(audio: np.ndarray, sample_rate: int) -> bytes:
         wav.setframerate(sample_rate)
         wav.writeframes(pcm)
     return buffer.getvalue()
+
+
+def encode_wav(audio: np.ndarray, sample_rate: int) -> bytes:
+    """16-bit PCM WAV of a mono float array in [-1, 1]."""
+    return wav_from_pcm(pcm16(audio), sample_rate)
+
+
+def wav_pcm(wav: bytes) -> tuple[bytes, int]:
+    """(PCM samples, sample rate) of a mono 16-bit WAV such as `wav_from_pcm` writes."""
+    import wave
+
+    try:
+        with wave.open(io.BytesIO(wav), "rb") as reader:
+            if (reader.getnchannels(), reader.getsampwidth()) != (1, 2):
+                raise AudioError("not a mono 16-bit WAV")
+            return reader.readframes(reader.getnframes()), reader.getframerate()
+    except (wave.Error, EOFError) as exc:
+        raise AudioError(f"not a readable WAV ({exc})") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,12 @@ def output_blob(task_id: str) -> str:
     return f"{PREFIX}blob:{task_id}:output"
 
 
+def speech_chunks(task_id: str) -> str:
+    """Stream: a TTS task's audio so far, one entry per spoken piece (entry id 0-N for the
+    N-th piece, from 1), appended by the task's current attempt only."""
+    return f"{PREFIX}speech:{task_id}"
+
+
 def events(task_id: str) -> str:
     """Pub/sub channel: segments as they are produced, then the terminal state."""
     return f"{PREFIX}events:{task_id}"

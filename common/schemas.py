@@ -223,3 +223,13 @@ class Synthesis:
     @property
     def duration(self) -> float:
         return len(self.audio) / self.sample_rate
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechChunk:
+    """One spoken piece (a sentence) of a TTS task, as stored while the task runs and sent
+    to a streaming client."""
+
+    index: int  # from 0, in the text's order
+    pcm: bytes  # 16-bit little-endian mono samples
+    sample_rate: int

@@ -88,7 +88,11 @@ class SpeechRequest(BaseModel):
                                                 "first one by default")
     response_format: Literal[SPEECH_FORMATS] = "mp3"  # type: ignore[valid-type]
     speed: float = Field(1.0, ge=MIN_SPEED, le=MAX_SPEED)
-    stream_format: Literal["audio"] = Field("audio", description="`sse` is not supported")
+    stream_format: Literal["audio", "sse"] | None = Field(
+        None, description="Send the audio as it is spoken: `audio` (chunked bytes of "
+                          "`response_format`: mp3, opus, aac, wav or pcm) or `sse` "
+                          "(`speech.audio.delta` events, then `speech.audio.done`); "
+                          "absent: the whole file at once")
     language: str = Field("en", description="(extension) one of XTTS's 17 languages")
     speaker_wav: str | None = Field(None, description="(extension) a reference clip under an "
                                                       "allowed root, instead of `voice`")

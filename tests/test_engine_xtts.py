@@ -163,18 +163,19 @@ def test_latents_cached_output_seeded_and_input_errors(tiny_model: Path) -> None
     assert errors["bad_speed"] == "speed must be positive"
 
 
-def test_split_sentences_packs_whole_sentences_up_to_the_limit() -> None:
+def test_split_sentences_gives_one_piece_per_sentence_cut_at_the_limit() -> None:
     assert xtts.split_sentences("Hello world.  This is\na test.", 250) == [
-        "Hello world. This is a test."]
+        "Hello world.", "This is a test."]
     assert xtts.split_sentences("Hello world. This is a test!", 20) == [
         "Hello world.", "This is a test!"]
-    assert xtts.split_sentences("One. Two. Three.", 9) == ["One. Two.", "Three."]
+    assert xtts.split_sentences("One. Two? Three\u2026 Four", 9) == [
+        "One.", "Two?", "Three\u2026", "Four"]
     long = xtts.split_sentences(" ".join(["word"] * 60) + ". End.", 50)
-    assert all(len(chunk) <= 50 for chunk in long)
+    assert all(len(chunk) <= 50 for chunk in long) and long[-1] == "End."
     assert " ".join(long).split() == [*(["word"] * 59), "word.", "End."]
     cjk = "\u4f60\u597d\u3002\u4e16\u754c\uff01"  # two Chinese sentences
-    assert xtts.split_sentences(cjk, 82) == [cjk]
-    assert xtts.split_sentences(cjk, 3) == [cjk[:3], cjk[3:]]
+    assert xtts.split_sentences(cjk, 82) == [cjk[:3], cjk[3:]]
+    assert xtts.split_sentences(cjk, 2) == [cjk[:2], cjk[2], cjk[3:5], cjk[5]]
     assert xtts.split_sentences(" \n ", 250) == []
 
 

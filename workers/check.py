@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import cast
 
+import numpy as np
+
 from common import clips
 from common.audio import decode_audio, encode_wav
 from common.backends import BACKENDS
@@ -68,10 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         elif kind == "tts" and args.text is not None:
             options = SynthesisOptions(text=args.text, language=args.language or "en",
                                        voice=args.voice)
-            synthesis = cast(SpeechEngine, engine).synthesize(handle, options, audio)
+            pieces = list(cast(SpeechEngine, engine).speak(handle, options, audio))
+            samples = np.concatenate([piece.audio for piece in pieces])
+            rate = pieces[0].sample_rate
             if args.out:
-                args.out.write_bytes(encode_wav(synthesis.audio, synthesis.sample_rate))
-            output = {"audio_seconds": synthesis.duration, "sample_rate": synthesis.sample_rate}
+                args.out.write_bytes(encode_wav(samples, rate))
+            output = {"audio_seconds": len(samples) / rate, "sample_rate": rate,
+                      "pieces": len(pieces)}
         else:
             options = TranscriptionOptions(language=args.language, task=args.task,
                                            word_timestamps=args.word_timestamps)

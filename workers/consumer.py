@@ -3,9 +3,11 @@
 Claim an entry (our own pending entries first, after a restart; then an abandoned one the
 janitor takes over; then a blocking read), open an attempt, ask the model's breaker, run the
 engine through the engine host, store the terminal state (fenced by attempt), ack. Around
-each task: lease extension and metrics. What a failed load means (fail the task, count it
-against the model's breaker, after a half-built load ask the process edge to exit) is in
-`workers/breakers.py`, which hears of every load the consumer's tasks cause.
+each task: lease extension and metrics; for TTS, each spoken piece is stored (fenced by the
+same attempt) as it is done, and a redelivered task resumes after the stored ones. What a
+failed load means (fail the task, count it against the model's breaker, after a half-built
+load ask the process edge to exit) is in `workers/breakers.py`, which hears of every load
+the consumer's tasks cause.
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from redis.exceptions import RedisError, ResponseError
 
 from common import logs
 from common.paths import AllowedFile
-from common.schemas import ErrorCode, Segment, TaskState
+from common.schemas import ErrorCode, Segment, SpeechChunk, TaskState
 from common.settings import Settings
 from common.store import Task, WorkerStore
 from common.store.queue import Delivery
 from workers.breakers import ModelBreakers
 from workers.engine_host import EngineHost
-from workers.execute import Outcome, TaskError
+from workers.execute import Outcome, SpeechProgress, TaskError
 from workers.models import LoadReport
 
 log = logging.getLogger("worker")
@@ -117,7 +119,7 @@ class Consumer:
             outcome: Outcome | None = None
             error, code = "", ""
             try:
-                outcome = await self._run_task(task)
+                outcome = await self._run_task(task, attempt)
             except TaskError as exc:
                 error, code = str(exc), exc.code.value
         finally:
@@ -132,6 +134,7 @@ class Consumer:
                  f" ({error})" if error else "")
         self.tasks_done += 1
         if stored:
+            await self._drop_speech(task)
             await self._record(task, state, started)
 
     async def _record(self, task: Task, state: TaskState, started: float) -> None:
@@ -156,7 +159,14 @@ class Consumer:
                 # characters) per second of wall time, less a load
                 await self.store.record_rate(task.model, task.work_units, inference)
 
-    async def _run_task(self, task: Task) -> Outcome:
+    async def _drop_speech(self, task: Task) -> None:
+        """A finished TTS task's pieces: its WAV (or its error) says it all from now on; left
+        behind by a lost Redis, they expire with the retention."""
+        if self.host.kind == "tts":
+            with contextlib.suppress(RedisError):
+                await self.store.drop_chunks(task.id)
+
+    async def _run_task(self, task: Task, attempt: int) -> Outcome:
         breaker_error = await self.breakers.admit(task.model)
         if breaker_error:
             raise TaskError(breaker_error, ErrorCode.MODEL_UNAVAILABLE)
@@ -181,8 +191,27 @@ class Consumer:
             with contextlib.suppress(Exception):
                 future.result(timeout=1.0)
 
+        speech = await self._speech(task, attempt) if self.host.kind == "tts" else None
         return await self.host.execute(task.model, task.params, source, on_segment,
-                                       on_load=functools.partial(self._loaded, task))
+                                       on_load=functools.partial(self._loaded, task),
+                                       speech=speech)
+
+    async def _speech(self, task: Task, attempt: int) -> SpeechProgress:
+        """Where a TTS task's pieces go as they are spoken, after those an earlier attempt
+        stored (read after this attempt started: no stale one can append any more)."""
+        done = await _until_stored(lambda: self.store.speech_chunks(task.id))
+        if done:
+            log.info("resuming after %d stored pieces", len(done))
+        loop = asyncio.get_running_loop()
+
+        def store(chunk: SpeechChunk) -> None:
+            # Runs on the engine thread: each piece is durable before the next is spoken.
+            # A lost Redis is waited out (as the terminal write would be); StaleAttempt
+            # (another attempt owns the task now) ends this one.
+            asyncio.run_coroutine_threadsafe(_until_stored(
+                lambda: self.store.append_chunk(task.id, attempt, chunk)), loop).result()
+
+        return SpeechProgress(done, store)
 
     async def _give_up(self, task: Task, entry_id: str, deliveries: int) -> None:
         reason = f"gave up after {deliveries - 1} deliveries: the worker died running this task"
@@ -190,8 +219,9 @@ class Consumer:
             reason = f"{task.last_error} (gave up after {deliveries - 1} deliveries)"
         log.error("%s", reason)
         await self.store.dead_letter(task.id, reason, deliveries)
-        await self.store.finish(task, TaskState.FAILED, attempt=None, entry_id=entry_id,
-                                error=reason, error_code=ErrorCode.DELIVERY_LIMIT.value)
+        if await self.store.finish(task, TaskState.FAILED, attempt=None, entry_id=entry_id,
+                                   error=reason, error_code=ErrorCode.DELIVERY_LIMIT.value):
+            await self._drop_speech(task)
         with contextlib.suppress(RedisError):
             await self.store.record(("tasks_FAILED", "dead_lettered"))
 

@@ -24,7 +24,14 @@ from workers.device_budget import NO_BUDGET, DeviceBudget
 from workers.device_holding import DeviceHolding
 from workers.diarize import Diarizer
 from workers.engines.base import Engine
-from workers.execute import Outcome, Source, TaskError, run_engine, task_error
+from workers.execute import (
+    Outcome,
+    Source,
+    SpeechProgress,
+    TaskError,
+    run_engine,
+    task_error,
+)
 from workers.models import LoadFailed, LoadReport, ModelSlot, OnLoad, SourceUnusable
 
 log = logging.getLogger("worker")
@@ -82,9 +89,10 @@ class EngineHost:
 
     async def execute(self, model: str, params: dict[str, Any], source: Source | None,
                       on_segment: Callable[[Segment], None],
-                      on_load: OnLoad | None = None) -> Outcome:
+                      on_load: OnLoad | None = None,
+                      speech: SpeechProgress | None = None) -> Outcome:
         """Load `model` if needed and run one engine call, serialised with every other;
-        a TaskError says why it failed."""
+        a TaskError says why it failed. `speech`: see workers.execute.SpeechProgress."""
         async with self.lock:
             self.running_calls += 1
             outcome: Outcome | None = None
@@ -100,7 +108,7 @@ class EngineHost:
                     params=params, source=source, on_segment=on_segment,
                     max_audio_seconds=self.settings.max_audio_seconds,
                     allowed_roots=tuple(self.settings.allowed_roots),
-                    diarizer=self.slot.diarization())
+                    diarizer=self.slot.diarization(), speech=speech)
             except Exception as exc:
                 failure = task_error(exc)
             # Past the except block the engine's exception is gone, and with its traceback

@@ -2,8 +2,9 @@
 say in one TaskError why a call failed.
 
 What a call takes and gives follows the backend's kind (common/backends.py): ASR decodes one
-clip and streams segments, TTS decodes an optional voice clip and returns audio, analysis
-decodes the clips the row declares and returns the engine's JSON."""
+clip and streams segments, TTS decodes an optional voice clip and hands each spoken piece to
+its `SpeechProgress` as it is done (then returns the whole WAV), analysis decodes the clips
+the row declares and returns the engine's JSON."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any, cast
 import numpy as np
 
 from common import clips
-from common.audio import AudioError, AudioTooLong, decode_audio, encode_wav
+from common.audio import AudioError, AudioTooLong, decode_audio, pcm16, wav_from_pcm
 from common.backends import BACKENDS
 from common.paths import AllowedFile
 from common.schemas import (
@@ -23,6 +24,7 @@ from common.schemas import (
     DiarizationOptions,
     ErrorCode,
     Segment,
+    SpeechChunk,
     SynthesisOptions,
     TranscriptionOptions,
 )
@@ -59,6 +61,17 @@ def task_error(exc: Exception) -> TaskError:
 
 
 @dataclass(slots=True)
+class SpeechProgress:
+    """A TTS task's pieces so far: those a previous attempt stored (this one resumes after
+    them: sampling is not deterministic, and a client may already have heard them), and
+    `store`, called on the engine thread with each new piece, which returns once the piece
+    is durable (or raises, to stop a stale attempt)."""
+
+    done: list[SpeechChunk]
+    store: Callable[[SpeechChunk], None]
+
+
+@dataclass(slots=True)
 class Outcome:
     result: dict[str, Any]
     output: bytes | None = None  # synthesized audio (WAV), stored as the task's output blob
@@ -76,15 +89,17 @@ def run_engine(
     max_audio_seconds: float | None = None,
     allowed_roots: tuple[Path, ...] = (),
     diarizer: tuple[diarize.Diarizer, Any] | None = None,
+    speech: SpeechProgress | None = None,
 ) -> Outcome:
     """`max_audio_seconds` bounds the decoded input (AudioTooLong past it); `allowed_roots`
     are what the paths in a task's options are checked against as they are opened;
-    `diarizer` (and its handle) runs after an ASR engine when the task asks for speakers.
+    `diarizer` (and its handle) runs after an ASR engine when the task asks for speakers;
+    `speech` takes a TTS task's pieces as they are spoken (none: only the whole WAV).
     What the engine does is the backend's kind in the table."""
     kind = BACKENDS[backend].kind
     if kind == "tts":
         return _synthesize(cast(SpeechEngine, engine), handle, backend, model, params, source,
-                           max_audio_seconds)
+                           max_audio_seconds, speech)
     if kind == "analysis":
         return _analyze(cast(AnalysisEngine, engine), handle, backend, model, params, source,
                         max_audio_seconds, allowed_roots)
@@ -142,18 +157,35 @@ def _decode(source: Source, sample_rate: int, max_seconds: float | None) -> np.n
 
 def _synthesize(engine: SpeechEngine, handle: Any, backend: str, model: str,
                 params: dict[str, Any], reference_source: Source | None,
-                max_audio_seconds: float | None) -> Outcome:
+                max_audio_seconds: float | None, speech: SpeechProgress | None) -> Outcome:
+    """The WAV is exactly the pieces' samples joined: what a streaming client got is what
+    `output_url` serves."""
     options = SynthesisOptions(**{k: v for k, v in params.items()
                                   if k in SynthesisOptions.__dataclass_fields__})
     reference = (_decode(reference_source, engine.sample_rate, max_audio_seconds)
                  if reference_source is not None else None)
-    synthesis = engine.synthesize(handle, options, reference)
-    seconds = round(synthesis.duration, 3)
+    done = speech.done if speech is not None else []
+    pieces = [chunk.pcm for chunk in done]
+    rate = done[0].sample_rate if done else 0
+    spoken = engine.speak(handle, options, reference, start=len(done))
+    for index, piece in enumerate(spoken, start=len(done)):
+        if rate and piece.sample_rate != rate:
+            raise TaskError(f"the engine spoke at {piece.sample_rate} Hz after {rate} Hz")
+        rate = piece.sample_rate
+        chunk = SpeechChunk(index, pcm16(piece.audio), rate)
+        if speech is not None:
+            speech.store(chunk)
+        pieces.append(chunk.pcm)
+    if not rate:
+        raise ValueError("the text is empty")
+    pcm = b"".join(pieces)
+    del pieces
+    seconds = round(len(pcm) / 2 / rate, 3)
     usage = {"characters": len(options.text), "audio_seconds": seconds}
-    result = {"audio_seconds": seconds, "sample_rate": synthesis.sample_rate, "format": "wav",
+    result = {"audio_seconds": seconds, "sample_rate": rate, "format": "wav",
               "characters": len(options.text), "usage": usage, "backend": backend,
               "model": model}
-    return Outcome(result, encode_wav(synthesis.audio, synthesis.sample_rate))
+    return Outcome(result, wav_from_pcm(pcm, rate))
 
 
 def _analyze(engine: AnalysisEngine, handle: Any, backend: str, model: str,

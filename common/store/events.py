@@ -33,6 +33,7 @@ RECONNECT_SECONDS = 0.5
 SUBSCRIBE_WAIT_SECONDS = 2.0  # then the waiter goes on (it still reads the state)
 RETRY_AFTER_SECONDS = 2
 RESYNC: dict[str, Any] = {"type": "resync"}  # the hub reconnected: re-read the state
+TICK: dict[str, Any] = {"type": "tick"}  # to a waiter: look again, a message may be lost
 
 
 class Overloaded(Exception):
@@ -73,8 +74,10 @@ class EventHub:
     # --- the waiter's side -----------------------------------------------------------------
 
     async def events(self, task_id: str, timeout: float) -> AsyncIterator[dict[str, Any]]:
-        """First {"type": "subscribed"}, then segment events as the worker publishes them,
-        then one {"type": "done", "task": Task}, or {"type": "timeout"} after `timeout` s.
+        """First {"type": "subscribed"}, then segment and chunk events as the worker
+        publishes them (and a {"type": "tick"} when messages may have been missed: after a
+        reconnect or `POLL_SECONDS` of silence), then one {"type": "done", "task": Task}, or
+        {"type": "timeout"} after `timeout` s.
 
         Overloaded (the caller answers 503 with Retry-After) when this process already has
         `max_waiters` waiters. Leaving the loop early (or cancelling it) releases the waiter.
@@ -94,13 +97,15 @@ class EventHub:
                         event = await queue.get()
                 except TimeoutError:
                     event = None
-                if event is not None and event.get("type") == "segment":
+                if event is not None and event.get("type") in ("segment", "chunk"):
                     yield event
                     continue
                 task = await _state(self.store, task_id)
                 if task is not None and task.state.terminal:
                     yield {"type": "done", "task": task}
                     return
+                if event is None or event is RESYNC:
+                    yield TICK
             yield {"type": "timeout"}
         finally:
             self.waiters -= 1

@@ -21,6 +21,7 @@ from common.blobs import BlobDir
 from common.schemas import TERMINAL_STATES, TaskState
 from common.settings import Settings
 from common.store import admission, usage
+from common.store.chunks import SpeechChunks
 from common.store.connection import bounded_client
 from common.store.devices import DeviceView, devices
 from common.store.usage import Charge, PeriodUsage
@@ -405,6 +406,7 @@ class TaskStore:
         self.redis = redis
         self.retention = retention_seconds
         self.blob_dir = blob_dir
+        self.speech = SpeechChunks(redis, retention_seconds)  # a TTS task's audio so far
         self._submit = redis.register_script(_SUBMIT)
         self._start = redis.register_script(_START)
         self._finish = redis.register_script(_FINISH)

@@ -1,6 +1,6 @@
 """A worker's whole side of Redis, for one backend and one consumer name: its stream (read,
-claim, lease, ack, dead-letter), its tasks (start, finish, note, publish), the breakers of its
-models, its metrics and its heartbeat.
+claim, lease, ack, dead-letter), its tasks (start, finish, note, publish, the audio a TTS
+task has spoken so far), the breakers of its models, its metrics and its heartbeat.
 
 A worker process holds this one object and nothing else of Redis: it never sees a key or the
 client, so the key layout (`common/keys.py`) stays inside this package.
@@ -14,7 +14,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from common import keys
-from common.schemas import TaskState
+from common.schemas import SpeechChunk, TaskState
 from common.settings import Settings
 from common.store import admission, metrics
 from common.store.devices import DeviceLedger
@@ -98,6 +98,18 @@ class WorkerStore:
         return await self._tasks.finish(task, state, attempt=attempt, entry_id=entry_id,
                                         result=result, error=error, error_code=error_code,
                                         output=output)
+
+    # --- a TTS task's audio as it is spoken (common/store/chunks.py) ---
+    async def speech_chunks(self, task_id: str) -> list[SpeechChunk]:
+        """Every piece stored so far, in order (what a new attempt resumes after)."""
+        return await self._tasks.speech.read(task_id, count=None)
+
+    async def append_chunk(self, task_id: str, attempt: int, chunk: SpeechChunk) -> None:
+        """StaleAttempt when `attempt` is no longer the task's running attempt."""
+        await self._tasks.speech.append(task_id, attempt, chunk)
+
+    async def drop_chunks(self, task_id: str) -> None:
+        await self._tasks.speech.drop(task_id)
 
     async def note_error(self, task_id: str, error: str) -> None:
         await self._tasks.note_error(task_id, error)

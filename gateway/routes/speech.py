@@ -25,7 +25,8 @@ def speech_serving(request: Request) -> SpeechServing:
 
 Serving = Annotated[SpeechServing, Depends(speech_serving)]
 AUDIO = {"content": {"audio/mpeg": {}, "audio/ogg": {}, "audio/aac": {}, "audio/flac": {},
-                     "audio/wav": {}, "audio/pcm": {}}}
+                     "audio/wav": {}, "audio/pcm": {},
+                     "text/event-stream": {"description": "with `stream_format=sse`"}}}
 
 
 @router.post("/v1/audio/speech", openapi_extra=json_body(SpeechRequest),
@@ -33,7 +34,8 @@ AUDIO = {"content": {"audio/mpeg": {}, "audio/ogg": {}, "audio/aac": {}, "audio/
                                              f"({', '.join(SPEECH_FORMATS)})", **AUDIO},
                         **openai_errors(400, 401, 404, 409, 413, 429, 500, 503, 504)})
 async def speech(request: Request, owner: Owner, serving: Serving) -> Response:
-    """Speak a text (XTTS): queued like any task, answered with the audio when it finishes."""
+    """Speak a text (XTTS): queued like any task, answered with the audio when it finishes,
+    or, with `stream_format`, sent sentence by sentence as it is spoken."""
     return await serving.create(request, owner)
 
 

@@ -51,7 +51,7 @@ class Call:
         the waiter at once). A 504 naming the task (plus `timeout_headers`) when the wait
         times out."""
         waiting = asyncio.ensure_future(_done(self.events))
-        hung_up = asyncio.ensure_future(_client_gone(request))
+        hung_up = asyncio.ensure_future(client_gone(request))
         try:
             await asyncio.wait({waiting, hung_up}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -163,7 +163,7 @@ async def _done(events: Events) -> Task | None:
     return None
 
 
-async def _client_gone(request: Request) -> None:
+async def client_gone(request: Request) -> None:
     """Returns when the client disconnects (the request body has been read by then)."""
     try:
         while (await request.receive())["type"] != "http.disconnect":

@@ -1,5 +1,6 @@
 """`POST /v1/audio/speech`: validate, queue a TTS task like any other, wait for it and answer
-with its audio transcoded to the asked format; `GET /v1/tasks/{id}/audio`: a finished TTS
+with its audio transcoded to the asked format, or stream it as it is spoken (`stream_format`,
+gateway/serving/speech_stream.py); `GET /v1/tasks/{id}/audio`: a finished TTS
 task's WAV, by signed URL or by its owner's key."""
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from fastapi.responses import Response
 from common.audio import OUTPUT_FORMATS, AudioError, transcode
 from common.schemas import TaskState
 from common.store import Task
+from common.stream_audio import STREAM_FORMATS
 from gateway.auth import owner_or_none
 from gateway.errors import RequestError
-from gateway.inputs import read_params
+from gateway.inputs import Params, read_params
 from gateway.serving.calls import (
     Disconnected,
     SyncCalls,
@@ -22,6 +24,7 @@ from gateway.serving.calls import (
     response_format,
     task_failed,
 )
+from gateway.serving.speech_stream import stream_reply
 from gateway.submission import SubmitTerms, default_lane, guard_store
 from gateway.tts import output_url, token_valid, tts_input
 
@@ -36,17 +39,20 @@ class SpeechServing:
         params = await read_params(request)
         backend, model = public_model(self.settings, params, "tts-1", "tts")
         fmt = response_format(params, tuple(OUTPUT_FORMATS), "mp3")
-        if (params.get("stream_format") or "audio") != "audio":
-            raise RequestError(400, "only stream_format 'audio' is supported",
-                               param="stream_format")
+        stream_format = _stream_format(params, fmt)
         terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, "interactive"),
                                self.settings)
         options, audio = await tts_input(params, self.settings, backend, text_param="input")
         call = await self.calls.start(backend=backend, model=model, options=options,
                                       audio=audio, owner=owner, terms=terms)
         # past the timeout the audio stays fetchable (as WAV) at its URL once it finishes
-        finished = await call.outcome(request, timeout_headers={
-            "x-output-url": output_url(request, self.settings, call.task_id)})
+        url = {"x-output-url": output_url(request, self.settings, call.task_id)}
+        if stream_format:
+            return await stream_reply(request, call, self.store, fmt=fmt,
+                                      stream_format=stream_format,
+                                      characters=len(options["text"]),
+                                      headers={**url, **call.headers})
+        finished = await call.outcome(request, timeout_headers=url)
         if isinstance(finished, Disconnected):
             return Response(status_code=499)  # never delivered: the client is gone
         reply = await self._audio_reply(finished, fmt)
@@ -86,3 +92,17 @@ class SpeechServing:
         if not self.settings.api_keys:
             return False  # no keys: the signed URL is the only credential
         return owner_or_none(request, self.settings) == task.owner
+
+
+def _stream_format(params: Params, fmt: str) -> str:
+    """"audio" or "sse" when the caller asked for a stream, "" for the whole file at once
+    (no stream_format: the reply has a Content-Length, and every format can be asked)."""
+    value = (params.get("stream_format") or "").strip().lower()
+    if value not in ("", "audio", "sse"):
+        raise RequestError(400, "stream_format must be 'audio' or 'sse'", param="stream_format")
+    if value and fmt not in STREAM_FORMATS:
+        raise RequestError(400, f"response_format {fmt} cannot be streamed (its header is "
+                                f"written last); stream one of {', '.join(STREAM_FORMATS)}, or "
+                                "leave stream_format out to get the whole file",
+                           param="response_format")
+    return value

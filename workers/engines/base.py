@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -106,8 +106,10 @@ class AnalysisEngine(Engine, Protocol):
 
 @runtime_checkable
 class SpeechEngine(Engine, Protocol):
-    def synthesize(
-        self, handle: Any, options: SynthesisOptions, reference: np.ndarray | None
-    ) -> Synthesis:
-        """Speak `options.text`; `reference` is the voice clip at `sample_rate`, if given."""
+    def speak(self, handle: Any, options: SynthesisOptions, reference: np.ndarray | None,
+              start: int = 0) -> Iterator[Synthesis]:
+        """Speak `options.text` piece by piece (sentences), yielding each as it is done, from
+        the `start`-th piece on (a resumed task has the first ones); the pieces must be a
+        pure function of the options. `reference` is the voice clip at `sample_rate`, if
+        given."""
         ...

@@ -11,6 +11,7 @@ import hashlib
 import re
 import textwrap
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,17 +33,11 @@ _LATENT_CACHE_SIZE = 16
 
 
 def split_sentences(text: str, limit: int) -> list[str]:
-    """Whole sentences packed into chunks of at most `limit` characters (XTTS's GPT reads at
-    most ~400 tokens); a longer sentence is cut at word boundaries."""
-    chunks: list[str] = []
-    for sentence in _SENTENCE_END.split(" ".join(text.split())):
-        for piece in textwrap.wrap(sentence, limit, break_on_hyphens=False):
-            separator = "" if chunks and chunks[-1][-1] in _CJK_STOPS else " "
-            if chunks and len(chunks[-1]) + len(separator) + len(piece) <= limit:
-                chunks[-1] += separator + piece
-            else:
-                chunks.append(piece)
-    return chunks
+    """The text's sentences, one piece each (what a streamed task sends as it is spoken); a
+    sentence longer than `limit` characters (XTTS's GPT reads at most ~400 tokens) is cut at
+    word boundaries. A pure function of the text: a resumed task skips the pieces it has."""
+    return [piece for sentence in _SENTENCE_END.split(" ".join(text.split()))
+            for piece in textwrap.wrap(sentence, limit, break_on_hyphens=False)]
 
 
 @dataclass(slots=True)
@@ -61,7 +56,8 @@ class XttsEngine:
     #: 22.05 kHz for the GPT and 16 kHz for the speaker encoder)
     sample_rate = 24000
     uses_torch = True
-    #: seeds sampling before each request, so the same text and voice give the same audio
+    #: seeds sampling before each piece (seed + its index), so the same text and voice give
+    #: the same audio, also when a redelivered task resumes half-way
     seed: int | None = 0
 
     def __init__(self, settings: Settings) -> None:
@@ -114,9 +110,9 @@ class XttsEngine:
         handle.latents.clear()
         handle.speakers.clear()
 
-    def synthesize(
-        self, handle: XttsHandle, options: SynthesisOptions, reference: np.ndarray | None
-    ) -> Synthesis:
+    def speak(self, handle: XttsHandle, options: SynthesisOptions,
+              reference: np.ndarray | None, start: int = 0) -> Iterator[Synthesis]:
+        """The text's sentences from the `start`-th on, one Synthesis each, as each is done."""
         import torch
 
         language = normalize_language(options.language)
@@ -130,16 +126,18 @@ class XttsEngine:
         if options.speed <= 0:
             raise ValueError("speed must be positive")
         latent, embedding = self._conditioning(handle, options.voice, reference)
-        if self.seed is not None:
-            torch.manual_seed(self.seed)
-        pieces = [
-            handle.model.inference(
-                sentence, language, latent, embedding, speed=options.speed, **handle.inference
-            )["wav"]
-            for sentence in sentences
-        ]
-        audio = np.concatenate(pieces).astype(np.float32, copy=False)
-        return Synthesis(audio=audio, sample_rate=handle.output_rate)
+        for index, sentence in enumerate(sentences[start:], start=start):
+            if self.seed is not None:  # per piece: a resumed task speaks like a whole one
+                torch.manual_seed(self.seed + index)
+            wav = handle.model.inference(sentence, language, latent, embedding,
+                                         speed=options.speed, **handle.inference)["wav"]
+            yield Synthesis(np.asarray(wav, dtype=np.float32), handle.output_rate)
+
+    def synthesize(self, handle: XttsHandle, options: SynthesisOptions,
+                   reference: np.ndarray | None) -> Synthesis:
+        """The whole text at once (the check CLI)."""
+        pieces = [piece.audio for piece in self.speak(handle, options, reference)]
+        return Synthesis(np.concatenate(pieces), handle.output_rate)
 
     def _conditioning(
         self, handle: XttsHandle, voice: str | None, reference: np.ndarray | None

@@ -1,0 +1,169 @@
+"""`/v1/audio/speech` with `stream_format`: the task's audio sent as it is spoken.
+
+The worker stores each spoken piece (a sentence) in the task's chunk record and publishes a
+notification (common/store/chunks.py). A stream reads that record by index, from piece 0,
+woken by the notifications, so each piece is sent once, whatever attempt spoke it; once the
+task is finished the rest comes from its WAV (the same samples: the worker drops the pieces
+after the terminal write). `audio` sends the encoded bytes (chunked transfer), `sse` sends
+them base64 in `speech.audio.delta` events, then one `speech.audio.done`.
+
+The response starts with the first piece, so a task that fails before speaking is a plain
+error reply (its status and JSON body); one that fails later ends an `audio` stream without
+its last chunk (the client sees a broken transfer, never a short file passed off as whole)
+and an `sse` stream with an `error` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from common.audio import AudioError, wav_pcm
+from common.schemas import SpeechChunk, TaskState
+from common.store import Task, TaskStore
+from common.stream_audio import StreamEncoder
+from gateway.errors import RequestError, openai_error
+from gateway.serving.calls import Call, client_gone, still_running, task_failed
+
+Spoken = AsyncIterator[SpeechChunk | Task]
+
+
+class StreamBroken(Exception):
+    """The task failed after its first audio was sent: the transfer is cut short."""
+
+
+async def spoken(store: TaskStore, call: Call) -> Spoken:
+    """The task's pieces in order, each once, then the finished Task; a RequestError (504)
+    when the wait times out."""
+    next_index = sent = 0
+    event: dict[str, Any] = {"type": "tick"}  # pieces stored before we listened come first
+    try:
+        while True:
+            if event["type"] in ("chunk", "tick"):
+                while chunks := await store.speech.read(call.task_id, next_index):
+                    for chunk in chunks:
+                        next_index, sent = chunk.index + 1, sent + len(chunk.pcm)
+                        yield chunk
+            elif event["type"] == "done":
+                task: Task = event["task"]
+                if task.state == TaskState.SUCCEEDED:
+                    tail = await _wav_tail(store, task, sent)
+                    if tail:
+                        yield SpeechChunk(next_index, tail[0], tail[1])
+                yield task
+                return
+            elif event["type"] == "timeout":
+                raise still_running(call.task_id)
+            event = await anext(call.events)
+    finally:
+        await call.events.aclose()
+
+
+async def _wav_tail(store: TaskStore, task: Task, sent: int) -> tuple[bytes, int] | None:
+    """The finished task's samples past the first `sent` bytes, and their rate."""
+    wav = await store.output_blob(task.id)
+    if wav is None:
+        raise RequestError(500, "the synthesized audio is missing", code="audio_missing")
+    try:
+        pcm, rate = await asyncio.to_thread(wav_pcm, wav)
+    except AudioError as exc:
+        raise RequestError(500, str(exc), code="audio_missing") from None
+    return (pcm[sent:], rate) if len(pcm) > sent else None
+
+
+async def stream_reply(request: Request, call: Call, store: TaskStore, *, fmt: str,
+                       stream_format: str, characters: int,
+                       headers: dict[str, str]) -> Response:
+    """The streamed reply, once the first piece is there (or the task's error before)."""
+    pieces = spoken(store, call)
+    first = await _first(pieces, request)
+    if first is None:
+        return Response(status_code=499)  # never delivered: the client is gone
+    if isinstance(first, Task):  # finished without a piece: it failed
+        await pieces.aclose()
+        raise task_failed(first)
+    try:
+        encoder = StreamEncoder(fmt, first.sample_rate)
+    except AudioError as exc:
+        await pieces.aclose()
+        raise RequestError(500, str(exc)) from None
+    headers = {"x-task-id": call.task_id, "cache-control": "no-cache", **headers}
+    if stream_format == "sse":
+        return StreamingResponse(_sse(pieces, first, encoder, characters),
+                                 media_type="text/event-stream", headers=headers)
+    return StreamingResponse(_audio(pieces, first, encoder), media_type=encoder.content_type,
+                             headers=headers)
+
+
+async def _first(pieces: Spoken, request: Request) -> SpeechChunk | Task | None:
+    """The first piece (or the finished task); None as soon as the client hangs up."""
+    waiting = asyncio.ensure_future(anext(pieces))
+    hung_up = asyncio.ensure_future(client_gone(request))
+    try:
+        await asyncio.wait({waiting, hung_up}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for future in (waiting, hung_up):
+            if not future.done():
+                future.cancel()
+        await asyncio.gather(waiting, hung_up, return_exceptions=True)
+    if waiting.cancelled():  # the reader ran its `finally` as it was cancelled
+        return None
+    return waiting.result()
+
+
+async def _encoded(pieces: Spoken, first: SpeechChunk,
+                   encoder: StreamEncoder) -> AsyncIterator[bytes | Task]:
+    """Encoded bytes of every piece as it comes, the encoder's last bytes, then the Task."""
+    item: SpeechChunk | Task = first
+    try:
+        while isinstance(item, SpeechChunk):
+            data = await asyncio.to_thread(encoder.feed, item.pcm)
+            if data:
+                yield data
+            item = await anext(pieces)
+        if item.state == TaskState.SUCCEEDED and (tail := await asyncio.to_thread(
+                encoder.finish)):
+            yield tail
+        yield item
+    finally:
+        await pieces.aclose()
+
+
+async def _audio(pieces: Spoken, first: SpeechChunk,
+                 encoder: StreamEncoder) -> AsyncIterator[bytes]:
+    async for item in _encoded(pieces, first, encoder):
+        if isinstance(item, bytes):
+            yield item
+        elif item.state != TaskState.SUCCEEDED:
+            raise StreamBroken(f"task {item.id} ended {item.state.value} mid-stream: "
+                               f"{item.error}")
+
+
+async def _sse(pieces: Spoken, first: SpeechChunk, encoder: StreamEncoder,
+               characters: int) -> AsyncIterator[bytes]:
+    """OpenAI's speech stream events; `usage` counts the text's characters as its input
+    tokens (what this service bills by) and no output tokens."""
+    try:
+        async for item in _encoded(pieces, first, encoder):
+            if isinstance(item, bytes):
+                yield _event({"type": "speech.audio.delta",
+                              "audio": base64.b64encode(item).decode()})
+            elif item.state == TaskState.SUCCEEDED:
+                yield _event({"type": "speech.audio.done", "usage": {
+                    "input_tokens": characters, "output_tokens": 0,
+                    "total_tokens": characters}})
+            else:
+                yield _event({"type": "error", "error": openai_error(task_failed(item))})
+    except RequestError as exc:  # timed out, or the finished task's audio is missing
+        yield _event({"type": "error", "error": openai_error(exc)})
+
+
+def _event(payload: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
