@@ -163,6 +163,7 @@ _WHY = {
     404: "Unknown model, backend or task",
     409: "Conflicting state: an expired idempotency key, a cancelled or running task",
     413: "The upload, or the audio's duration, is over the limit",
+    426: "A WebSocket endpoint: connect with `Upgrade: websocket`",
     429: "Admission refused it: the backend's queue is full (`queue_full`), the deadline "
          "cannot be met (`deadline_unreachable`) or the key's quota is spent "
          "(`quota_exceeded`, with `resets_at`); `Retry-After` says when to try again",

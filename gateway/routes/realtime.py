@@ -24,9 +24,7 @@ async def realtime(websocket: WebSocket) -> None:
     await serving.serve(websocket)
 
 
-@router.get(PATH, status_code=426, responses={
-    426: {"description": "Connect with a WebSocket (`ws://…/v1/realtime?intent=transcription`)"},
-    **openai_errors(401)})
+@router.get(PATH, status_code=426, responses=openai_errors(401, 426))
 async def realtime_over_http() -> None:
     """**A WebSocket endpoint**: live transcription in the OpenAI Realtime protocol.
 
