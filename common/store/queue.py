@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from common import keys
+from common.store.values import text
 
 # KEYS: queue | ARGV: group, consumer, entry -> 1 if the lease was extended (we still own it)
 _EXTEND_LEASE = """
@@ -68,7 +69,7 @@ class Queue:
         lanes = {stream: lane for lane, stream in self.streams.items()}
         reply = await self.redis.xreadgroup(keys.WORKER_GROUP, self.consumer, streams, count=1,
                                             block=block_ms)
-        return [_delivery(entry_id, fields, lanes[_str(stream)])
+        return [_delivery(entry_id, fields, lanes[text(stream)])
                 for stream, entries in reply or [] for entry_id, fields in entries]
 
     async def _batch_overdue(self) -> bool:
@@ -77,12 +78,12 @@ class Queue:
         stream = self.streams[keys.BATCH]
         delivered = "0-0"
         for group in await self.redis.xinfo_groups(stream):
-            if _str(group["name"]) == keys.WORKER_GROUP:
-                delivered = _str(group["last-delivered-id"])
+            if text(group["name"]) == keys.WORKER_GROUP:
+                delivered = text(group["last-delivered-id"])
         head = await self.redis.xrange(stream, f"({delivered}", "+", count=1)
         if not head:
             return False
-        added_ms = int(_str(head[0][0]).partition("-")[0])
+        added_ms = int(text(head[0][0]).partition("-")[0])
         return added_ms < (time.time() - self.promotion_seconds) * 1000
 
     async def claim_abandoned(self, min_idle_seconds: float) -> list[Delivery]:
@@ -114,10 +115,6 @@ class Queue:
         await self.redis.xadd(keys.dead_letter(self.backend),
                               {"task_id": task_id, "reason": reason,
                                "deliveries": deliveries, "at": repr(time.time())})
-
-
-def _str(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _delivery(entry_id: bytes, fields: dict[bytes, bytes] | None, lane: str) -> Delivery:

@@ -21,10 +21,12 @@ from common.blobs import BlobDir
 from common.schemas import TERMINAL_STATES, TaskState
 from common.settings import Settings
 from common.store import admission, usage
+from common.store.breakers import Admission, Breaker, BreakerPolicy, BreakerStore
 from common.store.chunks import SpeechChunks
 from common.store.connection import bounded_client
 from common.store.devices import DeviceView, devices
 from common.store.usage import Charge, PeriodUsage
+from common.store.values import one_line, text
 
 # The backlog (keys.backlog): queued tasks and their work per lane, running ones, and the
 # same work per model (a task's 'work': audio-seconds, or characters for TTS; a task queued
@@ -217,62 +219,6 @@ close(KEYS[1], KEYS[5], KEYS[4], KEYS[3], 'CANCELLED', ARGV[1], ARGV[2], KEYS[6]
 return 'CANCELLED'
 """
 
-# Breakers (one hash per model, keys.breaker). Times come from Redis's clock, shared by every
-# host. A breaker records the source its failures were for: a different configured source
-# is a different model, so the old breaker is dropped (ARGV[1] is always the source).
-_BREAKER_PRELUDE = """
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
-local recorded = redis.call('HGET', KEYS[1], 'source')
-if recorded and recorded ~= '' and recorded ~= ARGV[1] then redis.call('DEL', KEYS[1]) end
-"""
-
-# KEYS: breaker | ARGV: source, error, threshold, window, cooldown, max cooldown
-# -> {1 if open, reopens_at} | {0, ''}. Closed: count failures within the window, open at the
-# threshold. Open (a failed probe): open again, the cool-down doubled per trip up to the max.
-_LOAD_FAILED = _BREAKER_PRELUDE + """
-if redis.call('HGET', KEYS[1], 'open') == '1' then
-  local trips = redis.call('HINCRBY', KEYS[1], 'trips', 1)
-  local wait = math.min(tonumber(ARGV[5]) * 2 ^ (trips - 1), tonumber(ARGV[6]))
-  redis.call('HSET', KEYS[1], 'reopens_at', now + wait)
-  redis.call('HDEL', KEYS[1], 'probe', 'probe_until')
-  redis.call('HINCRBY', KEYS[1], 'failures', 1)
-else
-  local first = tonumber(redis.call('HGET', KEYS[1], 'first_failure') or '0')
-  if now - first > tonumber(ARGV[4]) then
-    redis.call('HSET', KEYS[1], 'first_failure', now, 'failures', 0)
-  end
-  if redis.call('HINCRBY', KEYS[1], 'failures', 1) >= tonumber(ARGV[3]) then
-    redis.call('HSET', KEYS[1], 'open', 1, 'trips', 1, 'reopens_at', now + tonumber(ARGV[5]))
-  end
-end
-redis.call('HSET', KEYS[1], 'source', ARGV[1], 'error', ARGV[2], 'last_failure', now)
-if redis.call('HGET', KEYS[1], 'open') == '1' then
-  redis.call('PERSIST', KEYS[1])
-  return {1, redis.call('HGET', KEYS[1], 'reopens_at')}
-end
-redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[4])))
-return {0, ''}
-"""
-
-# KEYS: breaker | ARGV: source, holder, probe seconds, cooldown -> {verdict, error, reopens_at}
-# 'closed': load it. 'open': fail fast. 'probe': load it, as the one probe of a half-open
-# breaker; the claim lasts `probe seconds` (a holder that dies cannot block it for ever) and
-# is re-entrant for the same holder (a worker restarted under its consumer name).
-# A breaker without reopens_at (opened by an older version) reopens a cool-down after its
-# last failure; one without either stays open until a load succeeds or it is reset.
-_BREAKER_ADMIT = _BREAKER_PRELUDE + """
-local b = redis.call('HMGET', KEYS[1], 'open', 'error', 'reopens_at', 'last_failure', 'probe',
-                     'probe_until')
-if b[1] ~= '1' then return {'closed', '', ''} end
-local reopens = tonumber(b[3]) or ((tonumber(b[4]) or math.huge) + tonumber(ARGV[4]))
-if now < reopens or (b[5] and b[5] ~= ARGV[2] and now < (tonumber(b[6]) or 0)) then
-  return {'open', b[2] or '', b[3] or ''}
-end
-redis.call('HSET', KEYS[1], 'probe', ARGV[2], 'probe_until', now + tonumber(ARGV[3]))
-return {'probe', b[2] or '', b[3] or ''}
-"""
-
 # KEYS: task, queue, events, input blob, backlog, webhooks due
 # ARGV: state read, attempt read, entry, group, now, retention, error, code
 # -> 1 FAILED, 0 left alone. The fence for a sweeper's read-then-write: a task that was
@@ -412,8 +358,7 @@ class TaskStore:
         self._finish = redis.register_script(_FINISH)
         self._cancel = redis.register_script(_CANCEL)
         self._queue_head = redis.register_script(_QUEUE_HEAD)
-        self._load_failed = redis.register_script(_LOAD_FAILED)
-        self._breaker_admit = redis.register_script(_BREAKER_ADMIT)
+        self.breaker_store = BreakerStore(redis)
         self._fail_if_unchanged = redis.register_script(_FAIL_IF_UNCHANGED)
         self._outlook = admission.OutlookReader(redis)
 
@@ -512,7 +457,7 @@ class TaskStore:
             assert charge is not None
             raise charge.refusal(int(value), float(number[0]), now)
         if stored:  # the record as written, so its queue position can be read at once
-            task.entry_id, task.queue_seq = _text(value), int(number[0])
+            task.entry_id, task.queue_seq = text(value), int(number[0])
             task.created_at = float(record["created_at"])
         if not stored:
             raise Duplicate(value.decode() if isinstance(value, bytes) else str(value))
@@ -564,7 +509,7 @@ class TaskStore:
                   keys.webhooks_due()],
             args=["" if attempt is None else attempt, entry_id, keys.WORKER_GROUP, state.value,
                   repr(time.time()), self.retention,
-                  json.dumps(result) if result is not None else "", _one_line(error),
+                  json.dumps(result) if result is not None else "", one_line(error),
                   error_code, b"" if output_file or output is None else output, output_file,
                   _measured_usage(task, state, result)],
         ))
@@ -593,7 +538,7 @@ class TaskStore:
 
     async def note_error(self, task_id: str, error: str) -> None:
         """Remember why an attempt died, for the FAILED reason if the task runs out of tries."""
-        await self.redis.hset(keys.task(task_id), "last_error", _one_line(error))
+        await self.redis.hset(keys.task(task_id), "last_error", one_line(error))
 
     async def publish(self, task_id: str, event: dict[str, Any]) -> None:
         await self.redis.publish(keys.events(task_id), json.dumps(event))
@@ -652,7 +597,7 @@ class TaskStore:
             keys=[keys.queue(task.backend, task.lane),
                   keys.queue_counter(task.backend, task.lane)],
             args=[keys.WORKER_GROUP])
-        if _stream_id(task.entry_id) <= _stream_id(_text(delivered)):
+        if _stream_id(task.entry_id) <= _stream_id(text(delivered)):
             return 0
         if first_waiting <= 0 or not task.queue_seq:
             return None
@@ -683,40 +628,22 @@ class TaskStore:
             waiting = max(0, int(last) - int(first_waiting) + 1)
         return waiting, int(pending)
 
-    # --- breaker ---
+    # --- breakers (common/store/breakers.py) ---
     async def admit(self, backend: str, model: str, source: str, holder: str,
                     policy: BreakerPolicy) -> Admission:
-        """May `holder` load `model` now? 'closed', 'probe' (yes: it is the one probe of a
-        half-open breaker) or 'open' (no: fail fast with the error)."""
-        verdict, error, reopens = await self._breaker_admit(
-            keys=[keys.breaker(backend, model)],
-            args=[source, holder, policy.probe_seconds, policy.cooldown])
-        return Admission(_text(verdict), _text(error), float(reopens) if reopens else None)
+        return await self.breaker_store.admit(backend, model, source, holder, policy)
 
     async def record_load_failure(self, backend: str, model: str, source: str, error: str,
                                   policy: BreakerPolicy) -> bool:
-        """Count a load failure; True when the breaker is open after it."""
-        opened, _ = await self._load_failed(
-            keys=[keys.breaker(backend, model)],
-            args=[source, _one_line(error), policy.failures, policy.window, policy.cooldown,
-                  policy.cooldown_max])
-        return bool(opened)
+        return await self.breaker_store.record_load_failure(backend, model, source, error,
+                                                            policy)
 
     async def breakers(self, backend: str, sources: dict[str, str],
                        policy: BreakerPolicy) -> dict[str, Breaker]:
-        """The breaker of each model (name -> configured source), read without changing it."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.time()
-            for model in sources:
-                pipe.hgetall(keys.breaker(backend, model))
-            clock, *raws = await pipe.execute()
-        now = clock[0] + clock[1] / 1e6
-        return {model: Breaker.from_hash(raw, source, now, policy.cooldown)
-                for (model, source), raw in zip(sources.items(), raws, strict=True)}
+        return await self.breaker_store.breakers(backend, sources, policy)
 
     async def clear_breaker(self, backend: str, model: str) -> bool:
-        """Close a breaker (a load worked, or an operator reset it); False if it was closed."""
-        return bool(await self.redis.delete(keys.breaker(backend, model)))
+        return await self.breaker_store.clear(backend, model)
 
     # --- sweeping ---
     async def fail_if_unchanged(self, task: Task, error: str, error_code: str) -> bool:
@@ -726,7 +653,7 @@ class TaskStore:
             keys=[keys.task(task.id), keys.queue(task.backend, task.lane), keys.events(task.id),
                   keys.input_blob(task.id), keys.backlog(task.backend), keys.webhooks_due()],
             args=[task.state.value, task.attempt, task.entry_id, keys.WORKER_GROUP,
-                  repr(time.time()), self.retention, _one_line(error), error_code]))
+                  repr(time.time()), self.retention, one_line(error), error_code]))
         if failed:
             self._delete_input_file(task.id)
         return failed
@@ -740,59 +667,6 @@ class TaskStore:
         return [Task.from_hash(raw) if raw else None for raw in raws]
 
 
-@dataclass(frozen=True, slots=True)
-class BreakerPolicy:
-    """The breaker settings, in the units the store's scripts take."""
-
-    failures: int = 3
-    window: float = 600.0
-    cooldown: float = 60.0
-    cooldown_max: float = 3600.0
-    #: how long a probe's claim lasts: longer than any model load
-    probe_seconds: float = 600.0
-
-    @classmethod
-    def of(cls, settings: Settings) -> BreakerPolicy:
-        return cls(settings.breaker_failures, settings.breaker_window_seconds,
-                   settings.breaker_cooldown_seconds, settings.breaker_cooldown_max_seconds)
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    verdict: str  # closed | probe | open
-    error: str = ""
-    reopens_at: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Breaker:
-    """One model's breaker as /ready shows it."""
-
-    state: str = "closed"  # closed | open | half-open
-    failures: int = 0
-    error: str = ""
-    reopens_at: float | None = None  # when it half-opens (in the past: half-open now)
-    trips: int = 0  # times opened in a row; each failed probe doubles the cool-down
-
-    @classmethod
-    def from_hash(cls, raw: dict[bytes, bytes], source: str, now: float,
-                  cooldown: float) -> Breaker:
-        data = {k.decode(): v.decode() for k, v in raw.items()}
-        if data.get("source", source) not in ("", source):
-            return cls()  # recorded for another source: a fresh breaker (as _BREAKER_ADMIT)
-        failures, error = int(data.get("failures") or 0), data.get("error", "")
-        if data.get("open") != "1":
-            return cls("closed", failures, error)
-        reopens_at = float(data["reopens_at"]) if data.get("reopens_at") else (
-            float(data["last_failure"]) + cooldown if data.get("last_failure") else None)
-        state = "open" if reopens_at is None or now < reopens_at else "half-open"
-        return cls(state, failures, error, reopens_at, int(data.get("trips") or 1))
-
-    def public(self) -> dict[str, Any]:
-        return {"state": self.state, "failures": self.failures, "error": self.error or None,
-                "reopens_at": self.reopens_at, "trips": self.trips}
-
-
 def _measured_usage(task: Task, state: TaskState, result: dict[str, Any] | None) -> str:
     """What a SUCCEEDED task's result says it used, in its charge's unit ("" = unknown)."""
     if state != TaskState.SUCCEEDED or not task.charge or not result:
@@ -804,14 +678,6 @@ def _measured_usage(task: Task, state: TaskState, result: dict[str, Any] | None)
 def _stream_id(entry: str) -> tuple[int, int]:
     millis, _, seq = entry.partition("-")
     return int(millis), int(seq or 0)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())[:1000]
 
 
 async def live_workers(redis: Redis) -> list[dict[str, Any]]:

@@ -17,9 +17,10 @@ from common import keys
 from common.schemas import SpeechChunk, TaskState
 from common.settings import Settings
 from common.store import admission, metrics
+from common.store.breakers import Admission, Breaker, BreakerPolicy
 from common.store.devices import DeviceLedger
 from common.store.queue import Delivery, Queue
-from common.store.tasks import Admission, Breaker, BreakerPolicy, Task, TaskStore
+from common.store.tasks import Task, TaskStore
 
 # KEYS: heartbeat, live set | ARGV: snapshot, ttl ms, consumer
 # The expiry in the live set is on Redis's clock, so hosts with skewed clocks agree.
