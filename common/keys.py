@@ -65,13 +65,9 @@ def heartbeat(backend: str, consumer: str) -> str:
 
 
 def live(backend: str) -> str:
-    """Sorted set: consumer -> when its heartbeat expires (ms, Redis's clock), so counting a
-    backend's live workers is one ZCOUNT, not a scan of the keyspace."""
+    """Sorted set: consumer -> when its heartbeat expires (ms, Redis's clock), so finding a
+    backend's live workers (or counting them: one ZCOUNT) needs no scan of the keyspace."""
     return f"{PREFIX}live:{backend}"
-
-
-def heartbeat_pattern() -> str:
-    return f"{PREFIX}heartbeat:*"
 
 
 def breaker(backend: str, model: str) -> str:

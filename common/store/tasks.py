@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from common import keys
+from common.backends import BACKENDS
 from common.blobs import BlobDir
 from common.schemas import TERMINAL_STATES, TaskState
 from common.settings import Settings
@@ -230,6 +231,22 @@ redis.call('HSET', KEYS[1], 'error', ARGV[7], 'error_code', ARGV[8])
 close(KEYS[1], KEYS[5], KEYS[4], KEYS[3], 'FAILED', ARGV[5], ARGV[6], KEYS[6])
 if ARGV[3] ~= '' then redis.call('XACK', KEYS[2], ARGV[4], ARGV[3]) end
 return 1
+"""
+
+
+# KEYS: each backend's live set -> {backend's index (from 1), consumer, ...} for every
+# worker whose heartbeat has not expired on Redis's clock
+_LIVE_WORKERS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local found = {}
+for index, key in ipairs(KEYS) do
+  for _, consumer in ipairs(redis.call('ZRANGEBYSCORE', key, now, '+inf')) do
+    table.insert(found, index)
+    table.insert(found, consumer)
+  end
+end
+return found
 """
 
 
@@ -681,8 +698,12 @@ def _stream_id(entry: str) -> tuple[int, int]:
 
 
 async def live_workers(redis: Redis) -> list[dict[str, Any]]:
-    """Health snapshots of every worker whose heartbeat has not expired."""
-    names = [name async for name in redis.scan_iter(match=keys.heartbeat_pattern(), count=200)]
+    """Health snapshots of every worker whose heartbeat has not expired: the live sets the
+    heartbeats keep (keys.live), then their snapshots; no scan of the keyspace."""
+    found = await redis.eval(_LIVE_WORKERS, len(BACKENDS), *(keys.live(b) for b in BACKENDS))
+    backends = list(BACKENDS)
+    names = [keys.heartbeat(backends[int(index) - 1], text(consumer))
+             for index, consumer in zip(found[::2], found[1::2], strict=True)]
     if not names:
         return []
     return [json.loads(raw) for raw in await redis.mget(names) if raw]
