@@ -1,8 +1,9 @@
 """The try-it page (`GET /`) in a real browser: Debian's headless Chromium, driven by
 Playwright, against a real stack (redis-server, gateway, faster-whisper tiny.en, the tiny
-XTTS). Upload and microphone transcription, speech, the status panel and a refused key, as a
-person would use them; each view is screenshotted at 1280 and 375 px into var/screenshots/
-(CI artifacts), must not overflow a 375 px screen, and must log no console error.
+XTTS). Upload, microphone and live transcription, whole and streamed speech, the status
+panel and a refused key, as a person would use them; each view is screenshotted at 1280 and
+375 px into var/screenshots/ (CI artifacts), must not overflow a 375 px screen, and must log
+no console error.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import re
 import shutil
 import subprocess
 import time
+import wave
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from common.audio import wav_pcm
 from gateway.auth import digest
 from harness import procs
 from harness.procs import ROOT, TEST_AUDIO
@@ -32,6 +35,7 @@ KEY = "ui-key-0123456789abcdef"
 PHONE, DESKTOP = 375, 1280
 TASK_TIMEOUT_MS = 90_000
 RECORD_SECONDS = 3.5
+PAUSE_SECONDS = 1.2  # longer than the server VAD's 500 ms of silence
 #: what Chromium itself logs for a response with an error status: expected for a 401
 REFUSED_LOAD = "Failed to load resource: the server responded with a status of 401"
 
@@ -83,14 +87,45 @@ def speech_wav(ui_stack: dict[str, Any]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def browser(speech_wav: Path) -> Iterator[Any]:
-    with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=[
-            "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",
-            f"--use-file-for-fake-audio-capture={speech_wav}",
-        ])
-        yield chromium
-        chromium.close()
+def paused_wav(speech_wav: Path) -> Path:
+    """The same speech and then a pause longer than the server VAD's 500 ms of silence, so a
+    looping microphone speaks in turns."""
+    path = speech_wav.with_name("mic-paused.wav")
+    with wave.open(str(speech_wav)) as source:
+        params, frames = source.getparams(), source.readframes(source.getnframes())
+    with wave.open(str(path), "wb") as padded:
+        padded.setparams(params)
+        silence = int(params.framerate * PAUSE_SECONDS) * params.sampwidth * params.nchannels
+        padded.writeframes(frames + bytes(silence))
+    return path
+
+
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Any]:
+    with sync_api.sync_playwright() as running:
+        yield running
+
+
+def launch(playwright: Any, microphone: Path) -> Any:
+    """Chromium whose fake microphone loops `microphone`."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=[
+        "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream",
+        f"--use-file-for-fake-audio-capture={microphone}",
+    ])
+
+
+@pytest.fixture(scope="module")
+def browser(playwright: Any, speech_wav: Path) -> Iterator[Any]:
+    chromium = launch(playwright, speech_wav)
+    yield chromium
+    chromium.close()
+
+
+@pytest.fixture(scope="module")
+def pausing_browser(playwright: Any, paused_wav: Path) -> Iterator[Any]:
+    chromium = launch(playwright, paused_wav)
+    yield chromium
+    chromium.close()
 
 
 class Console:
@@ -102,8 +137,7 @@ class Console:
         page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
 
 
-@pytest.fixture
-def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+def new_page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": DESKTOP, "height": 900})
     context.grant_permissions(["microphone"])
     page = context.new_page()
@@ -114,6 +148,17 @@ def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     allowed = getattr(request.node, "allowed_console", ())
     unexpected = [e for e in console.errors if not any(a in e for a in allowed)]
     assert not unexpected, f"console errors: {unexpected}"
+
+
+@pytest.fixture
+def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    yield from new_page(browser, request)
+
+
+@pytest.fixture
+def pausing_page(pausing_browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A page whose microphone speaks "Hello world. Testing one two." and pauses, looping."""
+    yield from new_page(pausing_browser, request)
 
 
 def open_view(page: Any, base: str, view: str) -> None:
@@ -214,6 +259,70 @@ def test_drop_a_file_then_record_from_the_microphone_and_transcribe(
     # so the first word may be cut ("the low world"): the rest of the clip must be there.
     words = set(normalise(transcript(page)))
     assert {"world", "testing"} <= words, transcript(page)
+
+
+def watch(page: Any, selector: str) -> list[str]:
+    """Every text the element shows from now on, in order."""
+    seen: list[str] = []
+    name = "seen_" + re.sub(r"\W", "_", selector)
+    page.expose_function(name, lambda text: seen.append(text))
+    page.evaluate(f"""new MutationObserver(() => {name}(
+        document.querySelector({selector!r}).textContent)).observe(
+        document.querySelector({selector!r}), {{childList: true, characterData: true,
+        subtree: true}})""")
+    return seen
+
+
+def test_live_transcription_from_the_microphone_over_the_realtime_socket(
+        ui_stack: dict[str, Any], pausing_page: Any) -> None:
+    page = pausing_page
+    # the keyed gateway: a browser's WebSocket carries the key as a subprotocol
+    page.add_init_script(f"localStorage.setItem('speech-gateway.api-key', {KEY!r})")
+    open_view(page, ui_stack["keyed"], "transcribe")
+    page.check("#mode-live")
+    assert page.locator("#drop").is_hidden() and page.locator("#asr-go").is_hidden()
+    badges = watch(page, "#live-speech")
+    page.click("#live-go")
+    page.wait_for_selector("#live-go[aria-pressed=true]:not([disabled])")  # on the air
+    assert page.locator("#asr-model").is_disabled()  # the session's model is fixed now
+    # each pause of the clip ends a turn: the second one is the whole clip, wherever the
+    # fake microphone started it
+    page.wait_for_function("document.querySelectorAll('#turns .turn.done').length >= 2")
+    turns = page.locator("#turns .turn.done").all_text_contents()
+    assert {"world", "testing"} <= set(normalise(" ".join(turns))), turns
+    assert badges[:3] == ["silence", "speech", "silence"], badges  # the VAD's events, shown
+    # Stop in the middle of speech: what was said so far is committed as a last turn
+    page.wait_for_function("document.querySelector('#live-speech').textContent === 'speech'")
+    committed = page.locator("#turns .turn").count()
+    page.click("#live-go")
+    page.wait_for_function("/^Stopped/.test(document.querySelector('#asr-state').textContent)")
+    assert page.locator("#live-go").get_attribute("aria-pressed") == "false"
+    assert page.locator("#turns .turn").count() == committed + 1
+    assert page.locator("#turns .turn.done").count() == committed + 1  # none failed
+    screenshots(page, "live")
+
+
+def test_streamed_speech_plays_as_it_arrives(ui_stack: dict[str, Any], page: Any) -> None:
+    open_view(page, ui_stack["url"], "speak")
+    page.fill("#tts-text", "Hello there. This is a second sentence. And a third one.")
+    page.check("#tts-stream")
+    states = watch(page, "#tts-state")
+    page.click("#tts-go")
+    done = wait_done(page, "#tts-state")
+    assert re.match(r"Done in [\d.]+ s: first audio after [\d.]+ s, [\d.]+ s of audio played",
+                    done), done
+    playing = [s for s in states if s.startswith("Playing: first audio after")]
+    assert playing and states.index(playing[0]) < states.index(done), states
+    # every sample the stream sent was played, and they are the stored WAV's
+    href = page.locator("#tts-download").get_attribute("href")
+    pcm, rate = wav_pcm(httpx.get(href, timeout=30).content)
+    assert rate == 24000
+    assert int(page.locator("#tts-state").get_attribute("data-played")) == len(pcm) // 2
+    page.wait_for_function("document.querySelector('#tts-audio').duration > 0")
+    screenshots(page, "speak-stream")
+
+    page.select_option("#tts-voice", label="Upload a reference clip…")
+    assert page.locator("#tts-stream-row").is_hidden()  # an uploaded clip is spoken whole
 
 
 def test_speak_with_a_voice_and_with_a_reference_clip(ui_stack: dict[str, Any],

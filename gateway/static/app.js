@@ -519,6 +519,264 @@ function setUpDownloads() {
   }
 }
 
+// --- Transcribe live -------------------------------------------------------------------
+// The microphone over /v1/realtime (the OpenAI Realtime transcription protocol): PCM16 at
+// LIVE_RATE, base64, an input_audio_buffer.append every ~100 ms; the server's VAD cuts turns
+// and each turn's transcript comes back as deltas, then one completed (or failed) event.
+
+const LIVE_RATE = 24000; // the protocol's default; 16000 is the other rate it takes
+const LIVE_DRAIN_MS = 60000; // after Stop, how long to wait for the turns still being transcribed
+const live = { socket: null, context: null, stream: null, source: null, turns: new Map(),
+  stopping: false, speaking: false, awaitingCommit: false, drainTimer: null, error: "" };
+
+function setUpLive() {
+  for (const radio of document.querySelectorAll('[name="asr-mode"]')) {
+    radio.addEventListener("change", modeChanged);
+  }
+  const go = $("live-go");
+  if (!(navigator.mediaDevices && navigator.mediaDevices.getUserMedia && window.AudioWorkletNode)) {
+    go.disabled = true;
+    go.textContent = "Live transcription needs https:// or localhost";
+    return;
+  }
+  go.addEventListener("click", () => (live.socket ? stopLive() : startLive()));
+}
+
+function modeChanged() {
+  const isLive = $("mode-live").checked;
+  for (const id of ["drop", "asr-checks", "asr-go"]) $(id).hidden = isLive;
+  $("live").hidden = !isLive;
+  $("turns").hidden = !isLive;
+  $("asr-result").hidden = isLive || !asr.result;
+  setAsrState("");
+}
+
+// Controls that would change the session under way are locked while it runs.
+function lockLive(locked) {
+  for (const id of ["mode-file", "mode-live", "asr-backend", "asr-model", "asr-language"]) {
+    $(id).disabled = locked;
+  }
+  $("live-go").textContent = locked ? "Stop" : "Start";
+  $("live-go").setAttribute("aria-pressed", String(locked));
+}
+
+function setSpeech(text, on = false) {
+  $("live-speech").textContent = text;
+  $("live-speech").className = on ? "badge ok" : "badge";
+}
+
+async function startLive() {
+  lockLive(true);
+  $("live-go").disabled = true; // until the microphone is on the air, or it failed
+  live.error = "";
+  setAsrState("Opening the microphone…");
+  try {
+    // made in the click's task: a page may start audio only on a user gesture
+    live.context = new AudioContext();
+    live.stream = await navigator.mediaDevices.getUserMedia({ audio: true });
+    await live.context.audioWorklet.addModule("/static/capture.js");
+  } catch (err) {
+    setAsrState(`The microphone is not available (${err.message}).`);
+    endLive();
+    return;
+  }
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  // a browser cannot set headers on a WebSocket: the key travels as a subprotocol
+  const protocols = ["realtime", ...(apiKey() ? [`openai-insecure-api-key.${apiKey()}`] : [])];
+  let socket;
+  try {
+    socket = new WebSocket(`${scheme}://${location.host}/v1/realtime?intent=transcription`,
+      protocols);
+  } catch (err) {
+    setAsrState(`Cannot connect: ${err.message}`);
+    endLive();
+    return;
+  }
+  live.socket = socket;
+  // events of an earlier session (closing while a new one starts) are ignored
+  socket.addEventListener("message", (message) => {
+    if (socket === live.socket) liveEvent(JSON.parse(message.data));
+  });
+  socket.addEventListener("close", (event) => {
+    if (socket !== live.socket) return;
+    if (event.code === 1008) {
+      authFailed(event.reason || "refused");
+      setAsrState("The key was refused.");
+    } else {
+      setAsrState(`The session ended: ${live.error || `connection closed (${event.code})`}`);
+    }
+    endLive();
+  });
+  setAsrState("Connecting…");
+}
+
+function sendLive(event) {
+  if (live.socket && live.socket.readyState === WebSocket.OPEN) {
+    live.socket.send(JSON.stringify(event));
+  }
+}
+
+function liveEvent(event) {
+  switch (event.type) {
+    case "session.created": {
+      const language = $("asr-language").value;
+      sendLive({ type: "session.update", session: { type: "transcription", audio: { input: {
+        format: { type: "audio/pcm", rate: LIVE_RATE },
+        transcription: { model: `${$("asr-backend").value}/${$("asr-model").value}`,
+          language: language === "auto" ? null : language },
+        turn_detection: { type: "server_vad", silence_duration_ms: 500 },
+      } } } });
+      break;
+    }
+    case "session.updated":
+      if (!live.source) startCapture();
+      break;
+    case "input_audio_buffer.speech_started":
+      live.speaking = true;
+      setSpeech("speech", true);
+      break;
+    case "input_audio_buffer.speech_stopped":
+      live.speaking = false;
+      setSpeech("silence");
+      break;
+    case "input_audio_buffer.committed":
+      live.awaitingCommit = false;
+      addTurn(event.item_id);
+      break;
+    case "conversation.item.input_audio_transcription.delta":
+      turnText(event.item_id, event.delta, "pending", true);
+      break;
+    case "conversation.item.input_audio_transcription.completed":
+      turnText(event.item_id, event.transcript.trim() || "(nothing heard)", "done");
+      break;
+    case "conversation.item.input_audio_transcription.failed":
+      turnText(event.item_id, `Failed: ${event.error.message}`, "failed");
+      break;
+    case "error":
+      if (event.error.code === "input_audio_buffer_commit_empty") {
+        live.awaitingCommit = false; // the speech under way was too short to be a turn
+      } else if (!live.source) {
+        closeLive(`Failed: ${event.error.message}`); // e.g. the model was refused
+      } else {
+        live.error = event.error.message; // the session goes on, unless a close follows
+        setAsrState(`Error: ${event.error.message}`);
+      }
+      break;
+    default:
+      break; // conversation.item.added/done, input_audio_buffer.cleared
+  }
+  if (live.stopping) finishLive();
+}
+
+function startCapture() {
+  const context = live.context;
+  live.source = context.createMediaStreamSource(live.stream);
+  const node = new AudioWorkletNode(context, "capture");
+  const resample = downsampler(context.sampleRate, LIVE_RATE);
+  node.port.onmessage = ({ data }) => {
+    sendLive({ type: "input_audio_buffer.append", audio: pcm16Base64(resample(data)) });
+  };
+  live.source.connect(node);
+  node.connect(context.destination); // silent (it writes no output), but keeps it processing
+  context.resume();
+  $("live-go").disabled = false;
+  setSpeech("silence");
+  setAsrState("Listening: speak, and pause to end a turn.");
+}
+
+function addTurn(itemId) {
+  const item = element("li", "", "turn pending");
+  live.turns.set(itemId, item);
+  $("turns").append(item); // committed in order; they may complete out of order
+}
+
+function turnText(itemId, text, state, append = false) {
+  const item = live.turns.get(itemId);
+  if (!item) return;
+  item.textContent = append ? item.textContent + text : text;
+  item.className = `turn ${state}`;
+}
+
+// Stop: close the microphone, commit the speech under way, let the turns finish, then close.
+function stopLive() {
+  live.stopping = true;
+  stopCapture();
+  if (live.speaking) {
+    live.awaitingCommit = true;
+    sendLive({ type: "input_audio_buffer.commit" });
+  }
+  setAsrState("Finishing the last turns…");
+  live.drainTimer = setTimeout(() => closeLive("Stopped before the last turns finished."),
+    LIVE_DRAIN_MS);
+  finishLive();
+}
+
+function finishLive() {
+  const waiting = [...live.turns.values()].some((item) => item.classList.contains("pending"));
+  if (!live.awaitingCommit && !waiting) closeLive(`Stopped: ${live.turns.size} turns.`);
+}
+
+function closeLive(text) {
+  setAsrState(text);
+  if (live.socket) live.socket.close(1000);
+  endLive();
+}
+
+function stopCapture() {
+  if (live.stream) live.stream.getTracks().forEach((track) => track.stop());
+  if (live.context) live.context.close().catch(() => {});
+  Object.assign(live, { stream: null, context: null, source: null });
+}
+
+function endLive() {
+  stopCapture();
+  clearTimeout(live.drainTimer);
+  Object.assign(live, { socket: null, stopping: false, speaking: false, awaitingCommit: false });
+  $("live-go").disabled = false;
+  for (const item of $("turns").querySelectorAll(".pending")) {
+    item.textContent = "(not finished)";
+    item.className = "turn failed";
+  }
+  setSpeech("not listening");
+  lockLive(false);
+}
+
+// Downsampling by averaging the input samples each output sample covers (a box filter: enough
+// against aliasing for speech at 44.1 or 48 kHz to 24 kHz); the remainder carries over.
+function downsampler(from, to) {
+  const step = from / to;
+  let rest = new Float32Array(0);
+  let position = 0;
+  return (input) => {
+    const data = new Float32Array(rest.length + input.length);
+    data.set(rest);
+    data.set(input, rest.length);
+    const out = new Float32Array(Math.max(0, Math.floor((data.length - position) / step)));
+    for (let i = 0; i < out.length; i += 1, position += step) {
+      const first = Math.floor(position);
+      const end = Math.max(first + 1, Math.floor(position + step));
+      let sum = 0;
+      for (let j = first; j < end; j += 1) sum += data[j];
+      out[i] = sum / (end - first);
+    }
+    const used = Math.min(Math.floor(position), data.length);
+    rest = data.slice(used);
+    position -= used;
+    return out;
+  };
+}
+
+function pcm16Base64(samples) {
+  const bytes = new DataView(new ArrayBuffer(samples.length * 2));
+  samples.forEach((s, i) => bytes.setInt16(i * 2, Math.max(-1, Math.min(1, s)) * 0x7fff, true));
+  let text = "";
+  const view = new Uint8Array(bytes.buffer);
+  for (let i = 0; i < view.length; i += 0x8000) {
+    text += String.fromCharCode(...view.subarray(i, i + 0x8000));
+  }
+  return btoa(text);
+}
+
 // --- Speak -----------------------------------------------------------------------------
 
 function setUpSpeak() {
@@ -560,6 +818,7 @@ function voiceChanged() {
   const clip = $("tts-voice").value === CLIP_VOICE;
   $("tts-clip-row").hidden = !clip;
   $("tts-clip").required = clip;
+  $("tts-stream-row").hidden = clip; // an uploaded clip goes the Sage way: spoken whole
 }
 
 function speedChanged() {
@@ -574,6 +833,36 @@ function countCharacters() {
 
 async function speak(event) {
   event.preventDefault();
+  $("tts-go").disabled = true;
+  $("tts-result").hidden = true;
+  $("tts-state").textContent = "Sending…";
+  delete $("tts-state").dataset.firstAudio;
+  delete $("tts-state").dataset.played;
+  const started = performance.now();
+  try {
+    if (streamChosen()) await speakStreamed(started);
+    else await speakWhole(started);
+  } catch (err) {
+    $("tts-state").textContent = `Failed: ${err.message}`;
+  } finally {
+    $("tts-go").disabled = false;
+  }
+}
+
+// A reference clip is an upload, which only the Sage route takes: that path is never streamed.
+function streamChosen() {
+  return $("tts-stream").checked && $("tts-voice").value !== CLIP_VOICE;
+}
+
+function showSpeech(url, taskId) {
+  $("tts-audio").src = url;
+  $("tts-download").href = url;
+  $("tts-download").download = `speech-${taskId}.wav`;
+  $("tts-result").hidden = false;
+}
+
+// The whole file: the Sage submit (it takes an uploaded clip), polled until it is done.
+async function speakWhole(started) {
   const form = new FormData();
   form.append("text", $("tts-text").value);
   form.append("model", $("tts-model").value);
@@ -584,31 +873,130 @@ async function speak(event) {
   } else {
     form.append("voice", $("tts-voice").value);
   }
-  $("tts-go").disabled = true;
-  $("tts-result").hidden = true;
-  $("tts-state").textContent = "Sending…";
-  const started = performance.now();
+  const backend = encodeURIComponent($("tts-backend").value);
+  const submitted = await (await api(`/api/${backend}-submit`, { method: "POST", body: form }))
+    .json();
+  const final = await waitTerminal(submitted.task_id, (reply) => {
+    $("tts-state").textContent = stateText(reply);
+  });
+  if (final.status !== "SUCCEEDED") return;
+  const seconds = ((performance.now() - started) / 1000).toFixed(1);
+  const length = final.usage && final.usage.audio_seconds;
+  showSpeech(final.output_url, submitted.task_id);
+  $("tts-state").textContent =
+    `Done in ${seconds} s${length ? `: ${length.toFixed(2)} s of audio` : ""}.`;
+}
+
+// Streamed speech: /v1/audio/speech with stream_format "sse" and response_format "wav", whose
+// first bytes are a WAV header (its sizes "unknown") and the rest PCM16 samples, each sentence
+// as soon as it is spoken; every piece is scheduled right after the one before.
+async function speakStreamed(started) {
+  const player = new StreamPlayer(); // made in the click's task: audio may start only on a gesture
+  const body = {
+    model: `${$("tts-backend").value}/${$("tts-model").value}`, input: $("tts-text").value,
+    voice: $("tts-voice").value, language: $("tts-language").value,
+    speed: Number($("tts-speed").value), response_format: "wav", stream_format: "sse",
+  };
   try {
-    const backend = encodeURIComponent($("tts-backend").value);
-    const submitted = await (await api(`/api/${backend}-submit`, { method: "POST", body: form }))
-      .json();
-    const final = await waitTerminal(submitted.task_id, (reply) => {
-      $("tts-state").textContent = stateText(reply);
-    });
-    if (final.status === "SUCCEEDED") {
-      const seconds = ((performance.now() - started) / 1000).toFixed(1);
-      const length = final.usage && final.usage.audio_seconds;
-      $("tts-audio").src = final.output_url;
-      $("tts-download").href = final.output_url;
-      $("tts-download").download = `speech-${submitted.task_id}.wav`;
-      $("tts-result").hidden = false;
-      $("tts-state").textContent =
-        `Done in ${seconds} s${length ? `: ${length.toFixed(2)} s of audio` : ""}.`;
+    const response = await api("/v1/audio/speech", { method: "POST", body: JSON.stringify(body),
+      headers: { "Content-Type": "application/json" } });
+    $("tts-state").textContent = "Speaking…";
+    let firstAudio = null;
+    let finished = false;
+    for await (const event of sseEvents(response)) {
+      if (event.type === "speech.audio.delta") {
+        player.push(Uint8Array.from(atob(event.audio), (c) => c.charCodeAt(0)));
+        if (firstAudio === null && player.scheduled) {
+          firstAudio = (performance.now() - started) / 1000;
+          $("tts-state").dataset.firstAudio = firstAudio.toFixed(3);
+        }
+        if (firstAudio !== null) {
+          $("tts-state").textContent = `Playing: first audio after ${firstAudio.toFixed(2)} s, ` +
+            `${player.seconds().toFixed(1)} s received…`;
+        }
+      } else if (event.type === "speech.audio.done") {
+        finished = true;
+      } else if (event.type === "error") {
+        throw new Error(event.error.message);
+      }
     }
-  } catch (err) {
-    $("tts-state").textContent = `Failed: ${err.message}`;
+    if (!finished) throw new Error("the stream ended before the last sentence");
+    await player.drained();
+    const url = response.headers.get("x-output-url");
+    if (url) showSpeech(url, response.headers.get("x-task-id"));
+    $("tts-state").dataset.played = String(player.played);
+    const seconds = ((performance.now() - started) / 1000).toFixed(1);
+    $("tts-state").textContent = `Done in ${seconds} s: first audio after ` +
+      `${firstAudio.toFixed(2)} s, ${player.seconds().toFixed(2)} s of audio played.`;
   } finally {
-    $("tts-go").disabled = false;
+    player.close();
+  }
+}
+
+class StreamPlayer {
+  constructor() {
+    this.context = new AudioContext();
+    this.pending = new Uint8Array(0); // bytes not played yet: the header, or half a sample
+    this.rate = 0; // from the header
+    this.at = 0; // when the next piece starts, on the context's clock
+    this.scheduled = 0; // samples
+    this.played = 0;
+    this.playing = 0; // sources scheduled and not ended
+    this.idle = null;
+  }
+
+  push(bytes) {
+    const data = new Uint8Array(this.pending.length + bytes.length);
+    data.set(this.pending);
+    data.set(bytes, this.pending.length);
+    let start = 0;
+    if (!this.rate) {
+      if (data.length < 44) {
+        this.pending = data;
+        return;
+      }
+      // gateway/common/stream_audio.py's header: RIFF, fmt (rate at byte 24), then data at 36
+      const view = new DataView(data.buffer);
+      const tag = (at) => String.fromCharCode(...data.subarray(at, at + 4));
+      if (tag(0) !== "RIFF" || tag(36) !== "data") throw new Error("not a streaming WAV");
+      this.rate = view.getUint32(24, true);
+      start = 44;
+    }
+    const count = Math.floor((data.length - start) / 2);
+    this.pending = data.slice(start + count * 2);
+    if (count) this.schedule(new DataView(data.buffer, start, count * 2), count);
+  }
+
+  schedule(pcm, count) {
+    const buffer = this.context.createBuffer(1, count, this.rate);
+    const samples = buffer.getChannelData(0);
+    for (let i = 0; i < count; i += 1) samples[i] = pcm.getInt16(i * 2, true) / 32768;
+    const source = this.context.createBufferSource();
+    source.buffer = buffer;
+    source.connect(this.context.destination);
+    // a small lead when the queue ran dry, so the piece is not cut by the scheduling itself
+    this.at = Math.max(this.at, this.context.currentTime + 0.05);
+    source.start(this.at);
+    this.at += buffer.duration;
+    this.scheduled += count;
+    this.playing += 1;
+    source.addEventListener("ended", () => {
+      this.played += count;
+      this.playing -= 1;
+      if (!this.playing && this.idle) this.idle();
+    });
+  }
+
+  seconds() {
+    return this.rate ? this.scheduled / this.rate : 0;
+  }
+
+  drained() {
+    return this.playing ? new Promise((resolve) => { this.idle = resolve; }) : Promise.resolve();
+  }
+
+  close() {
+    this.context.close().catch(() => {});
   }
 }
 
@@ -780,6 +1168,7 @@ function start() {
   setUpKey();
   setUpTabs();
   setUpAudioInput();
+  setUpLive();
   setUpPlayback();
   setUpDownloads();
   setUpStatus();
