@@ -281,6 +281,16 @@ def test_live_transcription_from_the_microphone_over_the_realtime_socket(
     open_view(page, ui_stack["keyed"], "transcribe")
     page.check("#mode-live")
     assert page.locator("#drop").is_hidden() and page.locator("#asr-go").is_hidden()
+    # a key the server does not take (revoked since the page loaded): closed with 1008, said
+    page.evaluate("localStorage.setItem('speech-gateway.api-key', 'revoked-key')")
+    page.click("#live-go")
+    page.wait_for_selector("#alert:not([hidden])")
+    assert "The API key was refused" in page.locator("#alert").text_content()
+    assert page.locator("#live-go").get_attribute("aria-pressed") == "false"
+    page.fill("#api-key", KEY)
+    page.click("#key-form button[type=submit]")
+    page.wait_for_selector("#alert", state="hidden")
+
     badges = watch(page, "#live-speech")
     page.click("#live-go")
     page.wait_for_selector("#live-go[aria-pressed=true]:not([disabled])")  # on the air

@@ -526,7 +526,7 @@ function setUpDownloads() {
 
 const LIVE_RATE = 24000; // the protocol's default; 16000 is the other rate it takes
 const LIVE_DRAIN_MS = 60000; // after Stop, how long to wait for the turns still being transcribed
-const live = { socket: null, context: null, stream: null, source: null, turns: new Map(),
+const live = { socket: null, context: null, stream: null, configured: false, turns: new Map(),
   stopping: false, speaking: false, awaitingCommit: false, drainTimer: null, error: "" };
 
 function setUpLive() {
@@ -556,7 +556,7 @@ function lockLive(locked) {
   for (const id of ["mode-file", "mode-live", "asr-backend", "asr-model", "asr-language"]) {
     $(id).disabled = locked;
   }
-  $("live-go").textContent = locked ? "Stop" : "Start";
+  $("live-go").textContent = locked ? "Stop" : "Start live transcription";
   $("live-go").setAttribute("aria-pressed", String(locked));
 }
 
@@ -569,6 +569,8 @@ async function startLive() {
   lockLive(true);
   $("live-go").disabled = true; // until the microphone is on the air, or it failed
   live.error = "";
+  live.turns.clear();
+  $("turns").replaceChildren();
   setAsrState("Opening the microphone…");
   try {
     // made in the click's task: a page may start audio only on a user gesture
@@ -629,7 +631,8 @@ function liveEvent(event) {
       break;
     }
     case "session.updated":
-      if (!live.source) startCapture();
+      if (!live.configured) startCapture();
+      live.configured = true;
       break;
     case "input_audio_buffer.speech_started":
       live.speaking = true;
@@ -655,7 +658,7 @@ function liveEvent(event) {
     case "error":
       if (event.error.code === "input_audio_buffer_commit_empty") {
         live.awaitingCommit = false; // the speech under way was too short to be a turn
-      } else if (!live.source) {
+      } else if (!live.configured) {
         closeLive(`Failed: ${event.error.message}`); // e.g. the model was refused
       } else {
         live.error = event.error.message; // the session goes on, unless a close follows
@@ -670,13 +673,13 @@ function liveEvent(event) {
 
 function startCapture() {
   const context = live.context;
-  live.source = context.createMediaStreamSource(live.stream);
+  const source = context.createMediaStreamSource(live.stream);
   const node = new AudioWorkletNode(context, "capture");
   const resample = downsampler(context.sampleRate, LIVE_RATE);
   node.port.onmessage = ({ data }) => {
     sendLive({ type: "input_audio_buffer.append", audio: pcm16Base64(resample(data)) });
   };
-  live.source.connect(node);
+  source.connect(node);
   node.connect(context.destination); // silent (it writes no output), but keeps it processing
   context.resume();
   $("live-go").disabled = false;
@@ -700,6 +703,7 @@ function turnText(itemId, text, state, append = false) {
 // Stop: close the microphone, commit the speech under way, let the turns finish, then close.
 function stopLive() {
   live.stopping = true;
+  $("live-go").disabled = true;
   stopCapture();
   if (live.speaking) {
     live.awaitingCommit = true;
@@ -713,7 +717,9 @@ function stopLive() {
 
 function finishLive() {
   const waiting = [...live.turns.values()].some((item) => item.classList.contains("pending"));
-  if (!live.awaitingCommit && !waiting) closeLive(`Stopped: ${live.turns.size} turns.`);
+  const count = live.turns.size;
+  if (live.awaitingCommit || waiting) return;
+  closeLive(`Stopped: ${count} turn${count === 1 ? "" : "s"}.`);
 }
 
 function closeLive(text) {
@@ -725,13 +731,14 @@ function closeLive(text) {
 function stopCapture() {
   if (live.stream) live.stream.getTracks().forEach((track) => track.stop());
   if (live.context) live.context.close().catch(() => {});
-  Object.assign(live, { stream: null, context: null, source: null });
+  Object.assign(live, { stream: null, context: null });
 }
 
 function endLive() {
   stopCapture();
   clearTimeout(live.drainTimer);
-  Object.assign(live, { socket: null, stopping: false, speaking: false, awaitingCommit: false });
+  Object.assign(live, { socket: null, configured: false, stopping: false, speaking: false,
+    awaitingCommit: false });
   $("live-go").disabled = false;
   for (const item of $("turns").querySelectorAll(".pending")) {
     item.textContent = "(not finished)";
