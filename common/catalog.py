@@ -68,8 +68,7 @@ def asr_language(backend: str, language: str) -> str | None:
     if code not in table and _REGIONAL.fullmatch(code) and code.split("-", 1)[0] in table:
         code = code.split("-", 1)[0]
     if code not in table:
-        shown = language if len(language) <= 40 else language[:40] + "…"
-        raise ValueError(f"language {shown!r} is not supported by {backend}; use one of "
+        raise ValueError(f"language {_shown(language)!r} is not supported by {backend}; use one of "
                          + ", ".join(table))
     return code
 
@@ -80,7 +79,7 @@ def enabled_backends(settings: Settings) -> list[str]:
 
 def backend_info(settings: Settings, backend: str) -> Backend:
     if backend not in BACKENDS:
-        raise UnknownBackend(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+        raise UnknownBackend(f"unknown backend {_shown(backend)!r}; known: {', '.join(BACKENDS)}")
     if backend not in enabled_backends(settings):
         raise UnknownBackend(f"backend {backend!r} is not enabled on this server")
     return BACKENDS[backend]
@@ -100,7 +99,7 @@ def resolve_model(settings: Settings, backend: str, model: str | None) -> str:
     if alias.startswith(f"{backend}/") and alias.split("/", 1)[1] in models:
         return alias.split("/", 1)[1]
     raise UnknownModel(
-        f"unknown model {model!r} for backend {backend!r}; available: {', '.join(models)}"
+        f"unknown model {_shown(model)!r} for backend {backend!r}; available: {', '.join(models)}"
     )
 
 
@@ -112,7 +111,7 @@ def resolve_public_model(settings: Settings, name: str, kind: str) -> tuple[str,
         for backend in enabled_backends(settings):  # in table order
             if BACKENDS[backend].kind == kind:
                 return backend, settings.default_model(backend) or ""
-        raise UnknownModel(f"no {kind} backend is enabled for {name!r}")
+        raise UnknownModel(f"no {kind} backend is enabled for {_shown(name)!r}")
     if "/" in name:
         backend, model = name.split("/", 1)
         if backend in BACKENDS and BACKENDS[backend].kind == kind:
@@ -124,7 +123,12 @@ def resolve_public_model(settings: Settings, name: str, kind: str) -> tuple[str,
     ]
     if len(matches) == 1:
         return matches[0]
-    raise UnknownModel(f"unknown model {name!r}; see /v1/models for valid names")
+    raise UnknownModel(f"unknown model {_shown(name)!r}; see /v1/models for valid names")
+
+
+def _shown(value: str) -> str:
+    """A client's value as an error message quotes it: never more than 40 characters."""
+    return value if len(value) <= 40 else value[:40] + "…"
 
 
 def public_config(settings: Settings) -> dict[str, Any]:

@@ -46,6 +46,7 @@ VOICE_KINDS = ("speaker", "file")
 #: a quota may cover (UTC days and months)
 USAGE_UNITS = ("audio_seconds", "characters")
 QUOTA_PERIODS = ("day", "month")
+MAX_QUOTA = 1e12  # any quota, in any unit (~30,000 years of audio)
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -55,10 +56,14 @@ class Quotas(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    audio_seconds_per_day: float | None = Field(default=None, ge=0)
-    audio_seconds_per_month: float | None = Field(default=None, ge=0)
-    characters_per_day: int | None = Field(default=None, ge=0)
-    characters_per_month: int | None = Field(default=None, ge=0)
+    # finite and at most MAX_QUOTA: the submit script compares them as Lua numbers, which
+    # read "inf" as nothing, and a huge int is no float at all (no limit: leave it out)
+    audio_seconds_per_day: float | None = Field(default=None, ge=0, le=MAX_QUOTA,
+                                                allow_inf_nan=False)
+    audio_seconds_per_month: float | None = Field(default=None, ge=0, le=MAX_QUOTA,
+                                                  allow_inf_nan=False)
+    characters_per_day: int | None = Field(default=None, ge=0, le=MAX_QUOTA)
+    characters_per_month: int | None = Field(default=None, ge=0, le=MAX_QUOTA)
 
     def limit(self, unit: str, period: str) -> float | None:
         value = getattr(self, f"{unit}_per_{period}")
@@ -178,6 +183,9 @@ class Settings(BaseSettings):
     header_timeout_seconds: float = Field(default=10.0, gt=0)
     #: the longest pause while a request body streams in
     body_timeout_seconds: float = Field(default=60.0, gt=0)
+    #: a streamed reply (live transcription events, streamed speech, `stream=true`) whose
+    #: client takes none of its data for this long is dropped, freeing its waiter and session
+    send_timeout_seconds: float = Field(default=30.0, gt=0)
     #: a whole request body must arrive within this
     body_deadline_seconds: float = Field(default=900.0, gt=0)
 

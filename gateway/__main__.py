@@ -29,11 +29,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from common import logs
+
+if TYPE_CHECKING:
+    from common.settings import Settings
 
 log = logging.getLogger("gateway.launcher")
 
@@ -41,10 +44,14 @@ READY_TIMEOUT_SECONDS = 60.0
 BACKLOG = 2048
 
 
-def uvicorn_options() -> dict[str, Any]:
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
     """Extra uvicorn.Config options of every server process: the HTTP protocol that closes
-    connections whose request line and headers do not arrive in time."""
-    return {"http": "gateway.slow_clients:SlowClientProtocol"}
+    connections whose request line and headers do not arrive in time, and the largest
+    WebSocket message a live session can use (gateway/realtime/protocol.py)."""
+    from gateway.realtime.protocol import max_message_bytes  # the launcher stays light
+
+    return {"http": "gateway.slow_clients:SlowClientProtocol",
+            "ws_max_size": max_message_bytes(settings.realtime_max_buffer_seconds)}
 
 
 # --- the launcher (parent) ---------------------------------------------------------------
@@ -252,7 +259,7 @@ def serve(fd: int, ready_fd: int, log_level: str) -> None:
     grace = settings.request_timeout_seconds + 30
     config = uvicorn.Config(CloseWhenDraining(create_app(settings), draining),
                             log_level=log_level, timeout_graceful_shutdown=int(grace),
-                            **uvicorn_options())
+                            **uvicorn_options(settings))
     server = _Server(config, ready_fd, draining)
 
     def retire(signum: int, frame: FrameType | None) -> None:

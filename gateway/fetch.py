@@ -48,9 +48,9 @@ def checked_url(url: str, hosts: list[str], param: str, code: str | None = None)
         raise RequestError(400, f"{param} is not enabled on this server", param=param, code=code)
     parts = urlsplit(url.strip())
     try:
-        if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
-            raise ValueError
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        # port 0 is no port (the allow-list would read it as the default one)
+        if parts.scheme not in DEFAULT_PORTS or not parts.hostname or parts.port == 0:
+            raise ValueError  # (.port raises ValueError itself for one that is not a number)
     except ValueError:
         raise RequestError(400, f"{param} must be an http(s) URL", param=param) from None
     if not allowed(parts, hosts):

@@ -38,7 +38,14 @@ def callback_url(raw: str | None, settings: Settings) -> str:
     if any(not char.isprintable() or char.isspace() for char in url):  # CR/LF, tabs, spaces
         raise RequestError(400, "callback_url must be an http(s) URL without spaces or control "
                                 "characters", param="callback_url")
-    return checked_url(url, settings.callback_url_hosts, "callback_url", REFUSED).geturl()
+    parts = checked_url(url, settings.callback_url_hosts, "callback_url", REFUSED)
+    if "@" in parts.netloc:
+        # Credentials would be stored with the task, shown by /v1/tasks and its deliveries,
+        # and sent to the receiver in the clear; the signature is how a receiver knows us.
+        raise RequestError(400, "callback_url must not carry credentials (user:password@): "
+                                "receivers verify the webhook-signature header instead",
+                           param="callback_url")
+    return parts.geturl()
 
 
 def event_id(task_id: str, state: TaskState) -> str:

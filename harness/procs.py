@@ -24,6 +24,8 @@ import httpx
 import redis
 
 from common.backends import BACKENDS
+from common.settings import Settings
+from gateway.realtime.protocol import max_message_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_AUDIO = ROOT / "tests" / "audio"  # in the repo: see tests/audio/README.md
@@ -189,8 +191,12 @@ class Service:
 def gateway(redis_url: str, workdir: Path, **settings: Any) -> Service:
     port = free_port()
     env = service_env(redis_url, **settings)
+    # the launcher's uvicorn options (gateway/__main__.py uvicorn_options), as flags
+    buffer = settings.get("realtime_max_buffer_seconds",
+                          Settings.model_fields["realtime_max_buffer_seconds"].default)
     args = [str(CORE_PYTHON), "-m", "uvicorn", "--factory", "gateway.app:create_app",
             "--http", "gateway.slow_clients:SlowClientProtocol",
+            "--ws-max-size", str(max_message_bytes(float(buffer))),
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     return Service(args, env, workdir / f"gateway-{port}.log", f"http://127.0.0.1:{port}")
 

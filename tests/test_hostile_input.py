@@ -4,6 +4,7 @@ input at all yields a 5xx (a seeded fuzz of random form, query and JSON values).
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import time
@@ -37,12 +38,16 @@ class Route:
     backend: str  # whose queue a valid request grows
 
 
+#: what every submit reads besides its kind's options (admission, webhooks)
+TERMS = ("priority", "deadline", "max_wait_seconds", "callback_url")
 ASR = ("model", "language", "task", "word_timestamps", "prompt", "initial_prompt", "beam_size",
-       "temperature", "vad_filter", "audio_path", "audio_file", "audio_url")
+       "temperature", "vad_filter", "audio_path", "audio_file", "audio_url", *TERMS)
 OPENAI_ASR = ("model", "language", "prompt", "response_format", "temperature", "beam_size",
-              "vad_filter", "stream", "timestamp_granularities[]", "timestamp_granularities")
-TTS = ("text", "language", "voice", "speed", "model", "speaker_wav")
-SPEECH = ("model", "input", "voice", "response_format", "speed", "stream_format", "language")
+              "vad_filter", "stream", "timestamp_granularities[]", "timestamp_granularities",
+              *TERMS)
+TTS = ("text", "language", "voice", "speed", "model", "speaker_wav", *TERMS)
+SPEECH = ("model", "input", "voice", "response_format", "speed", "stream_format", "language",
+          *TERMS)
 ROUTES = [
     Route("sage form", "POST", "/api/faster-whisper-submit", "form", {}, ASR,
           "faster-whisper"),
@@ -73,7 +78,10 @@ def hostile(tmp_path_factory: pytest.TempPathFactory, speech_clip: Path) -> Iter
     server = procs.RedisServer(workdir / "redis", appendonly=False).start()
     gateway = procs.gateway(
         server.url, workdir, allowed_roots=[str(TEST_AUDIO)], request_timeout_seconds="0.3",
-        models={"faster-whisper": {"tiny.en": "bundled"}, "xtts": {"tiny": "unused"}}).start()
+        models={"faster-whisper": {"tiny.en": "bundled"}, "xtts": {"tiny": "unused"}},
+        # callback_url on, so a fuzzed one reaches the URL checks (nothing is ever sent)
+        callback_url_hosts=["127.0.0.1:9"],
+        webhook_secrets={"k1": "whsec_" + base64.b64encode(bytes(range(32))).decode()}).start()
     yield {"url": gateway.url, "redis": server.client(), "clip": speech_clip.read_bytes()}
     gateway.stop()
     server.stop()
@@ -234,7 +242,10 @@ def _text(rng: random.Random) -> str:
             "true", "../../etc/passwd", "/etc/hostname", "jfk.flac", "en", "xx", "zh-CN",
             "word", "segment", "json", "verbose_json", "whisper-1", "tts-1", "alloy",
             "faster-whisper/tiny.en", "x" * 70000, "\x00", "a\x00b", "\u202e\u0301",
-            "日本語のテキスト", "🙂" * 50, "\r\n\t", "%00", "' OR 1=1 --", "<script>"]
+            "日本語のテキスト", "🙂" * 50, "\r\n\t", "%00", "' OR 1=1 --", "<script>",
+            "interactive", "batch", "2030-01-01T00:00:00Z", "1999-01-01", "-1e308", "audio",
+            "sse", "http://127.0.0.1:9/hook", "http://u:p@127.0.0.1:9/", "http://127.0.0.1:0/",
+            "http://[::1]:9/", "http://127.0.0.1:9\\@evil.example/", "file:///etc/passwd"]
     if rng.random() < 0.3:
         return "".join(chr(rng.randrange(1, 0x2FFF)) for _ in range(rng.randrange(1, 40)))
     return rng.choice(pool)

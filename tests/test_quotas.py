@@ -277,6 +277,13 @@ def test_key_entries_are_checked_at_start():
         (["not-a-digest"], "SHA-256 digest"),
         ([{"key": digest("x"), "quota": {}}], "quota"),  # a typo is an error, not ignored
         ([{"key": digest("x"), "quotas": {"audio_seconds_per_day": -1}}], "greater than"),
+        # no Infinity (/v1/usage could not render it), no NaN, no int too large for a float
+        ([{"key": digest("x"), "quotas": {"audio_seconds_per_day": "Infinity"}}], "finite"),
+        ([{"key": digest("x"), "quotas": {"audio_seconds_per_month": float("nan")}}],
+         "finite|greater than"),
+        ([{"key": digest("x"), "quotas": {"characters_per_day": 10 ** 400}}], "less than"),
+        ([{"key": digest("x"), "quotas": {"backends": {"xtts": {"characters_per_month":
+                                                                 10 ** 13}}}}], "less than"),
         ([{"key": digest("x"), "quotas": {"backends": {"whisper": {}}}}], "unknown backends"),
         ([{"key": digest("x"), "priority": "urgent"}], "priority"),
         ([{"key": digest("x"), "name": "a b"}], "key name"),

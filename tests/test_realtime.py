@@ -11,7 +11,9 @@ import base64
 import json
 import os
 import signal
+import socket
 import time
+import tracemalloc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,8 @@ from openai.types.realtime import (
 from common import keys
 from common.audio import decode_audio
 from gateway.auth import digest
+from gateway.realtime.buffer import InputBuffer, decode_pcm16
+from gateway.realtime.protocol import max_message_bytes
 from harness import procs
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, JFK_TEXT, TERMINAL, wer
@@ -429,7 +433,7 @@ def limited(live: dict[str, Any]) -> Iterator[str]:
                             api_keys=[f"sha256:{digest(KEY)}"],
                             realtime_max_buffer_seconds="1.5", realtime_max_session_seconds="5",
                             realtime_idle_timeout_seconds="1.5",
-                            realtime_max_sessions="2").start()
+                            realtime_max_sessions="2", send_timeout_seconds="2").start()
     yield gateway.url.replace("http://", "ws://") + "/v1/realtime"
     gateway.stop()
 
@@ -482,6 +486,127 @@ def test_buffer_and_session_limits(live: dict[str, Any], limited: str) -> None:
             await open_client.socket.close()
 
     asyncio.run(run())
+
+
+def test_hostile_messages_are_refused_and_an_oversized_one_is_never_read(
+        live: dict[str, Any], limited: str) -> None:
+    """The limited gateway's buffer is 1.5 s, so uvicorn takes messages of at most
+    max_message_bytes(1.5) (a whole buffer at 24 kHz, base64, + 64 KiB), not its 16 MiB."""
+    limit = max_message_bytes(1.5)
+    assert limit < 200_000
+
+    async def run() -> None:
+        client = await connect(live, url=limited)
+        cases: list[tuple[dict[str, Any], str, str]] = [
+            ({"type": "input_audio_buffer.append", "audio": "AAAA AAAA"}, "invalid_base64",
+             "audio"),
+            ({"type": "input_audio_buffer.append", "audio": "AAAA\nAAAA"}, "invalid_base64",
+             "audio"),
+            ({"type": "input_audio_buffer.append", "audio": "AAA"}, "invalid_base64", "audio"),
+            ({"type": "session.update", "session": {"type": "transcription", "audio": {
+                "input": {"transcription": {"prompt": "p" * 5000}}}}}, "invalid_value",
+             "session.audio.input.transcription.prompt"),
+            ({"type": "session.update", "session": {"type": "transcription", "audio": {
+                "input": {"transcription": {"model": "m" * 100_000}}}}}, "invalid_value",
+             "session.audio.input.transcription.model"),
+            ({"type": "session.update", "session": {"type": "transcription", "audio": {
+                "input": {"transcription": {"language": "l" * 100_000}}}}}, "invalid_value",
+             "session.audio.input.transcription.language"),
+            ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_commit_empty", ""),
+        ]
+        for number, (body, code, param) in enumerate(cases):
+            await client.send(**body)
+            error = (await client.next_error(number))["error"]
+            assert (error["code"], error["param"] or "") == (code, param), (body, error)
+            assert len(error["message"]) < 1000, error  # a huge value is not echoed back
+        # empty audio is no audio: nothing appended, no error, and the commit still finds none
+        await client.send(type="input_audio_buffer.append", audio="")
+        await client.send(type="input_audio_buffer.commit")
+        assert (await client.next_error(len(cases)))["error"]["code"] == \
+            "input_audio_buffer_commit_empty"
+        # one byte past the largest usable message: closed with 1009 (too big), never read
+        padding = limit - len(json.dumps({"type": "input_audio_buffer.append", "audio": ""}))
+        await client.send(type="input_audio_buffer.append", audio="A" * (padding + 1))
+        await client.wait(lambda: client.reader.done(), 10)
+        with pytest.raises(websockets.ConnectionClosedError) as closed:
+            client.reader.result()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009, closed.value
+
+    asyncio.run(run())
+
+
+def test_a_client_that_reads_nothing_is_dropped_and_frees_its_session(
+        live: dict[str, Any], limited: str) -> None:
+    """A client that sends and never reads fills the socket's buffers, so the server's sends
+    wait: past SPEECH_SEND_TIMEOUT_SECONDS (2 s here) it is dropped, and the gateway's two
+    session slots serve two new clients (without the drop it held one for ever)."""
+    port = int(limited.split(":")[2].split("/")[0])
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: no growth
+    stalled.connect(("127.0.0.1", port))
+    stalled.sendall(f"GET /v1/realtime?intent=transcription HTTP/1.1\r\nHost: x\r\n"
+                    "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+                    f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\n"
+                    f"Authorization: Bearer {KEY}\r\n\r\n".encode())
+    stalled.settimeout(10)
+    answer = b""
+    while b"\r\n\r\n" not in answer:  # (uvicorn drops bytes sent along with the upgrade)
+        answer += stalled.recv(1024)
+    assert answer.startswith(b"HTTP/1.1 101"), answer
+    # each update is answered with a session.updated echoing its 1,999-character prompt
+    update = json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
+        "input": {"transcription": {"prompt": "p" * 1999}}}}}).encode()
+    frame = bytes([0x81, 0xFE]) + len(update).to_bytes(2, "big") + bytes(4) + update  # masked, 0
+    stalled.settimeout(3)
+    sent = 0
+    try:
+        while sent < 20_000:  # until the server stops reading: its sends are stuck
+            stalled.sendall(frame)
+            sent += 1
+    except TimeoutError:
+        pass
+    assert sent < 20_000, "the server kept reading: nothing is stuck"
+
+    async def two_sessions() -> bool:
+        clients = []
+        try:
+            for _ in range(2):
+                socket_ = await websockets.connect(f"{limited}?intent=transcription",
+                                                   additional_headers=AUTH)
+                client = Raw(socket_)
+                clients.append(client)
+                await client.wait(lambda c=client: c.types(), 10)  # type: ignore[misc]
+                if client.types()[0] != "session.created":
+                    return False
+            return True
+        finally:
+            for client in clients:
+                await client.socket.close()
+
+    try:
+        wait_until(lambda: asyncio.run(two_sessions()), 20, "both session slots free", 1.0)
+    finally:
+        stalled.close()
+
+
+def test_a_flood_of_one_sample_appends_is_held_compactly() -> None:
+    """960,000 one-sample appends fill a 60 s buffer: they must not cost an array each
+    (~120 bytes per 4-byte sample, ~115 MB per session). Measured on 32,000 of them."""
+    buffer = InputBuffer(16000, None, 60 * 16000)
+    samples = np.arange(32_000, dtype="<i2")
+    tracemalloc.start()
+    try:
+        for value in samples:
+            appended = decode_pcm16(base64.b64encode(value.tobytes()).decode(),
+                                    buffer.max_samples, 16000, None)
+            buffer.append(appended, None)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held < 1_000_000, held  # 128 KB of samples; ~4 MB as one array per append
+    turn = buffer.commit()
+    assert turn is not None
+    assert np.array_equal(turn.audio, samples.astype(np.float32) / 32768.0)  # all, in order
 
 
 # --- the queue's guarantees ---------------------------------------------------------------------

@@ -17,6 +17,7 @@ import base64
 import json
 import os
 import signal
+import socket
 import struct
 import threading
 import time
@@ -66,7 +67,8 @@ def stack(request: pytest.FixtureRequest,
     try:
         gateway.start()
         worker.start()
-        yield {"url": gateway.url, "worker": worker, "redis": server.client()}
+        yield {"url": gateway.url, "worker": worker, "redis": server.client(),
+               "redis_url": server.url, "workdir": workdir, "models": models, "voices": voices}
     finally:
         worker.stop()
         gateway.stop()
@@ -236,6 +238,55 @@ def test_a_task_failing_mid_stream_ends_sse_with_an_error_event(
     view = httpx.get(f"{stack['url']}/v1/tasks/{task_id}", timeout=10).json()
     assert view["status"] == "FAILED" and view["error_code"] == "delivery_limit"
     assert client.exists(keys.speech_chunks(task_id)) == 0
+
+
+def test_clients_that_hang_up_or_read_nothing_leave_no_waiter_behind(
+        stack: dict[str, Any]) -> None:
+    """A gateway that keeps one call waiting at most (SPEECH_MAX_WAITING_REQUESTS=1): a
+    stream whose client hangs up after its first piece, and then one whose client never
+    reads (its socket buffers fill, 2 s send timeout), each still runs its task to the end,
+    WAV stored, and frees its waiter: the next call is served, not told 503."""
+    gateway = procs.gateway(stack["redis_url"], stack["workdir"], models=stack["models"],
+                            voices=stack["voices"], max_waiting_requests="1",
+                            send_timeout_seconds="2").start()
+    client, base = stack["redis"], gateway.url
+    try:
+        with httpx.stream("POST", f"{base}/v1/audio/speech", timeout=TIMEOUT,
+                          json={**SPEECH, "response_format": "pcm",
+                                "stream_format": "audio"}) as reply:
+            assert reply.status_code == 200
+            next(reply.iter_bytes())
+            hung_up = reply.headers["x-task-id"]
+        procs.wait_until(lambda: client.hget(keys.task(hung_up), "state") == b"SUCCEEDED",
+                         TIMEOUT, "the task of the stream that was hung up")
+        assert wav_pcm(stored_wav(reply))[0]
+        reply, body = stream(base, response_format="pcm", stream_format="audio", input="Hi.")
+        assert reply.status_code == 200 and body, reply.status_code
+
+        port = int(base.rsplit(":", 1)[1])
+        silent = socket.socket()
+        silent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect
+        silent.connect(("127.0.0.1", port))
+        # ~5 MB of audio, ~6.5 MB as SSE: more than the kernel's socket buffers take (4 MB)
+        request = json.dumps({**SPEECH, "input": " ".join(SENTENCES * 8),
+                              "response_format": "pcm", "stream_format": "sse"}).encode()
+        silent.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n"
+                       b"Content-Type: application/json\r\n"
+                       + f"Content-Length: {len(request)}\r\n\r\n".encode() + request)
+        try:
+            never_read = procs.wait_until(lambda: running_task(client), TIMEOUT, "its task")
+            procs.wait_until(lambda: client.hget(keys.task(never_read), "state")
+                             == b"SUCCEEDED", TIMEOUT, "the task of the unread stream")
+
+            def served() -> bool:
+                return stream(base, response_format="pcm", stream_format="audio",
+                              input="Hi.")[0].status_code == 200
+
+            procs.wait_until(served, 20, "the unread stream's waiter to be freed", 1.0)
+        finally:
+            silent.close()
+    finally:
+        gateway.stop()
 
 
 def test_bad_stream_requests_are_400_and_a_task_failing_before_audio_is_its_error(

@@ -296,6 +296,13 @@ def test_callback_urls_off_the_allow_list_are_refused_and_queue_nothing(
         f"http://{receiver.host}/" + "x" * 2100: "longer than",
         f"http://{receiver.host}/hook/x\r\nx-evil: 1": "control characters",
         f"http://{receiver.host}/hook/x y": "without spaces",
+        f"http://user:secret@{receiver.host}/hook/x": "credentials",
+        f"http://{receiver.host}@{receiver.host}/hook/x": "credentials",
+        f"http://evil.example\\@{receiver.host}/hook/x": "credentials",
+        "http://127.0.0.1:0/hook/x": "http(s) URL",  # no port: not "the default port"
+        "http://127.0.0.1:99999/hook/x": "http(s) URL",
+        f"http://127.0.0.1.:{port}/hook/x": "not allowed",  # trailing dot: another name
+        f"http://[::1]:{port}/hook/x": "not allowed",
     }
     for url, message in cases.items():
         sage = sage_submit(base, hooks["clip"], callback_url=url)

@@ -26,6 +26,8 @@ from gateway.realtime.vad import FRAME, SAMPLE_RATE, SileroVad, TurnDetector, Va
 
 #: the shortest buffer a commit takes (OpenAI's rule too)
 MIN_COMMIT_MS = 100
+#: an append shorter than this joins the previous chunk if that is short too
+MIN_CHUNK = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,9 +164,14 @@ class InputBuffer:
     # --- internals -----------------------------------------------------------------------------
 
     def _add(self, samples: np.ndarray) -> None:
-        if len(samples):
+        if not len(samples):
+            return
+        # a flood of one-sample appends must not cost an array (~100 bytes) per sample
+        if len(samples) < MIN_CHUNK and self._chunks and len(self._chunks[-1]) < MIN_CHUNK:
+            self._chunks[-1] = np.concatenate((self._chunks[-1], samples))
+        else:
             self._chunks.append(samples)
-            self.received += len(samples)
+        self.received += len(samples)
 
     def _scan(self) -> list[Change]:
         assert self._detector is not None

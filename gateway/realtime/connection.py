@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from fastapi import WebSocket
@@ -63,22 +64,36 @@ class RealtimeServing:
             return
         self.sessions += 1
         lock = asyncio.Lock()
+        stalled = asyncio.Event()
+        timeout = self.settings.send_timeout_seconds
 
         async def send(event: dict[str, Any]) -> None:
             text = json.dumps(event)
-            async with lock:  # turns send deltas while the loop answers client events
-                if websocket.application_state == WebSocketState.CONNECTED:
-                    with contextlib.suppress(*GONE):  # the client left: the loop sees it
-                        await websocket.send_text(text)
+            if stalled.is_set():
+                return
+            try:
+                # A client that reads nothing fills the socket's buffers, then every send
+                # waits for ever (and the loop with it, past the session's own timers): after
+                # `timeout` it counts as gone, and its session slot and turns are freed.
+                async with asyncio.timeout(timeout), lock:  # turns send while the loop answers
+                    if websocket.application_state == WebSocketState.CONNECTED:
+                        with contextlib.suppress(*GONE):  # the client left: the loop sees it
+                            await websocket.send_text(text)
+            except TimeoutError:
+                log.warning("realtime session: the client took no events for %g s; dropped",
+                            timeout)
+                stalled.set()
 
         session = Session(self.settings, self.calls, owner, send)
         try:
             await session.open()
-            await self._read(websocket, session)
+            if not await _unless(stalled, self._read(websocket, session)):
+                return  # nothing more reaches this client; uvicorn drops the connection
             if session.ended is not None:
-                await session.drain(self.settings.request_timeout_seconds)
+                await _unless(stalled, session.drain(self.settings.request_timeout_seconds))
                 with contextlib.suppress(Exception):
-                    await websocket.close(1000, session.ended.code)
+                    async with asyncio.timeout(timeout):
+                        await websocket.close(1000, session.ended.code)
         except GONE:
             pass  # the client left
         finally:
@@ -103,6 +118,21 @@ class RealtimeServing:
                     "invalid_json", "binary frames are not events: send JSON text frames"))
             if websocket.client_state != WebSocketState.CONNECTED:
                 return
+
+
+async def _unless(stalled: asyncio.Event, work: Coroutine[Any, Any, None]) -> bool:
+    """Run `work` unless the client stalls first (then it is cancelled): whether it ran."""
+    running, dropped = asyncio.ensure_future(work), asyncio.ensure_future(stalled.wait())
+    try:
+        await asyncio.wait({running, dropped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for future in (running, dropped):
+            future.cancel()
+        await asyncio.gather(running, dropped, return_exceptions=True)
+    if stalled.is_set():
+        return False
+    running.result()  # its exception (the client left) is the caller's
+    return True
 
 
 async def _refuse(websocket: WebSocket, error: ProtocolError, code: int) -> None:

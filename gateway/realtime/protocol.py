@@ -19,6 +19,9 @@ CLIENT_EVENTS = ("session.update", "input_audio_buffer.append", "input_audio_buf
 SAMPLE_RATES = (24000, 16000)
 MAX_EVENT_ID = 128
 MAX_MS = 10_000  # the longest prefix padding or silence a server VAD config may ask for
+#: room in a client message for what is not audio: the event's JSON, an event_id, a
+#: session.update's prompt (2,000 characters, ≤ 12 bytes each as JSON escapes)
+EVENT_OVERHEAD_BYTES = 64 * 1024
 
 
 class ProtocolError(Exception):
@@ -29,6 +32,15 @@ class ProtocolError(Exception):
         super().__init__(message)
         self.code, self.message, self.param = code, message, param
         self.event_id, self.type = event_id, type
+
+
+def max_message_bytes(buffer_seconds: float) -> int:
+    """The largest client message a session can use (uvicorn's `ws_max_size`): an append of
+    the whole input buffer at the highest input rate, base64, plus the event around it.
+    Anything larger could only be refused once read, so the server refuses it unread (close
+    1009) rather than hold it: the default 16 MiB per message, in every session at once."""
+    pcm = int(buffer_seconds * max(SAMPLE_RATES)) * 2
+    return (pcm + 2) // 3 * 4 + EVENT_OVERHEAD_BYTES
 
 
 def new_id(prefix: str) -> str:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
+from starlette.types import Message, Receive, Scope, Send
 
 from common.catalog import UnknownBackend, UnknownModel, resolve_public_model
 from common.schemas import ErrorCode, TaskState
@@ -27,6 +30,7 @@ from gateway.limits import BodyRefused
 from gateway.submission import AudioInput, SubmitTerms, enqueue
 
 Events = AsyncGenerator[dict[str, Any], None]
+log = logging.getLogger("gateway.calls")
 
 
 class Disconnected:
@@ -161,6 +165,41 @@ async def _done(events: Events) -> Task | None:
         if event["type"] == "done":
             return event["task"]
     return None
+
+
+class StalledClient(Exception):
+    """A streamed reply's client took none of it for the send timeout."""
+
+
+class TimedStreamingResponse(StreamingResponse):
+    """A StreamingResponse whose every write must be taken within `send_timeout` s. A client
+    that reads nothing fills the socket's buffers, and uvicorn's send then waits as long as
+    the connection stays open, holding the stream's task waiter (SPEECH_MAX_WAITING_REQUESTS)
+    the whole time; past the timeout the stream is closed and the waiter freed (its task
+    goes on, its result kept as always)."""
+
+    def __init__(self, content: AsyncIterator[bytes], send_timeout: float,
+                 **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.send_timeout = send_timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def timed(message: Message) -> None:
+            try:
+                async with asyncio.timeout(self.send_timeout):
+                    await send(message)
+            except TimeoutError:
+                raise StalledClient from None
+
+        try:
+            await super().__call__(scope, receive, timed)
+        except StalledClient:  # uvicorn ends the connection as the reply is left unfinished
+            log.warning("a streamed reply's client took nothing for %g s; dropped",
+                        self.send_timeout)
+        finally:
+            body = self.body_iterator
+            if isinstance(body, AsyncGenerator):
+                await body.aclose()  # now, not when it is collected: it holds the waiter
 
 
 async def client_gone(request: Request) -> None:

@@ -51,7 +51,8 @@ class SpeechServing:
             return await stream_reply(request, call, self.store, fmt=fmt,
                                       stream_format=stream_format,
                                       characters=len(options["text"]),
-                                      headers={**url, **call.headers})
+                                      headers={**url, **call.headers},
+                                      send_timeout=self.settings.send_timeout_seconds)
         finished = await call.outcome(request, timeout_headers=url)
         if isinstance(finished, Disconnected):
             return Response(status_code=499)  # never delivered: the client is gone

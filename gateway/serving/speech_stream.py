@@ -22,14 +22,20 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from common.audio import AudioError, wav_pcm
 from common.schemas import SpeechChunk, TaskState
 from common.store import Task, TaskStore
 from common.stream_audio import StreamEncoder
 from gateway.errors import RequestError, openai_error
-from gateway.serving.calls import Call, client_gone, still_running, task_failed
+from gateway.serving.calls import (
+    Call,
+    TimedStreamingResponse,
+    client_gone,
+    still_running,
+    task_failed,
+)
 
 Spoken = AsyncIterator[SpeechChunk | Task]
 
@@ -78,8 +84,8 @@ async def _wav_tail(store: TaskStore, task: Task, sent: int) -> tuple[bytes, int
 
 
 async def stream_reply(request: Request, call: Call, store: TaskStore, *, fmt: str,
-                       stream_format: str, characters: int,
-                       headers: dict[str, str]) -> Response:
+                       stream_format: str, characters: int, headers: dict[str, str],
+                       send_timeout: float) -> Response:
     """The streamed reply, once the first piece is there (or the task's error before)."""
     pieces = spoken(store, call)
     first = await _first(pieces, request)
@@ -95,10 +101,10 @@ async def stream_reply(request: Request, call: Call, store: TaskStore, *, fmt: s
         raise RequestError(500, str(exc)) from None
     headers = {"x-task-id": call.task_id, "cache-control": "no-cache", **headers}
     if stream_format == "sse":
-        return StreamingResponse(_sse(pieces, first, encoder, characters),
-                                 media_type="text/event-stream", headers=headers)
-    return StreamingResponse(_audio(pieces, first, encoder), media_type=encoder.content_type,
-                             headers=headers)
+        return TimedStreamingResponse(_sse(pieces, first, encoder, characters), send_timeout,
+                                      media_type="text/event-stream", headers=headers)
+    return TimedStreamingResponse(_audio(pieces, first, encoder), send_timeout,
+                                  media_type=encoder.content_type, headers=headers)
 
 
 async def _first(pieces: Spoken, request: Request) -> SpeechChunk | Task | None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from common import formats
 from common.catalog import BACKENDS
@@ -23,7 +23,9 @@ from gateway.inputs import Params, read_params
 from gateway.protocol import TRANSCRIPTION_FORMATS
 from gateway.serving.calls import (
     Disconnected,
+    Events,
     SyncCalls,
+    TimedStreamingResponse,
     public_model,
     response_format,
     task_failed,
@@ -78,9 +80,10 @@ class TranscriptionServing:
         call = await self.calls.start(backend=backend, model=model, options=options,
                                       audio=audio, owner=owner, terms=terms)
         if asked.stream:
-            return StreamingResponse(_sse(call.events), media_type="text/event-stream",
-                                     headers={"x-task-id": call.task_id,
-                                              "cache-control": "no-cache", **call.headers})
+            return TimedStreamingResponse(_sse(call.events), self.settings.send_timeout_seconds,
+                                          media_type="text/event-stream",
+                                          headers={"x-task-id": call.task_id,
+                                                   "cache-control": "no-cache", **call.headers})
         finished = await call.outcome(request)
         if isinstance(finished, Disconnected):
             return Response(status_code=499)  # never delivered: the client is gone
@@ -151,22 +154,25 @@ def _usage(result: dict[str, Any]) -> dict[str, Any]:
     return {"type": "duration", "seconds": math.ceil(result["usage"]["audio_seconds"])}
 
 
-async def _sse(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    async for event in events:
-        if event["type"] == "segment":
-            yield _sse_line({"type": "transcript.text.delta", "delta": event["text"]})
-        elif event["type"] == "done":
-            task: Task = event["task"]
-            if task.state == TaskState.SUCCEEDED and task.result is not None:
-                yield _sse_line({"type": "transcript.text.done", "text": task.result["text"],
-                                 "usage": _usage(task.result)})
-            else:
+async def _sse(events: Events) -> AsyncIterator[bytes]:
+    try:
+        async for event in events:
+            if event["type"] == "segment":
+                yield _sse_line({"type": "transcript.text.delta", "delta": event["text"]})
+            elif event["type"] == "done":
+                task: Task = event["task"]
+                if task.state == TaskState.SUCCEEDED and task.result is not None:
+                    yield _sse_line({"type": "transcript.text.done",
+                                     "text": task.result["text"], "usage": _usage(task.result)})
+                else:
+                    yield _sse_line({"type": "error", "error": openai_error(RequestError(
+                        500, task.error or "the task failed", code="task_failed"))})
+            elif event["type"] == "timeout":
                 yield _sse_line({"type": "error", "error": openai_error(RequestError(
-                    500, task.error or "the task failed", code="task_failed"))})
-        elif event["type"] == "timeout":
-            yield _sse_line({"type": "error", "error": openai_error(RequestError(
-                504, "the task is still running", code="task_timeout",
-                type=ErrorType.TIMEOUT))})
+                    504, "the task is still running", code="task_timeout",
+                    type=ErrorType.TIMEOUT))})
+    finally:
+        await events.aclose()  # the waiter, released as soon as the stream ends
 
 
 def _sse_line(payload: dict[str, Any]) -> bytes:
