@@ -23,7 +23,7 @@ from gateway.auth import websocket_caller
 from gateway.errors import RequestError
 from gateway.realtime.protocol import ProtocolError, error_event
 from gateway.realtime.session import Session
-from gateway.serving.calls import SyncCalls
+from gateway.serving.calls import SyncCalls, first_of
 
 log = logging.getLogger("gateway.realtime")
 
@@ -122,13 +122,7 @@ class RealtimeServing:
 
 async def _unless(stalled: asyncio.Event, work: Coroutine[Any, Any, None]) -> bool:
     """Run `work` unless the client stalls first (then it is cancelled): whether it ran."""
-    running, dropped = asyncio.ensure_future(work), asyncio.ensure_future(stalled.wait())
-    try:
-        await asyncio.wait({running, dropped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for future in (running, dropped):
-            future.cancel()
-        await asyncio.gather(running, dropped, return_exceptions=True)
+    running, _ = await first_of(work, stalled.wait())
     if stalled.is_set():
         return False
     running.result()  # its exception (the client left) is the caller's

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,14 +54,9 @@ class Call:
         """The finished task, or DISCONNECTED as soon as the client hangs up (which releases
         the waiter at once). A 504 naming the task (plus `timeout_headers`) when the wait
         times out."""
-        waiting = asyncio.ensure_future(_done(self.events))
-        hung_up = asyncio.ensure_future(client_gone(request))
         try:
-            await asyncio.wait({waiting, hung_up}, return_when=asyncio.FIRST_COMPLETED)
+            waiting, _ = await first_of(_done(self.events), client_gone(request))
         finally:
-            for future in (waiting, hung_up):
-                future.cancel()
-            await asyncio.gather(waiting, hung_up, return_exceptions=True)
             await self.events.aclose()
         if not waiting.done() or waiting.cancelled():
             return DISCONNECTED
@@ -200,6 +195,19 @@ class TimedStreamingResponse(StreamingResponse):
             body = self.body_iterator
             if isinstance(body, AsyncGenerator):
                 await body.aclose()  # now, not when it is collected: it holds the waiter
+
+
+async def first_of(*work: Coroutine[Any, Any, Any]) -> list[asyncio.Future[Any]]:
+    """Run `work` until the first of it ends; the rest is cancelled and reaped. Their futures,
+    in order: `.cancelled()` says which did not finish."""
+    futures = [asyncio.ensure_future(item) for item in work]
+    try:
+        await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for future in futures:
+            future.cancel()
+        await asyncio.gather(*futures, return_exceptions=True)
+    return futures
 
 
 async def client_gone(request: Request) -> None:
