@@ -11,7 +11,7 @@ import httpx
 import redis
 
 from common import keys
-from harness.procs import TEST_AUDIO
+from harness.procs import TEST_AUDIO, wait_until
 
 JFK = TEST_AUDIO / "jfk.flac"
 JFK_TEXT = ("And so my fellow Americans, ask not what your country can do for you, "
@@ -44,6 +44,15 @@ def wait_done(base: str, task_id: str, timeout: float = 120,
         assert "result" not in reply, reply
         time.sleep(0.05)
     raise TimeoutError(f"task {task_id} not finished after {timeout} s")
+
+
+def wait_task(base: str, task_id: str, headers: dict[str, str] | None = None,
+              timeout: float = 120) -> dict[str, Any]:
+    """The task's REST view (`/v1/tasks/{id}`) once it is terminal."""
+    def view() -> dict[str, Any] | None:
+        task = httpx.get(f"{base}/v1/tasks/{task_id}", headers=headers, timeout=30).json()
+        return task if task["status"] not in ("PENDING", "RUNNING") else None
+    return wait_until(view, timeout, f"task {task_id}", 0.1)
 
 
 def queue_counts(client: redis.Redis, backend: str = "faster-whisper") -> tuple[int, int]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,7 +19,7 @@ from common import keys
 from common.settings import Settings
 from gateway.auth import digest
 from harness import procs
-from tests.helpers import JFK, queue_counts
+from tests.helpers import JFK, queue_counts, wait_task
 
 KEYS = {name: f"key-{name}-secret" for name in ("a", "b", "c", "d", "e", "f")}
 XTTS_MODEL = procs.ROOT / "models" / "tiny" / "xtts"
@@ -83,17 +82,6 @@ def usage(env: dict[str, Any], key: str) -> dict[str, Any]:
     return reply.json()
 
 
-def wait_done(env: dict[str, Any], key: str, tid: str, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        reply = httpx.get(f"{env['gateway']}/v1/tasks/{tid}", headers=auth(key), timeout=30)
-        assert reply.status_code == 200, reply.text
-        if reply.json()["status"] in ("SUCCEEDED", "FAILED", "CANCELLED"):
-            return reply.json()
-        time.sleep(0.1)
-    raise TimeoutError(tid)
-
-
 def start_worker(env: dict[str, Any]) -> procs.Service:
     return procs.worker(env["redis"].url, env["workdir"], idle_unload_seconds="-1",
                         allowed_roots=env["roots"]).start()
@@ -151,7 +139,7 @@ def test_the_third_jfk_is_refused_by_a_30_second_day_and_another_key_is_unaffect
 
     worker = start_worker(env)
     try:
-        done = {tid: wait_done(env, key, tid) for tid, key in
+        done = {tid: wait_task(env["gateway"], tid, auth(key)) for tid, key in
                 ((first, "a"), (second, "a"), (other, "b"))}
     finally:
         worker.stop()
@@ -200,7 +188,7 @@ def test_a_failed_task_gives_its_charge_back(env):
     clip.unlink()  # the worker cannot open it: the task fails
     worker = start_worker(env)
     try:
-        failed = wait_done(env, "d", first)
+        failed = wait_task(env["gateway"], first, auth("d"))
     finally:
         worker.stop()
     assert failed["status"] == "FAILED", failed

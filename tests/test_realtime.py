@@ -35,7 +35,7 @@ from gateway.realtime.buffer import InputBuffer, decode_pcm16
 from gateway.realtime.protocol import max_message_bytes
 from harness import procs
 from harness.procs import TEST_AUDIO, wait_until
-from tests.helpers import JFK, JFK_TEXT, TERMINAL, wer
+from tests.helpers import JFK, JFK_TEXT, wait_task, wer
 
 KEY = "live-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -637,21 +637,13 @@ def test_live_turns_overtake_a_batch_backlog(live: dict[str, Any]) -> None:
         return list(await asyncio.gather(session(), session()))
 
     completed_at = asyncio.run(both())
-    records = [finished(gateway, task_id) for task_id in batch]
+    records = [wait_task(gateway, task_id, AUTH, timeout=180) for task_id in batch]
     assert all(r["status"] == "SUCCEEDED" for r in records), records
     assert all(r["attempts"] == 1 and r["deliveries"] == 1 for r in records), records
     drained = max(r["finished_at"] for r in records)
     for at in completed_at:  # several batch tasks were still to run at each live completion
         assert at < drained
         assert sum(r["finished_at"] > at for r in records) >= 5, (at, records)
-
-
-def finished(gateway: str, task_id: str) -> dict[str, Any]:
-    def record() -> dict[str, Any] | None:
-        view = httpx.get(f"{gateway}/v1/tasks/{task_id}", headers=AUTH, timeout=30).json()
-        return view if view["status"] in TERMINAL else None
-
-    return wait_until(record, 180, f"task {task_id}", 0.2)
 
 
 def test_worker_killed_mid_turn_redelivers_and_completes_once(live: dict[str, Any]) -> None:

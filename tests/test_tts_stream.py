@@ -170,22 +170,27 @@ def test_wav_mp3_opus_aac_and_sse_streams(stack: dict[str, Any]) -> None:
     assert wav_pcm(stored_wav(reply))[0] == pcm  # seeded: every task speaks alike
 
 
+def kill_after_first_piece(stack: dict[str, Any], seen: dict[str, Any], **env: str) -> None:
+    """Once the running task has stored its first piece: note what is stored in `seen`, SIGKILL
+    the worker and start it again (the same consumer name: it reads its own unacked entry
+    first), with `env` added to its environment."""
+    client, worker = stack["redis"], stack["worker"]
+    task_id = seen["task_id"] = freeze_after_first_piece(client, worker.pid)
+    seen["pieces"] = client.xlen(keys.speech_chunks(task_id))
+    seen["pcm"] = stored_pcm(client, task_id)
+    proc = worker.proc
+    os.kill(worker.pid, signal.SIGKILL)
+    proc.wait(30)
+    worker.env.update(env)
+    worker.start()
+
+
 def test_a_worker_killed_mid_stream_resumes_and_the_client_hears_each_sentence_once(
         stack: dict[str, Any]) -> None:
-    client, worker = stack["redis"], stack["worker"]
+    worker = stack["worker"]
     _, whole = stream(stack["url"], response_format="pcm", stream_format="audio")
     before: dict[str, Any] = {}
-
-    def kill_and_restart() -> None:
-        task_id = freeze_after_first_piece(client, worker.pid)
-        before["pieces"] = client.xlen(keys.speech_chunks(task_id))
-        before["pcm"] = stored_pcm(client, task_id)
-        proc = worker.proc
-        os.kill(worker.pid, signal.SIGKILL)
-        proc.wait(30)
-        worker.start()  # the same consumer name: it reads its own unacked entry first
-
-    restarted = threading.Thread(target=kill_and_restart)
+    restarted = threading.Thread(target=kill_after_first_piece, args=(stack, before))
     restarted.start()
     try:
         reply, body = stream(stack["url"], response_format="pcm", stream_format="audio")
@@ -211,16 +216,8 @@ def test_a_task_failing_mid_stream_ends_sse_with_an_error_event(
     client, worker = stack["redis"], stack["worker"]
     env = dict(worker.env)
     failed: dict[str, Any] = {}
-
-    def kill_and_restart_strict() -> None:
-        failed["task_id"] = freeze_after_first_piece(client, worker.pid)
-        proc = worker.proc
-        os.kill(worker.pid, signal.SIGKILL)
-        proc.wait(30)
-        worker.env["SPEECH_MAX_DELIVERIES"] = "1"
-        worker.start()
-
-    restarted = threading.Thread(target=kill_and_restart_strict)
+    restarted = threading.Thread(target=kill_after_first_piece, args=(stack, failed),
+                                 kwargs={"SPEECH_MAX_DELIVERIES": "1"})
     restarted.start()
     try:
         reply, body = stream(stack["url"], response_format="pcm", stream_format="sse")

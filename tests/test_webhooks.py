@@ -29,7 +29,7 @@ from common.settings import Settings
 from gateway.app import create_app
 from harness import procs
 from harness.procs import wait_until
-from tests.helpers import queue_counts
+from tests.helpers import queue_counts, wait_task
 
 KEY, OTHER_KEY = "webhook-test-key", "someone-else"
 SECRET_NEW = "whsec_" + base64.b64encode(b"n" * 32).decode()
@@ -149,14 +149,6 @@ def sage_submit(base: str, clip: Path, key: str = KEY, **params: str) -> httpx.R
                           files={"file": (clip.name, handle)}, data=params, timeout=60)
 
 
-def finished(base: str, task_id: str) -> dict[str, Any]:
-    """The task's REST view once it is terminal."""
-    def view() -> dict[str, Any] | None:
-        task = httpx.get(f"{base}/v1/tasks/{task_id}", headers=auth(), timeout=30).json()
-        return task if task["status"] not in ("PENDING", "RUNNING") else None
-    return wait_until(view, 120, f"task {task_id}", 0.1)
-
-
 def verify_plain(hit: Hit, secret: str) -> bool:
     """The verification snippet of docs/operations.md, as a receiver would write it."""
     key = base64.b64decode(secret.removeprefix("whsec_"))
@@ -199,7 +191,7 @@ def test_a_receiver_failing_three_times_gets_exactly_one_verified_delivery(
     reply = sage_submit(base, hooks["clip"], callback_url=receiver.url("flaky", [500] * 3))
     assert reply.status_code == 200, reply.text
     task_id = reply.json()["task_id"]
-    task = finished(base, task_id)
+    task = wait_task(base, task_id, auth())
     assert task["status"] == "SUCCEEDED" and "hello" in task["result"]["text"].lower()
     receiver.wait("flaky", 4)
     time.sleep(1.5)  # longer than any retry delay: nothing follows a 2xx
@@ -254,7 +246,7 @@ def test_openai_submit_redeliver_and_owner_scoped_routes(hooks: dict[str, Any],
             assert refused.json()["error"]["code"] == "task_not_found"
     # a task without a callback_url owes no webhook: never due, and both routes say so
     plain = sage_submit(base, hooks["clip"]).json()["task_id"]
-    assert finished(base, plain)["status"] == "SUCCEEDED"
+    assert wait_task(base, plain, auth())["status"] == "SUCCEEDED"
     assert hooks["redis"].zscore(keys.webhooks_due(), plain) is None
     for call in (deliveries, redeliver):
         refused = call(base, plain)
