@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
-import wave
 from dataclasses import dataclass
 
 import numpy as np
 import soxr
 
+from common.audio import encode_wav
 from gateway.realtime.protocol import ProtocolError
 from gateway.realtime.vad import FRAME, SAMPLE_RATE, SileroVad, TurnDetector, VadConfig, VadStream
 
@@ -33,8 +32,6 @@ MIN_CHUNK = 4096
 @dataclass(frozen=True, slots=True)
 class Turn:
     audio: np.ndarray  # 16 kHz float32
-    start: int
-    end: int
 
     @property
     def seconds(self) -> float:
@@ -42,14 +39,7 @@ class Turn:
 
     def wav(self) -> bytes:
         """16-bit mono WAV, what the worker decodes like any upload."""
-        pcm = (np.clip(self.audio, -1.0, 1.0) * 32767.0).astype("<i2")
-        out = io.BytesIO()
-        with wave.open(out, "wb") as writer:
-            writer.setnchannels(1)
-            writer.setsampwidth(2)
-            writer.setframerate(SAMPLE_RATE)
-            writer.writeframes(pcm.tobytes())
-        return out.getvalue()
+        return encode_wav(self.audio, SAMPLE_RATE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,14 +106,6 @@ class InputBuffer:
             self._trim()
 
     @property
-    def vad(self) -> VadConfig | None:
-        return None if self._detector is None else self._detector.config
-
-    @property
-    def in_speech(self) -> bool:
-        return self._turn_start is not None
-
-    @property
     def buffered(self) -> int:
         return self.received - self._start
 
@@ -152,7 +134,7 @@ class InputBuffer:
         self.clear()
         if (end - start) * 1000 < MIN_COMMIT_MS * SAMPLE_RATE:
             return None
-        return Turn(audio, start, end)
+        return Turn(audio)
 
     def clear(self) -> None:
         self._chunks.clear()
@@ -201,7 +183,7 @@ class InputBuffer:
 
     def _cut(self, end: int) -> SpeechStopped:
         assert self._turn_start is not None
-        turn = Turn(self._take(self._turn_start, end), self._turn_start, end)
+        turn = Turn(self._take(self._turn_start, end))
         self._turn_start = None
         self._drop_before(end)
         return SpeechStopped(end, turn)

@@ -33,6 +33,7 @@ from gateway.serving.calls import (
     Call,
     TimedStreamingResponse,
     client_gone,
+    first_of,
     still_running,
     task_failed,
 )
@@ -109,15 +110,7 @@ async def stream_reply(request: Request, call: Call, store: TaskStore, *, fmt: s
 
 async def _first(pieces: Spoken, request: Request) -> SpeechChunk | Task | None:
     """The first piece (or the finished task); None as soon as the client hangs up."""
-    waiting = asyncio.ensure_future(anext(pieces))
-    hung_up = asyncio.ensure_future(client_gone(request))
-    try:
-        await asyncio.wait({waiting, hung_up}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for future in (waiting, hung_up):
-            if not future.done():
-                future.cancel()
-        await asyncio.gather(waiting, hung_up, return_exceptions=True)
+    waiting, _ = await first_of(anext(pieces), client_gone(request))
     if waiting.cancelled():  # the reader ran its `finally` as it was cancelled
         return None
     return waiting.result()

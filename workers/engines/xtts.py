@@ -133,12 +133,6 @@ class XttsEngine:
                                          speed=options.speed, **handle.inference)["wav"]
             yield Synthesis(np.asarray(wav, dtype=np.float32), handle.output_rate)
 
-    def synthesize(self, handle: XttsHandle, options: SynthesisOptions,
-                   reference: np.ndarray | None) -> Synthesis:
-        """The whole text at once (the check CLI)."""
-        pieces = [piece.audio for piece in self.speak(handle, options, reference)]
-        return Synthesis(np.concatenate(pieces), handle.output_rate)
-
     def _conditioning(
         self, handle: XttsHandle, voice: str | None, reference: np.ndarray | None
     ) -> tuple[Any, Any]:
