@@ -60,19 +60,19 @@ def websocket_caller(websocket: WebSocket, settings: Settings) -> str:
 
 def key_owner(key: str | None, settings: Settings) -> str:
     """The owner id of a presented key ("" when keys are off); 401 for a missing or bad one."""
-    digests = [entry.digest for entry in settings.api_keys]
-    if not digests:
+    if not settings.api_keys:
         return ""
     if key is None:
         raise RequestError(401, "missing API key: send 'Authorization: Bearer KEY'",
                            code="invalid_api_key", headers=_CHALLENGE)
     presented = digest(key)
-    matched = False
-    for stored in digests:  # no early exit: the time taken does not depend on which matched
-        matched |= hmac.compare_digest(presented, stored)
-    if not matched:
+    owner = None
+    for entry in settings.api_keys:  # no early exit: the time does not depend on which matched
+        if hmac.compare_digest(presented, entry.digest):
+            owner = entry.owner
+    if owner is None:
         raise RequestError(401, "invalid API key", code="invalid_api_key", headers=_CHALLENGE)
-    return presented[:16]
+    return owner
 
 
 #: the caller's owner id, for routes that read or create their tasks

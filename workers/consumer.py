@@ -134,7 +134,6 @@ class Consumer:
                  f" ({error})" if error else "")
         self.tasks_done += 1
         if stored:
-            await self._drop_speech(task)
             await self._record(task, state, started)
 
     async def _record(self, task: Task, state: TaskState, started: float) -> None:
@@ -158,13 +157,6 @@ class Consumer:
                 # the processing rate a predicted wait divides by: work (audio-seconds, or
                 # characters) per second of wall time, less a load
                 await self.store.record_rate(task.model, task.work_units, inference)
-
-    async def _drop_speech(self, task: Task) -> None:
-        """A finished TTS task's pieces: its WAV (or its error) says it all from now on; left
-        behind by a lost Redis, they expire with the retention."""
-        if self.host.kind == "tts":
-            with contextlib.suppress(RedisError):
-                await self.store.drop_chunks(task.id)
 
     async def _run_task(self, task: Task, attempt: int) -> Outcome:
         breaker_error = await self.breakers.admit(task.model)
@@ -219,9 +211,8 @@ class Consumer:
             reason = f"{task.last_error} (gave up after {deliveries - 1} deliveries)"
         log.error("%s", reason)
         await self.store.dead_letter(task.id, reason, deliveries)
-        if await self.store.finish(task, TaskState.FAILED, attempt=None, entry_id=entry_id,
-                                   error=reason, error_code=ErrorCode.DELIVERY_LIMIT.value):
-            await self._drop_speech(task)
+        await self.store.finish(task, TaskState.FAILED, attempt=None, entry_id=entry_id,
+                                error=reason, error_code=ErrorCode.DELIVERY_LIMIT.value)
         with contextlib.suppress(RedisError):
             await self.store.record(("tasks_FAILED", "dead_lettered"))
 

@@ -6,8 +6,8 @@ Only the task's current attempt may append (fenced like the terminal write), and
 next piece: an append repeated after a lost reply is a no-op, and an attempt the janitor
 has redelivered (a worker that froze and woke up) is refused. A new attempt reads what is
 stored and resumes after it, so every piece is spoken once and the final WAV is exactly the
-stored pieces joined. The pieces expire with the task's retention; the worker that stores
-the terminal state drops them (the WAV holds the same samples from then on).
+stored pieces joined. The pieces expire with the task's retention, and go with its terminal write
+(`close()` in tasks.py: the WAV holds the same samples from then on).
 """
 
 from __future__ import annotations
@@ -75,6 +75,3 @@ class SpeechChunks:
         return [SpeechChunk(int(entry_id.split(b"-")[1]) - 1, fields[b"pcm"],
                             int(fields[b"rate"]))
                 for entry_id, fields in entries]
-
-    async def drop(self, task_id: str) -> None:
-        await self.redis.delete(keys.speech_chunks(task_id))

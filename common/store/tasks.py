@@ -82,17 +82,18 @@ end
 """
 
 # Every terminal write ends with close(): the task leaves the backlog, takes its state, starts
-# its retention, loses its input, its owner's usage is settled (usage.LUA), its watchers
-# hear of it, and its webhook is owed. What else must happen exactly once per task,
+# its retention, loses its input and its spoken pieces (a TTS task's; its WAV or its error
+# says it all from now on), its owner's usage is settled (usage.LUA), its watchers hear of
+# it, and its webhook is owed. What else must happen exactly once per task,
 # atomically with its terminal state, belongs here.
 _CLOSE = _BACKLOG + usage.LUA + _WEBHOOK_DUE + """
-local function close(task, backlog, input, events, state, now, retention, webhooks)
+local function close(task, backlog, input, speech, events, state, now, retention, webhooks)
   unqueue(task, backlog, false)
   unrun(task, backlog)
   close_usage(task, state)
   redis.call('HSET', task, 'state', state, 'finished_at', now)
   redis.call('EXPIRE', task, retention)
-  redis.call('DEL', input)
+  redis.call('DEL', input, speech)
   redis.call('PUBLISH', events, cjson.encode({type='state', status=state}))
   webhook_due(task, webhooks, now)
 end
@@ -134,7 +135,8 @@ if ARGV[4] == '1' then redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[2]) end
 return {1, entry, seq}
 """
 
-# KEYS: task, events, backlog, input blob, webhooks due | ARGV: worker, now, deliveries, retention
+# KEYS: task, events, backlog, input blob, webhooks due, spoken pieces
+# ARGV: worker, now, deliveries, retention
 # -> new attempt, 0 if terminal, -1 if missing, -2 if its deadline passed while it was
 # queued (it is FAILED deadline_exceeded here, never run)
 _START = _CLOSE + """
@@ -145,7 +147,7 @@ local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline') or '')
 if state == 'PENDING' and deadline and tonumber(ARGV[2]) > deadline then
   redis.call('HSET', KEYS[1], 'error', 'its deadline passed before a worker could start it',
              'error_code', 'deadline_exceeded')
-  close(KEYS[1], KEYS[3], KEYS[4], KEYS[2], 'FAILED', ARGV[2], ARGV[4], KEYS[5])
+  close(KEYS[1], KEYS[3], KEYS[4], KEYS[6], KEYS[2], 'FAILED', ARGV[2], ARGV[4], KEYS[5])
   return -2
 end
 unqueue(KEYS[1], KEYS[3], true)
@@ -156,7 +158,8 @@ redis.call('PUBLISH', KEYS[2], '{"type":"state","status":"RUNNING"}')
 return attempt
 """
 
-# KEYS: task, queue, events, input blob, output blob, backlog, webhooks due
+# KEYS: task, queue, events, input blob, output blob, backlog, webhooks due,
+#       spoken pieces
 # ARGV: attempt (or "" = unfenced), entry, group, state, now, retention, result, error, code,
 #       output ("" = none), output file name ("" = none), measured usage ("" = none)
 # -> 1 stored, 0 stale attempt or already terminal. Acks only after the state is stored.
@@ -175,7 +178,7 @@ if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[8], 'error_code'
 if ARGV[10] ~= '' then redis.call('SET', KEYS[5], ARGV[10], 'EX', ARGV[6]) end
 if ARGV[11] ~= '' then redis.call('HSET', KEYS[1], 'output_file', ARGV[11]) end
 if ARGV[12] ~= '' then settle_usage(KEYS[1], ARGV[12]) end
-close(KEYS[1], KEYS[6], KEYS[4], KEYS[3], ARGV[4], ARGV[5], ARGV[6], KEYS[7])
+close(KEYS[1], KEYS[6], KEYS[4], KEYS[8], KEYS[3], ARGV[4], ARGV[5], ARGV[6], KEYS[7])
 if ARGV[2] ~= '' then redis.call('XACK', KEYS[2], ARGV[3], ARGV[2]) end
 return 1
 """
@@ -207,7 +210,8 @@ end
 return {delivered, first, last_seq, pending}
 """
 
-# KEYS: task, queue, events, input blob, backlog, webhooks due | ARGV: now, retention
+# KEYS: task, queue, events, input blob, backlog, webhooks due, spoken pieces
+# ARGV: now, retention
 # -> the state after.
 # The stream entry stays (its number keeps the positions behind it exact): a worker that
 # reads it finds the task terminal and acks it.
@@ -216,11 +220,11 @@ local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return '' end
 if state ~= 'PENDING' then return state end
 redis.call('HSET', KEYS[1], 'error', 'task was cancelled before it started')
-close(KEYS[1], KEYS[5], KEYS[4], KEYS[3], 'CANCELLED', ARGV[1], ARGV[2], KEYS[6])
+close(KEYS[1], KEYS[5], KEYS[4], KEYS[7], KEYS[3], 'CANCELLED', ARGV[1], ARGV[2], KEYS[6])
 return 'CANCELLED'
 """
 
-# KEYS: task, queue, events, input blob, backlog, webhooks due
+# KEYS: task, queue, events, input blob, backlog, webhooks due, spoken pieces
 # ARGV: state read, attempt read, entry, group, now, retention, error, code
 # -> 1 FAILED, 0 left alone. The fence for a sweeper's read-then-write: a task that was
 # started, finished or re-attempted since the caller read it is not touched.
@@ -228,7 +232,7 @@ _FAIL_IF_UNCHANGED = _CLOSE + """
 local current = redis.call('HMGET', KEYS[1], 'state', 'attempt')
 if current[1] ~= ARGV[1] or (current[2] or '0') ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'error', ARGV[7], 'error_code', ARGV[8])
-close(KEYS[1], KEYS[5], KEYS[4], KEYS[3], 'FAILED', ARGV[5], ARGV[6], KEYS[6])
+close(KEYS[1], KEYS[5], KEYS[4], KEYS[7], KEYS[3], 'FAILED', ARGV[5], ARGV[6], KEYS[6])
 if ARGV[3] ~= '' then redis.call('XACK', KEYS[2], ARGV[4], ARGV[3]) end
 return 1
 """
@@ -477,7 +481,7 @@ class TaskStore:
             task.entry_id, task.queue_seq = text(value), int(number[0])
             task.created_at = float(record["created_at"])
         if not stored:
-            raise Duplicate(value.decode() if isinstance(value, bytes) else str(value))
+            raise Duplicate(text(value))
 
     async def get(self, task_id: str) -> Task | None:
         raw = await self.redis.hgetall(keys.task(task_id))
@@ -494,7 +498,7 @@ class TaskStore:
         -2 if its deadline passed while queued (then it is FAILED deadline_exceeded)."""
         started = int(await self._start(
             keys=[keys.task(task_id), keys.events(task_id), keys.backlog(backend),
-                  keys.input_blob(task_id), keys.webhooks_due()],
+                  keys.input_blob(task_id), keys.webhooks_due(), keys.speech_chunks(task_id)],
             args=[worker, repr(time.time()), deliveries, self.retention]))
         if started == -2:
             self._delete_input_file(task_id)
@@ -523,7 +527,7 @@ class TaskStore:
         stored = bool(await self._finish(
             keys=[keys.task(task.id), keys.queue(task.backend, task.lane), keys.events(task.id),
                   keys.input_blob(task.id), keys.output_blob(task.id), keys.backlog(task.backend),
-                  keys.webhooks_due()],
+                  keys.webhooks_due(), keys.speech_chunks(task.id)],
             args=["" if attempt is None else attempt, entry_id, keys.WORKER_GROUP, state.value,
                   repr(time.time()), self.retention,
                   json.dumps(result) if result is not None else "", one_line(error),
@@ -541,10 +545,11 @@ class TaskStore:
         """Cancel a PENDING task; returns the task's state afterwards ("" if unknown)."""
         state = await self._cancel(
             keys=[keys.task(task_id), keys.queue(backend), keys.events(task_id),
-                  keys.input_blob(task_id), keys.backlog(backend), keys.webhooks_due()],
+                  keys.input_blob(task_id), keys.backlog(backend), keys.webhooks_due(),
+                  keys.speech_chunks(task_id)],
             args=[repr(time.time()), self.retention],
         )
-        state = state.decode() if isinstance(state, bytes) else str(state)
+        state = text(state)
         if state == TaskState.CANCELLED:
             self._delete_input_file(task_id)
         return state
@@ -668,7 +673,8 @@ class TaskStore:
         check is inside the Lua call, so a task a worker starts meanwhile is never failed."""
         failed = bool(await self._fail_if_unchanged(
             keys=[keys.task(task.id), keys.queue(task.backend, task.lane), keys.events(task.id),
-                  keys.input_blob(task.id), keys.backlog(task.backend), keys.webhooks_due()],
+                  keys.input_blob(task.id), keys.backlog(task.backend), keys.webhooks_due(),
+                  keys.speech_chunks(task.id)],
             args=[task.state.value, task.attempt, task.entry_id, keys.WORKER_GROUP,
                   repr(time.time()), self.retention, one_line(error), error_code]))
         if failed:

@@ -174,12 +174,14 @@ class PeriodUsage:
 
 async def usage(redis: Redis, owner: str, now: float) -> list[PeriodUsage]:
     """The owner's usage in the current day and month."""
-    found = []
-    for period in periods(now):
-        raw = await redis.hgetall(period.key(owner))
-        found.append(PeriodUsage(period, {k.decode(): max(0.0, float(v))  # float drift
-                                          for k, v in raw.items()}))
-    return found
+    current = periods(now)
+    async with redis.pipeline(transaction=False) as pipe:
+        for period in current:
+            pipe.hgetall(period.key(owner))
+        raws = await pipe.execute()
+    return [PeriodUsage(period, {k.decode(): max(0.0, float(v))  # float drift
+                                 for k, v in raw.items()})
+            for period, raw in zip(current, raws, strict=True)]
 
 
 async def totals(redis: Redis, owners: list[str]) -> dict[str, dict[tuple[str, str], float]]:

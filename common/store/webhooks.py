@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 
 from common import keys
 from common.store.tasks import Task, TaskStore
+from common.store.values import text
 
 #: attempts kept per task (the newest): a redeliver loop cannot grow a task's log for ever
 MAX_ATTEMPTS_KEPT = 100
@@ -130,7 +131,7 @@ class WebhookStore:
         """Up to `most` due deliveries, each held for `lease_seconds`."""
         flat = await self._claim(keys=[keys.webhooks_due()],
                                  args=[_ms(time.time()), _ms(lease_seconds), most])
-        return [Claim(_text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
+        return [Claim(text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
 
     async def owed(self, task_id: str) -> Owed | None:
         """The claimed delivery's task (None once it has expired)."""
@@ -179,7 +180,3 @@ async def counters(redis: Redis) -> dict[str, int]:
 
 def _ms(seconds: float) -> int:
     return int(seconds * 1000)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

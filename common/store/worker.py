@@ -109,9 +109,6 @@ class WorkerStore:
         """StaleAttempt when `attempt` is no longer the task's running attempt."""
         await self._tasks.speech.append(task_id, attempt, chunk)
 
-    async def drop_chunks(self, task_id: str) -> None:
-        await self._tasks.speech.drop(task_id)
-
     async def note_error(self, task_id: str, error: str) -> None:
         await self._tasks.note_error(task_id, error)
 
