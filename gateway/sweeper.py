@@ -53,7 +53,7 @@ class Sweeper:
         self.period = max(0.2, min([30.0, *bounds]))
 
     async def sweep(self) -> None:
-        live = {worker["backend"] for worker in await self.store.live_workers()}
+        live = {backend for backend, _ in await self.store.live_consumers()}
         for backend in enabled_backends(self.settings):
             if self.settings.max_queue_seconds > 0:
                 await self.fail_overdue(backend, self.settings.max_queue_seconds)

@@ -16,12 +16,11 @@ from common.store.tasks import (
     QueueFull,
     Task,
     TaskStore,
-    live_workers,
     new_task_id,
 )
 from common.store.usage import Charge, QuotaExceeded
 from common.store.worker import WorkerStore
 
 __all__ = ["Admission", "Breaker", "BreakerPolicy", "Charge", "Duplicate", "QueueFull",
-           "QuotaExceeded", "StoreError", "Task", "TaskStore", "WorkerStore", "live_workers",
+           "QuotaExceeded", "StoreError", "Task", "TaskStore", "WorkerStore",
            "new_task_id"]

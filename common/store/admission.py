@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from common import keys
+from common.store.values import LUA_NOW_MS
 
 #: weight of the newest finished task in the moving processing rate
 RATE_WEIGHT = 0.3
@@ -37,9 +38,7 @@ return tostring(fold('rate', 'tasks'))
 """
 
 # KEYS: live set -> workers whose heartbeat has not expired
-_LIVE_COUNT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+_LIVE_COUNT = LUA_NOW_MS + """
 return redis.call('ZCOUNT', KEYS[1], now, '+inf')
 """
 

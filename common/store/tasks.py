@@ -27,7 +27,7 @@ from common.store.chunks import SpeechChunks
 from common.store.connection import bounded_client
 from common.store.devices import DeviceView, devices
 from common.store.usage import Charge, PeriodUsage
-from common.store.values import one_line, text
+from common.store.values import LUA_NOW_MS, one_line, text
 
 # The backlog (keys.backlog): queued tasks and their work per lane, running ones, and the
 # same work per model (a task's 'work': audio-seconds, or characters for TTS; a task queued
@@ -240,9 +240,7 @@ return 1
 
 # KEYS: each backend's live set -> {backend's index (from 1), consumer, ...} for every
 # worker whose heartbeat has not expired on Redis's clock
-_LIVE_WORKERS = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+_LIVE_WORKERS = LUA_NOW_MS + """
 local found = {}
 for index, key in ipairs(KEYS) do
   for _, consumer in ipairs(redis.call('ZRANGEBYSCORE', key, now, '+inf')) do
@@ -381,6 +379,7 @@ class TaskStore:
         self._queue_head = redis.register_script(_QUEUE_HEAD)
         self.breaker_store = BreakerStore(redis)
         self._fail_if_unchanged = redis.register_script(_FAIL_IF_UNCHANGED)
+        self._live_consumers = redis.register_script(_LIVE_WORKERS)
         self._outlook = admission.OutlookReader(redis)
 
     @classmethod
@@ -402,9 +401,21 @@ class TaskStore:
         """Whether the store answers now (a StoreError when it does not)."""
         return bool(await self.redis.ping())
 
+    async def live_consumers(self) -> list[tuple[str, str]]:
+        """(backend, consumer) of every worker whose heartbeat has not expired: the live sets
+        the heartbeats keep (keys.live); no scan of the keyspace."""
+        backends = list(BACKENDS)
+        found = await self._live_consumers(keys=[keys.live(name) for name in backends])
+        return [(backends[int(index) - 1], text(consumer))
+                for index, consumer in zip(found[::2], found[1::2], strict=True)]
+
     async def live_workers(self) -> list[dict[str, Any]]:
         """Health snapshots of every worker whose heartbeat has not expired."""
-        return await live_workers(self.redis)
+        names = [keys.heartbeat(backend, consumer)
+                 for backend, consumer in await self.live_consumers()]
+        if not names:
+            return []
+        return [json.loads(raw) for raw in await self.redis.mget(names) if raw]
 
     async def devices(self) -> list[DeviceView]:
         """The device memory broker's view of every device."""
@@ -701,15 +712,3 @@ def _measured_usage(task: Task, state: TaskState, result: dict[str, Any] | None)
 def _stream_id(entry: str) -> tuple[int, int]:
     millis, _, seq = entry.partition("-")
     return int(millis), int(seq or 0)
-
-
-async def live_workers(redis: Redis) -> list[dict[str, Any]]:
-    """Health snapshots of every worker whose heartbeat has not expired: the live sets the
-    heartbeats keep (keys.live), then their snapshots; no scan of the keyspace."""
-    found = await redis.eval(_LIVE_WORKERS, len(BACKENDS), *(keys.live(b) for b in BACKENDS))
-    backends = list(BACKENDS)
-    names = [keys.heartbeat(backends[int(index) - 1], text(consumer))
-             for index, consumer in zip(found[::2], found[1::2], strict=True)]
-    if not names:
-        return []
-    return [json.loads(raw) for raw in await redis.mget(names) if raw]

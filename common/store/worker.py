@@ -21,12 +21,11 @@ from common.store.breakers import Admission, Breaker, BreakerPolicy
 from common.store.devices import DeviceLedger
 from common.store.queue import Delivery, Queue
 from common.store.tasks import Task, TaskStore
+from common.store.values import LUA_NOW_MS
 
 # KEYS: heartbeat, live set | ARGV: snapshot, ttl ms, consumer
 # The expiry in the live set is on Redis's clock, so hosts with skewed clocks agree.
-_HEARTBEAT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+_HEARTBEAT = LUA_NOW_MS + """
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
