@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 from common import keys
 from common.store import BreakerPolicy, TaskStore
+from common.store.breakers import BreakerStore
 from gateway.auth import digest
 from harness import procs
 from harness.procs import wait_until
@@ -209,7 +210,7 @@ def test_the_reset_call_closes_a_breaker_and_needs_a_key(tmp_path: Path,
 
 async def _trip(redis_url: str, model: str, source: str) -> None:
     client = Redis.from_url(redis_url)
-    store = TaskStore(client, 60)
+    store = BreakerStore(client)
     for _ in range(3):
         await store.record_load_failure(BACKEND, model, source, f"model {model!r} failed to "
                                         "load: RuntimeError: broken", BreakerPolicy())

@@ -22,7 +22,7 @@ from common.blobs import BlobDir
 from common.schemas import TERMINAL_STATES, TaskState
 from common.settings import Settings
 from common.store import admission, usage
-from common.store.breakers import Admission, Breaker, BreakerPolicy, BreakerStore
+from common.store.breakers import Breaker, BreakerPolicy, BreakerStore
 from common.store.chunks import SpeechChunks
 from common.store.connection import bounded_client
 from common.store.devices import DeviceView, devices
@@ -662,15 +662,6 @@ class TaskStore:
         return waiting, int(pending)
 
     # --- breakers (common/store/breakers.py) ---
-    async def admit(self, backend: str, model: str, source: str, holder: str,
-                    policy: BreakerPolicy) -> Admission:
-        return await self.breaker_store.admit(backend, model, source, holder, policy)
-
-    async def record_load_failure(self, backend: str, model: str, source: str, error: str,
-                                  policy: BreakerPolicy) -> bool:
-        return await self.breaker_store.record_load_failure(backend, model, source, error,
-                                                            policy)
-
     async def breakers(self, backend: str, sources: dict[str, str],
                        policy: BreakerPolicy) -> dict[str, Breaker]:
         return await self.breaker_store.breakers(backend, sources, policy)

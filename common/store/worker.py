@@ -17,7 +17,7 @@ from common import keys
 from common.schemas import SpeechChunk, TaskState
 from common.settings import Settings
 from common.store import admission, metrics
-from common.store.breakers import Admission, Breaker, BreakerPolicy
+from common.store.breakers import Admission, Breaker, BreakerPolicy, BreakerStore
 from common.store.devices import DeviceLedger
 from common.store.queue import Delivery, Queue
 from common.store.tasks import Task, TaskStore
@@ -44,6 +44,7 @@ class WorkerStore:
         self._rate = admission.RateRecorder(redis, settings.backend)
         self._beat = redis.register_script(_HEARTBEAT)
         self._tasks = TaskStore.for_settings(redis, settings)
+        self._breakers = BreakerStore(redis)
         self._queue = Queue(redis, self.backend, consumer,
                             settings.batch_promotion_seconds)
 
@@ -116,19 +117,19 @@ class WorkerStore:
 
     # --- breakers ---
     async def admit(self, model: str, source: str) -> Admission:
-        return await self._tasks.admit(self.backend, model, source, self.consumer,
-                                       self.breaker_policy)
+        return await self._breakers.admit(self.backend, model, source, self.consumer,
+                                          self.breaker_policy)
 
     async def record_load_failure(self, model: str, source: str, error: str) -> bool:
         """Count a load failure; True when the model's breaker is open after it."""
-        return await self._tasks.record_load_failure(self.backend, model, source, error,
-                                                     self.breaker_policy)
+        return await self._breakers.record_load_failure(self.backend, model, source, error,
+                                                        self.breaker_policy)
 
     async def clear_breaker(self, model: str) -> bool:
-        return await self._tasks.clear_breaker(self.backend, model)
+        return await self._breakers.clear(self.backend, model)
 
     async def breakers(self, sources: dict[str, str]) -> dict[str, Breaker]:
-        return await self._tasks.breakers(self.backend, sources, self.breaker_policy)
+        return await self._breakers.breakers(self.backend, sources, self.breaker_policy)
 
     # --- the device memory broker ---
     def device_ledger(self, device_id: str) -> DeviceLedger:

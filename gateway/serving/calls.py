@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from dataclasses import dataclass, field
@@ -195,6 +196,11 @@ class TimedStreamingResponse(StreamingResponse):
             body = self.body_iterator
             if isinstance(body, AsyncGenerator):
                 await body.aclose()  # now, not when it is collected: it holds the waiter
+
+
+def sse_event(payload: dict[str, Any]) -> bytes:
+    """One server-sent event carrying `payload` as JSON."""
+    return f"data: {json.dumps(payload)}\n\n".encode()
 
 
 async def first_of(*work: Coroutine[Any, Any, Any]) -> list[asyncio.Future[Any]]:

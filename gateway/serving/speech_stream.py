@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -34,6 +33,7 @@ from gateway.serving.calls import (
     TimedStreamingResponse,
     client_gone,
     first_of,
+    sse_event,
     still_running,
     task_failed,
 )
@@ -151,18 +151,13 @@ async def _sse(pieces: Spoken, first: SpeechChunk, encoder: StreamEncoder,
     try:
         async for item in _encoded(pieces, first, encoder):
             if isinstance(item, bytes):
-                yield _event({"type": "speech.audio.delta",
+                yield sse_event({"type": "speech.audio.delta",
                               "audio": base64.b64encode(item).decode()})
             elif item.state == TaskState.SUCCEEDED:
-                yield _event({"type": "speech.audio.done", "usage": {
+                yield sse_event({"type": "speech.audio.done", "usage": {
                     "input_tokens": characters, "output_tokens": 0,
                     "total_tokens": characters}})
             else:
-                yield _event({"type": "error", "error": openai_error(task_failed(item))})
+                yield sse_event({"type": "error", "error": openai_error(task_failed(item))})
     except RequestError as exc:  # timed out, or the finished task's audio is missing
-        yield _event({"type": "error", "error": openai_error(exc)})
-
-
-def _event(payload: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(payload)}\n\n".encode()
-
+        yield sse_event({"type": "error", "error": openai_error(exc)})

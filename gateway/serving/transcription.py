@@ -28,6 +28,7 @@ from gateway.serving.calls import (
     TimedStreamingResponse,
     public_model,
     response_format,
+    sse_event,
     task_failed,
 )
 from gateway.submission import SubmitTerms, default_lane
@@ -158,22 +159,18 @@ async def _sse(events: Events) -> AsyncIterator[bytes]:
     try:
         async for event in events:
             if event["type"] == "segment":
-                yield _sse_line({"type": "transcript.text.delta", "delta": event["text"]})
+                yield sse_event({"type": "transcript.text.delta", "delta": event["text"]})
             elif event["type"] == "done":
                 task: Task = event["task"]
                 if task.state == TaskState.SUCCEEDED and task.result is not None:
-                    yield _sse_line({"type": "transcript.text.done",
+                    yield sse_event({"type": "transcript.text.done",
                                      "text": task.result["text"], "usage": _usage(task.result)})
                 else:
-                    yield _sse_line({"type": "error", "error": openai_error(RequestError(
+                    yield sse_event({"type": "error", "error": openai_error(RequestError(
                         500, task.error or "the task failed", code="task_failed"))})
             elif event["type"] == "timeout":
-                yield _sse_line({"type": "error", "error": openai_error(RequestError(
+                yield sse_event({"type": "error", "error": openai_error(RequestError(
                     504, "the task is still running", code="task_timeout",
                     type=ErrorType.TIMEOUT))})
     finally:
         await events.aclose()  # the waiter, released as soon as the stream ends
-
-
-def _sse_line(payload: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(payload)}\n\n".encode()
