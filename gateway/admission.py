@@ -61,16 +61,17 @@ class Outlook:
     def processing(self, seconds: Mapping[str, float]) -> float | None:
         """Wall seconds one worker takes for `seconds` (model -> audio-seconds); None while
         the backend has no rate."""
-        if self.fallback_rate is None:
+        fallback = self.fallback_rate
+        if fallback is None:
             return None
-        return sum(amount / (self.rate_of(model) or self.fallback_rate)
+        return sum(amount / (self.rates.models.get(model) or fallback)
                    for model, amount in seconds.items())
 
     def ahead(self, lane: str) -> tuple[int, float] | None:
         """(tasks, their processing seconds) queued in `lane` and the lanes read before it;
         None while the backend has no rate."""
         work = self.processing(self.backlog.ahead_by_model(lane))
-        return None if work is None else (self.backlog.ahead(lane)[0], work)
+        return None if work is None else (self.backlog.tasks_ahead(lane), work)
 
     def start_after(self, work_ahead: float) -> float | None:
         """Seconds until a task with `work_ahead` processing seconds queued ahead starts."""

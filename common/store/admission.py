@@ -46,9 +46,6 @@ return redis.call('ZCOUNT', KEYS[1], now, '+inf')
 @dataclass(frozen=True, slots=True)
 class Backlog:
     tasks: dict[str, int]  # lane -> tasks queued (not yet started)
-    seconds: dict[str, float]  # lane -> their audio-seconds
-    running_tasks: int
-    running_seconds: float
     #: lane (or RUNNING) -> model -> audio-seconds; "" holds what no model is known for
     #: (tasks queued before per-model sums)
     models: dict[str, dict[str, float]]
@@ -57,11 +54,9 @@ class Backlog:
         """`lane` and the lanes read before it."""
         return keys.LANES[:keys.LANES.index(lane) + 1] if lane in keys.LANES else keys.LANES
 
-    def ahead(self, lane: str) -> tuple[int, float]:
-        """(tasks, audio-seconds) queued in `lane` and the lanes read before it."""
-        lanes = self.lanes_ahead(lane)
-        return (sum(self.tasks[name] for name in lanes),
-                sum(self.seconds[name] for name in lanes))
+    def tasks_ahead(self, lane: str) -> int:
+        """Tasks queued in `lane` and the lanes read before it."""
+        return sum(self.tasks[name] for name in self.lanes_ahead(lane))
 
     def ahead_by_model(self, lane: str) -> dict[str, float]:
         """model -> audio-seconds queued in `lane` and the lanes read before it."""
@@ -105,9 +100,7 @@ def _backlog(raw: dict[str, str]) -> Backlog:
                  if field.startswith(prefix)}
         models[name] = _split(number(f"{name}:seconds"),
                               {model: seconds for model, seconds in found.items() if seconds})
-    return Backlog({lane: int(number(f"{lane}:tasks")) for lane in keys.LANES},
-                   {lane: number(f"{lane}:seconds") for lane in keys.LANES},
-                   int(number("running:tasks")), number("running:seconds"), models)
+    return Backlog({lane: int(number(f"{lane}:tasks")) for lane in keys.LANES}, models)
 
 
 def _rates(raw: dict[str, str]) -> Rates:
