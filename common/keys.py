@@ -2,12 +2,10 @@
 
 import hashlib
 
+from common.schemas import BATCH, INTERACTIVE, LANES  # noqa: F401  (the lanes' spelling, re-exported for the store)
+
 PREFIX = "sg:"
 WORKER_GROUP = "workers"
-#: priority lanes, in the order a worker reads them (an old batch entry is promoted first)
-INTERACTIVE, BATCH = "interactive", "batch"
-LANES = (INTERACTIVE, BATCH)
-
 
 def task(task_id: str) -> str:
     """Hash: one task's record (state, params, attempt, result, error …)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal, get_args
 
 
 class TaskState(StrEnum):
@@ -21,6 +21,11 @@ class TaskState(StrEnum):
 
 
 TERMINAL_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED})
+
+#: a task's priority lane: interactive entries are read before batch ones (common/store/queue.py)
+Lane = Literal["interactive", "batch"]
+INTERACTIVE, BATCH = get_args(Lane)
+LANES: tuple[str, ...] = get_args(Lane)
 
 
 class ErrorCode(StrEnum):

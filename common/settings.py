@@ -15,12 +15,15 @@ import re
 import socket
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.backends import BACKENDS
+from common.schemas import Lane
+
+MULTIPART_OVERHEAD_BYTES = 64 * 1024
 
 DEFAULT_MODELS: dict[str, dict[str, str]] = {
     "faster-whisper": {"tiny.en": "bundled"},
@@ -86,7 +89,7 @@ class ApiKey(BaseModel):
     #: its label on /metrics and /v1/usage (default: its owner id, 16 hex of the digest)
     name: str = ""
     #: the lane of its submits that name no `priority`
-    priority: Literal["interactive", "batch"] | None = None
+    priority: Lane | None = None
     quotas: KeyQuotas = Field(default_factory=KeyQuotas)
 
     @field_validator("key")
@@ -259,7 +262,7 @@ class Settings(BaseSettings):
     #: (`too_many_pending_turns`)
     realtime_max_pending_turns: int = Field(default=8, ge=1)
 
-    # --- webhooks (`callback_url`, gateway/webhooks.py and gateway/deliverer.py) ---
+    # --- webhooks (`callback_url`, gateway/policy/webhooks.py and gateway/jobs/deliverer.py) ---
     #: hosts a `callback_url` may point at, as `audio_url_hosts`; empty = callback_url refused
     callback_url_hosts: list[str] = Field(default_factory=list)
     #: key id -> "whsec_<base64>": every delivery is signed with each (so receivers can switch
@@ -342,6 +345,16 @@ class Settings(BaseSettings):
         key = name.strip().lower() if name else next(iter(self.voices), "")
         kind, _, target = self.voices[key].partition(":")
         return kind, target.strip()
+
+    @property
+    def max_upload_bytes(self) -> int:
+        """The largest file a request may carry (an upload, a fetched `audio_url`, a clip)."""
+        return int(self.max_upload_mib * 1024 * 1024)
+
+    @property
+    def max_body_bytes(self) -> int:
+        """The largest request body: the largest file plus multipart fields and boundaries."""
+        return self.max_upload_bytes + MULTIPART_OVERHEAD_BYTES
 
     def url_signing_key(self) -> bytes:
         """`url_secret`, else a key derived from the API key digests (order-free), so

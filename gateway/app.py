@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,8 +21,8 @@ from gateway.auth import (
     require_key_or_metrics_token,
     require_key_or_signed_url,
 )
-from gateway.deliverer import deliver_forever
-from gateway.limits import BodyLimitMiddleware
+from gateway.jobs import running_jobs
+from gateway.process.limits import BodyLimitMiddleware
 from gateway.realtime.connection import RealtimeServing
 from gateway.routes import (
     admin,
@@ -41,7 +40,6 @@ from gateway.routes import (
 from gateway.serving.calls import SyncCalls
 from gateway.serving.speech import SpeechServing
 from gateway.serving.transcription import TranscriptionServing
-from gateway.sweeper import sweep_forever
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -63,12 +61,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.speech = SpeechServing(calls)
         app.state.realtime = RealtimeServing(calls)
         app.state.webhooks = WebhookStore.of(store)
-        sweeper = asyncio.create_task(sweep_forever(store, settings))
-        deliverer = asyncio.create_task(deliver_forever(app.state.webhooks, settings))
-        yield
-        sweeper.cancel()
-        deliverer.cancel()
-        await asyncio.gather(deliverer, return_exceptions=True)  # closes its HTTP client
+        async with running_jobs(store, app.state.webhooks, settings):
+            yield
         await hub.close()
         await store.close()
 
@@ -76,9 +70,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="speech-gateway", lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.openapi = partial(docs.openapi_schema, app)  # type: ignore[method-assign]
-    # multipart overhead on top of the largest allowed file
     app.add_middleware(BodyLimitMiddleware,
-                       max_bytes=int(settings.max_upload_mib * 1024 * 1024) + 64 * 1024,
+                       max_bytes=settings.max_body_bytes,
                        idle_seconds=settings.body_timeout_seconds,
                        deadline_seconds=settings.body_deadline_seconds,
                        error_body=errors.refusal_body)

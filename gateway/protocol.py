@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from common.audio import OUTPUT_FORMATS
 from common.schemas import MAX_BEAM_SIZE, MAX_KNOWN_SPEAKERS, MAX_SPEAKERS, MAX_SPEED, MIN_SPEED
-from gateway.submission import MAX_PROMPT_CHARACTERS
+from gateway.submit.asr import MAX_PROMPT_CHARACTERS
 
 TRANSCRIPTION_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 SPEECH_FORMATS = tuple(OUTPUT_FORMATS)

@@ -18,7 +18,7 @@ from common import keys
 from common.schemas import TaskState
 from common.settings import Settings
 from common.store import Task, TaskStore, new_task_id
-from gateway.sweeper import Sweeper
+from gateway.jobs.sweeper import Sweeper
 from harness import procs
 from tests.helpers import queue_counts, wait_done
 

@@ -2,7 +2,7 @@
 and a slow model weighs each model's queued audio by its rate. Deterministic, on a real
 redis-server and the store's real Lua scripts: rates recorded as a worker records them,
 tasks queued, started, finished and cancelled as the gateway and workers do it, and every
-estimate checked against the formula in gateway/admission.py.
+estimate checked against the formula in gateway/policy/admission.py.
 
 (No second faster-whisper model of a really different speed ships with the tests, so the
 end-to-end check that workers record per-model rates is in test_admission.py.)"""
@@ -21,8 +21,8 @@ from common.schemas import TaskState
 from common.settings import Settings
 from common.store import QueueFull, Task, TaskStore, WorkerStore, new_task_id
 from common.store import admission as facts
-from gateway import admission
 from gateway.errors import RequestError
+from gateway.policy import admission
 from harness import procs
 
 BACKEND = "faster-whisper"

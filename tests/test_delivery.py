@@ -123,7 +123,7 @@ def test_streams_are_trimmed_past_retention(tmp_path: Path) -> None:
 
     from common import keys
     from common.store import TaskStore
-    from gateway.sweeper import trim
+    from gateway.jobs.sweeper import trim
 
     redis = procs.RedisServer(tmp_path / "redis").start()
     try:

@@ -13,7 +13,7 @@ import pytest
 
 from common import clips
 from common.backends import BACKENDS, KINDS, Clip, Param, check_row
-from gateway.kinds import READERS
+from gateway.submit.kinds import READERS
 from harness.procs import ROOT
 
 SAGE = ROOT / "deploy" / "sage"

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from common.schemas import TaskState
 from common.settings import Settings
 from common.store import Task, TaskStore, new_task_id
-from gateway.sweeper import Sweeper
+from gateway.jobs.sweeper import Sweeper
 from harness import procs
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, submit_file, wait_done

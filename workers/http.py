@@ -35,7 +35,6 @@ from workers.engine_host import EngineHost
 from workers.execute import TaskError
 
 log = logging.getLogger("worker.http")
-MULTIPART_OVERHEAD_BYTES = 64 * 1024  # form fields and boundaries on top of the largest file
 #: what /health answers: the worker's whole snapshot (the host's own when none is given)
 Health = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -167,7 +166,7 @@ def create_worker_app(host: EngineHost, health: Health | None = None,
         return JSONResponse(outcome.result)
 
     limited = BodyLimitMiddleware(
-        app, max_bytes=int(settings.max_upload_mib * 1024 * 1024) + MULTIPART_OVERHEAD_BYTES)
+        app, max_bytes=settings.max_body_bytes)
     if not settings.worker_secret:
         return limited
     # Outside the body limit: a request without the secret is refused before its body is read.

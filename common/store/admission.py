@@ -3,7 +3,7 @@ audio-seconds per lane, running ones, and those seconds per model; kept by the t
 `tasks.py`), its measured processing rates (per model, and for all its models together), its
 live workers, and its queued tasks with a deadline.
 
-The policy (predicted wait, 429s, deadlines) is gateway/admission.py's.
+The policy (predicted wait, 429s, deadlines) is gateway/policy/admission.py's.
 """
 
 from __future__ import annotations

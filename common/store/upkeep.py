@@ -1,4 +1,4 @@
-"""The sweeper's reads and writes of the queues (the policy is gateway/sweeper.py's): stream
+"""The sweeper's reads and writes of the queues (the policy is gateway/jobs/sweeper.py's): stream
 entries by age, what a backend still owes, the shared no-worker clock, worker liveness and
 trimming. Task records are read and failed through TaskStore (`tasks`, `fail_if_unchanged`).
 """

@@ -7,7 +7,7 @@ The task records its charge (`charge`: JSON of the amount, unit, backend and the
 to); a SUCCEEDED task's charge is settled to the usage its result measured (`settle_usage`,
 in the finish script: a container cannot claim less audio than it holds) and added to the
 owner's all-time totals, a FAILED or CANCELLED task's is given back (`close_usage`, in
-`close()`). The policy (which limits, the 429, `/v1/usage`) is gateway/quotas.py's.
+`close()`). The policy (which limits, the 429, `/v1/usage`) is gateway/policy/quotas.py's.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One transcription session: its config, input buffer and turns.
 
 A committed turn is an ordinary task on its backend's queue, in the `interactive` lane that
-workers read before batch work (gateway/submission.py's `enqueue`, as every OpenAI call), so
+workers read before batch work (gateway/submit/enqueue.py's `enqueue`, as every OpenAI call), so
 it has every lifecycle guarantee: one terminal state, redelivery when its worker dies, the
 memory cap, the model's breaker. The session listens to the task's events like any waiting
 call (one pub/sub connection per gateway process, `EventHub`): each segment the worker
@@ -21,11 +21,10 @@ from typing import Any
 
 from common.audio import AudioInfo
 from common.catalog import UnknownBackend, UnknownModel, resolve_public_model
-from common.schemas import TaskState
+from common.schemas import INTERACTIVE, TaskState
 from common.settings import Settings
 from common.store import Task
 from gateway.errors import RequestError
-from gateway.inputs import Params
 from gateway.realtime.buffer import (
     MIN_COMMIT_MS,
     InputBuffer,
@@ -46,7 +45,10 @@ from gateway.realtime.protocol import (
 )
 from gateway.realtime.vad import SAMPLE_RATE
 from gateway.serving.calls import SyncCalls
-from gateway.submission import AudioInput, SubmitTerms, asr_params
+from gateway.submit.asr import asr_params
+from gateway.submit.audio import AudioInput
+from gateway.submit.inputs import Params
+from gateway.submit.terms import SubmitTerms
 
 log = logging.getLogger("gateway.realtime")
 
@@ -262,7 +264,7 @@ class Session:
         audio = AudioInput(turn.wav(), None, AudioInfo(turn.seconds, SAMPLE_RATE, 1, "pcm_s16le"))
         call = await self.calls.start(backend=target.backend, model=target.model,
                                       options=target.options, audio=audio, owner=self.owner,
-                                      terms=SubmitTerms(lane="interactive"))
+                                      terms=SubmitTerms(lane=INTERACTIVE))
         sent: set[int] = set()
         try:
             async for event in call.events:

@@ -9,7 +9,7 @@ from common.store import BreakerPolicy
 from gateway.dependencies import SettingsDep, StoreDep
 from gateway.errors import RequestError, openai_errors
 from gateway.protocol import BreakerReset
-from gateway.submission import guard_store
+from gateway.submit.enqueue import guard_store
 
 router = APIRouter(tags=["Operations"])
 

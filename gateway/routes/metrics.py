@@ -22,7 +22,7 @@ from common.store import StoreError, TaskStore
 from common.store.metrics import BUCKETS, Snapshot, snapshot
 from gateway.auth import METRICS_ROUTE
 from gateway.dependencies import SettingsDep, StoreDep
-from gateway.quotas import UNIT_NAMES
+from gateway.policy.quotas import UNIT_NAMES
 
 #: its own access rule (the metrics token, or a key): see create_app
 router = APIRouter(tags=["Operations"])

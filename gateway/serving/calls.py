@@ -24,11 +24,13 @@ from common.schemas import ErrorCode, TaskState
 from common.settings import Settings
 from common.store import StoreError, Task, TaskStore, new_task_id
 from common.store.events import EventHub, Overloaded
-from gateway.admission import estimate_queued
 from gateway.errors import ErrorType, RequestError
-from gateway.inputs import Params
-from gateway.limits import BodyRefused
-from gateway.submission import AudioInput, SubmitTerms, enqueue
+from gateway.policy.admission import estimate_queued
+from gateway.process.limits import BodyRefused
+from gateway.submit.audio import AudioInput
+from gateway.submit.enqueue import enqueue
+from gateway.submit.inputs import Params
+from gateway.submit.terms import SubmitTerms
 
 Events = AsyncGenerator[dict[str, Any], None]
 log = logging.getLogger("gateway.calls")

@@ -11,12 +11,12 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from common.audio import OUTPUT_FORMATS, AudioError, transcode
-from common.schemas import TaskState
+from common.schemas import INTERACTIVE, TaskState
 from common.store import Task
 from common.stream_audio import STREAM_FORMATS
 from gateway.auth import owner_or_none
 from gateway.errors import RequestError
-from gateway.inputs import Params, read_params
+from gateway.policy.signing import output_url, token_valid
 from gateway.serving.calls import (
     Disconnected,
     SyncCalls,
@@ -25,8 +25,10 @@ from gateway.serving.calls import (
     task_failed,
 )
 from gateway.serving.speech_stream import stream_reply
-from gateway.submission import SubmitTerms, default_lane, guard_store
-from gateway.tts import output_url, token_valid, tts_input
+from gateway.submit.enqueue import guard_store
+from gateway.submit.inputs import Params, read_params
+from gateway.submit.speech import tts_input
+from gateway.submit.terms import SubmitTerms, default_lane
 
 
 class SpeechServing:
@@ -40,7 +42,7 @@ class SpeechServing:
         backend, model = public_model(self.settings, params, "tts-1", "tts")
         fmt = response_format(params, tuple(OUTPUT_FORMATS), "mp3")
         stream_format = _stream_format(params, fmt)
-        terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, "interactive"),
+        terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, INTERACTIVE),
                                self.settings)
         options, audio = await tts_input(params, self.settings, backend, text_param="input")
         call = await self.calls.start(backend=backend, model=model, options=options,

@@ -15,11 +15,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from common import formats
 from common.catalog import BACKENDS
-from common.schemas import TaskState
+from common.schemas import INTERACTIVE, TaskState
 from common.store import Task
-from gateway.diarization import asr_input
 from gateway.errors import ErrorType, RequestError, openai_error
-from gateway.inputs import Params, read_params
 from gateway.protocol import TRANSCRIPTION_FORMATS
 from gateway.serving.calls import (
     Disconnected,
@@ -31,7 +29,9 @@ from gateway.serving.calls import (
     sse_event,
     task_failed,
 )
-from gateway.submission import SubmitTerms, default_lane
+from gateway.submit.diarization import asr_input
+from gateway.submit.inputs import Params, read_params
+from gateway.submit.terms import SubmitTerms, default_lane
 
 SEGMENT_FIELDS = ("id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
                   "compression_ratio", "no_speech_prob")
@@ -73,7 +73,7 @@ class TranscriptionServing:
                                param="timestamp_granularities[]")
         if task == "translate":
             params.override("language", None)  # the output language of a translation is English
-        terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, "interactive"),
+        terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, INTERACTIVE),
                                self.settings)
         options, audio = await asr_input(params, self.settings, backend)
         asked = Asked(task, fmt, granularities, params.flag("stream"))

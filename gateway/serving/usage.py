@@ -1,12 +1,12 @@
 """`GET /v1/usage`: the caller's own usage in the current UTC day and month, per unit, in
-total and per backend, with its key's quotas (gateway/quotas.py charges it)."""
+total and per backend, with its key's quotas (gateway/policy/quotas.py charges it)."""
 
 from __future__ import annotations
 
 from common.settings import USAGE_UNITS, KeyQuotas, Settings
 from common.store import TaskStore
 from gateway.protocol import UnitUsage, UsageAmount, UsagePeriod, UsageReport
-from gateway.submission import guard_store
+from gateway.submit.enqueue import guard_store
 
 
 async def usage_report(settings: Settings, store: TaskStore, owner: str) -> UsageReport:

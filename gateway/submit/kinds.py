@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from common.catalog import KINDS, UnknownBackend, backend_info
+from common.catalog import KINDS, UnknownBackend, UnknownModel, backend_info, resolve_model
 from common.settings import Settings
-from gateway.analysis import analysis_input
-from gateway.diarization import asr_input
 from gateway.errors import RequestError
-from gateway.inputs import Params
-from gateway.submission import AudioInput
-from gateway.tts import tts_input
+from gateway.submit.analysis import analysis_input
+from gateway.submit.audio import AudioInput
+from gateway.submit.diarization import asr_input
+from gateway.submit.inputs import Params
+from gateway.submit.speech import tts_input
 
 #: (request params, settings, backend) -> (the task's options, its input audio)
 Reader = Callable[[Params, Settings, str], Awaitable[tuple[dict[str, Any], AudioInput]]]
@@ -49,3 +49,12 @@ async def read_task_input(params: Params, settings: Settings,
         raise RequestError(400, f"backend {backend!r} does not transcribe: diarize is for ASR "
                                 "backends", param="diarize")
     return await READERS[kind](params, settings, backend)
+
+
+def resolve_backend_model(settings: Settings, backend: str, model: str | None) -> str:
+    try:
+        return resolve_model(settings, backend, model)
+    except UnknownBackend as exc:
+        raise RequestError(404, str(exc), param="backend", code="unknown_backend") from None
+    except UnknownModel as exc:
+        raise RequestError(404, str(exc), param="model", code="model_not_found") from None

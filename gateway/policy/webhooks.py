@@ -1,5 +1,5 @@
 """Signed webhooks (issue 18): what a submit's `callback_url` may be, and how a delivery is
-signed. gateway/deliverer.py sends them.
+signed. gateway/jobs/deliverer.py sends them.
 
 Signatures follow Standard Webhooks (what OpenAI's own webhooks use, so its SDK's
 `client.webhooks.verify_signature` checks ours): `webhook-id` is the event id,
@@ -19,7 +19,7 @@ import hmac
 from common.schemas import TaskState
 from common.settings import Settings, webhook_key
 from gateway.errors import RequestError
-from gateway.fetch import checked_url
+from gateway.policy.hosts import checked_url
 
 MAX_CALLBACK_URL = 2048
 REFUSED = "callback_url_not_allowed"

@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from common.schemas import BATCH
 from common.settings import Settings
 from common.store import QueueFull, StoreError, Task, TaskStore
 from common.store import admission as facts
@@ -134,7 +135,7 @@ async def queue_full(store: TaskStore, task: Task, full: QueueFull, most: int) -
     except StoreError:
         view = None
     wait = None
-    if view is not None and (ahead := view.ahead("batch")) is not None:
+    if view is not None and (ahead := view.ahead(BATCH)) is not None:
         tasks, work = ahead
         mean = work / tasks if tasks else 0.0
         wait = view.start_after(mean * (full.queued - most + 1))

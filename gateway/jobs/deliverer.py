@@ -6,7 +6,7 @@ claims the entry next sends it. Delivery is at-least-once (a gateway killed afte
 receiver answered but before the record sends it again); receivers dedupe on `webhook-id`.
 
 Each attempt POSTs the task's status reply (the JSON of `GET /v1/tasks/{id}`), signed
-(gateway/webhooks.py), within `webhook_timeout_seconds` for the whole exchange, following no
+(gateway/policy/webhooks.py), within `webhook_timeout_seconds` for the whole exchange, following no
 redirect. A failure (non-2xx, no answer, timeout) is retried after `webhook_retry_seconds`,
 multiplied by `webhook_retry_factor` per further failure up to `webhook_retry_max_seconds`;
 no attempt starts `webhook_give_up_seconds` after the series' first.
@@ -25,8 +25,8 @@ import httpx
 from common.settings import Settings
 from common.store import StoreError
 from common.store.webhooks import Attempt, Claim, Owed, WebhookStore
-from gateway.fetch import allowed
-from gateway.webhooks import event_id, signature_headers
+from gateway.policy.hosts import allowed
+from gateway.policy.webhooks import event_id, signature_headers
 
 log = logging.getLogger("gateway.deliverer")
 #: deliveries one gateway process sends at once (one claim's worth)

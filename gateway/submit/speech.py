@@ -1,5 +1,4 @@
-"""Text-to-speech requests: validate text, language, voice and speed before anything is queued;
-sign the URLs that serve a finished task's audio.
+"""Text-to-speech submits: validate text, language, voice and speed before anything is queued.
 
 What differs between TTS backends (languages, their spellings, the shortest reference clip)
 is read from the backend's row of the table (common/backends.py).
@@ -11,22 +10,17 @@ an upload (stored as the task's input blob), a path under an allowed root, or a 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 from pathlib import Path
 from typing import Any
-
-from fastapi import Request
 
 from common.audio import AudioError, AudioInfo, probe_audio
 from common.catalog import BACKENDS, speech_language
 from common.schemas import MAX_SPEED, MIN_SPEED
 from common.settings import Settings
 from gateway.errors import RequestError
-from gateway.inputs import Params, read_upload, resolve_allowed_path
-from gateway.submission import AudioInput
+from gateway.submit.audio import AudioInput
+from gateway.submit.inputs import Params, read_upload, resolve_allowed_path
 
-TOKEN_HEX_CHARS = 32  # 128 bits of HMAC-SHA256
 NO_REFERENCE = AudioInfo(0.0, 0, 0, "")
 
 
@@ -53,7 +47,7 @@ async def tts_input(params: Params, settings: Settings, backend: str,
     if voice and (upload is not None or raw_path):
         raise RequestError(400, "give either 'voice' or 'speaker_wav', not both", param="voice")
     if upload is not None:
-        blob = await read_upload(upload, int(settings.max_upload_mib * 1024 * 1024))
+        blob = await read_upload(upload, settings.max_upload_bytes)
         return options, AudioInput(blob, None, await _probe(blob, settings, backend))
     if raw_path:
         path = resolve_allowed_path(raw_path, settings.allowed_roots, "speaker_wav")
@@ -115,21 +109,3 @@ async def _probe(source: bytes | Path, settings: Settings, backend: str) -> Audi
         raise RequestError(413, f"the reference clip lasts {info.duration:.0f} s; the limit is "
                                 f"{settings.max_audio_seconds:.0f} s", param="speaker_wav")
     return info
-
-
-# --- signed audio URLs ------------------------------------------------------------------------
-
-def audio_token(settings: Settings, task_id: str) -> str:
-    digest = hmac.new(settings.url_signing_key(), task_id.encode(), hashlib.sha256).hexdigest()
-    return digest[:TOKEN_HEX_CHARS]
-
-
-def token_valid(settings: Settings, task_id: str, token: str | None) -> bool:
-    expected = audio_token(settings, task_id).encode()
-    return bool(token) and hmac.compare_digest(expected, (token or "").encode())
-
-
-def output_url(request: Request, settings: Settings, task_id: str) -> str:
-    """Absolute URL of the task's audio: `public_url` if set, else the URL this request came to."""
-    base = (settings.public_url or str(request.base_url)).rstrip("/")
-    return f"{base}/v1/tasks/{task_id}/audio?token={audio_token(settings, task_id)}"

@@ -16,8 +16,8 @@ from common import clips
 from common.catalog import BACKENDS
 from common.settings import Settings
 from gateway.errors import RequestError
-from gateway.inputs import Params, read_upload, resolve_allowed_path
-from gateway.submission import AudioInput, probe_clip, read_audio_input
+from gateway.submit.audio import AudioInput, probe_clip, read_audio_input
+from gateway.submit.inputs import Params, read_upload, resolve_allowed_path
 
 
 async def analysis_input(params: Params, settings: Settings,
@@ -67,7 +67,7 @@ async def analysis_input(params: Params, settings: Settings,
 
 
 def _max_bytes(settings: Settings) -> int:
-    return int(settings.max_upload_mib * 1024 * 1024)
+    return settings.max_upload_bytes
 
 
 async def _probe(source: bytes | Path, name: str, settings: Settings) -> None:

@@ -29,8 +29,9 @@ from common.schemas import (
 )
 from common.settings import Settings
 from gateway.errors import RequestError
-from gateway.inputs import Params, read_upload, resolve_allowed_path
-from gateway.submission import AudioInput, asr_params, probe_clip, read_audio_input
+from gateway.submit.asr import asr_params
+from gateway.submit.audio import AudioInput, probe_clip, read_audio_input
+from gateway.submit.inputs import Params, read_upload, resolve_allowed_path
 
 NAMES = ("known_speaker_names[]", "known_speaker_names")
 REFERENCES = ("known_speaker_references[]", "known_speaker_references")
@@ -137,7 +138,7 @@ async def _references(params: Params, settings: Settings, count: int) -> list[by
         raise RequestError(400, f"{name}: {len(uploads or values)} clips for {count} "
                                 "known_speaker_names; give one reference clip per name",
                            param=name)
-    max_bytes = int(settings.max_upload_mib * 1024 * 1024)
+    max_bytes = settings.max_upload_bytes
     references: list[bytes | Path] = []
     for upload in uploads:
         try:

@@ -13,8 +13,8 @@ from typing import Any
 from common.catalog import kind_of
 from common.settings import Settings
 from common.store import Charge, QuotaExceeded
-from gateway.admission import retry_after
 from gateway.errors import RequestError
+from gateway.policy.admission import retry_after
 
 UNIT_NAMES = {"audio_seconds": "audio-seconds", "characters": "characters"}
 

@@ -13,10 +13,10 @@ from starlette.datastructures import UploadFile
 
 from common import paths
 from gateway.errors import RequestError
-from gateway.limits import BodyRefused
+from gateway.process.limits import BodyRefused
 
 MAX_FORM_FIELDS = 64
-#: the audio and up to 4 known speakers' reference clips (gateway/diarization.py), and room
+#: the audio and up to 4 known speakers' reference clips (gateway/submit/diarization.py), and room
 MAX_FORM_FILES = 8
 #: parameters that may repeat (form, query) or be a JSON list; every other one is one value
 LIST_PARAMS = frozenset({"timestamp_granularities", "timestamp_granularities[]",

@@ -6,9 +6,9 @@ closes the connection when a request's headers are not complete within
 `header_timeout_seconds` (from the first byte of a keep-alive connection's next request, or
 from the moment the connection opens). When a response went out before its request body
 was read (a 401, a 413), uvicorn keeps reading that body to reuse the connection; that gets
-`body_timeout_seconds`. The body a route reads is bounded by gateway/limits.py.
+`body_timeout_seconds`. The body a route reads is bounded by gateway/process/limits.py.
 
-Use it with `uvicorn --http gateway.slow_clients:SlowClientProtocol` (`http=` in
+Use it with `uvicorn --http gateway.process.slow_clients:SlowClientProtocol` (`http=` in
 uvicorn.Config).
 """
 
@@ -46,7 +46,7 @@ class SlowClientProtocol(H11Protocol):
             if self._draining_deadline:  # drained: what follows is the next request's headers
                 self._arm(self.header_timeout)
         else:
-            self._disarm()  # headers complete: the app and gateway/limits.py take over
+            self._disarm()  # headers complete: the app and gateway/process/limits.py take over
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

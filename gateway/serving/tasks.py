@@ -1,0 +1,64 @@
+"""The REST view of tasks: the caller's own task (another key's is a 404), and its webhook's
+deliveries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.store import Task, TaskStore
+from common.store.webhooks import WebhookStore
+from gateway.errors import RequestError
+from gateway.policy.webhooks import event_id
+from gateway.protocol import WebhookDeliveries
+from gateway.submit.enqueue import guard_store
+
+
+async def owned_task(store: TaskStore, task_id: str, owner: str) -> Task:
+    """The caller's task, or a 404: another key's task is as unknown as a missing one."""
+    task = await guard_store(store.get(task_id))
+    if task is None or task.owner != owner:
+        raise RequestError(404, "unknown or expired task", param="task_id",
+                           code="task_not_found")
+    return task
+
+
+def with_callback(task: Task) -> Task:
+    if not task.callback_url:
+        raise RequestError(409, "this task was submitted without a callback_url",
+                           param="task_id", code="no_callback_url")
+    return task
+
+
+async def deliveries_view(webhooks: WebhookStore, task: Task) -> dict[str, Any]:
+    attempts, due = await guard_store(webhooks.deliveries(task.id))
+    if not task.state.terminal:
+        state = "waiting"
+    elif due is not None:
+        state = "scheduled"
+    else:
+        state = attempts[-1]["outcome"] if attempts else "scheduled"
+    return WebhookDeliveries(
+        task_id=task.id, event_id=event_id(task.id, task.state) if task.state.terminal else None,
+        state=state, next_attempt_at=due, attempts=attempts).model_dump()
+
+
+async def cancel(store: TaskStore, task_id: str, owner: str) -> dict[str, Any]:
+    """Cancel the caller's PENDING task; a 409 once a worker has started it."""
+    task = await owned_task(store, task_id, owner)
+    state = await guard_store(store.cancel(task_id, task.backend))
+    if state != "CANCELLED":
+        raise RequestError(409, f"only a PENDING task can be cancelled; this one is {state}",
+                           param="task_id", code="not_cancellable")
+    cancelled = await guard_store(store.get(task_id))
+    return cancelled.public_view() if cancelled else {"id": task_id, "status": "CANCELLED"}
+
+
+async def redeliver(store: TaskStore, webhooks: WebhookStore, task_id: str,
+                    owner: str) -> dict[str, Any]:
+    """Make the finished task's webhook due again now; a 409 for one still running."""
+    task = with_callback(await owned_task(store, task_id, owner))
+    if not task.state.terminal or not await guard_store(webhooks.redeliver(task_id)):
+        raise RequestError(409, f"only a finished task's webhook can be sent again; this one "
+                                f"is {task.state.value}", param="task_id",
+                           code="task_not_finished")
+    return await deliveries_view(webhooks, task)

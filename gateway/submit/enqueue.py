@@ -1,0 +1,75 @@
+"""Turn a checked submit into a queued task: the breaker, admission, quota and idempotency
+answers of one store call. Shared by the Sage, OpenAI and realtime paths."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from common.schemas import TaskState
+from common.settings import Settings
+from common.store import (
+    BreakerPolicy,
+    Duplicate,
+    QueueFull,
+    QuotaExceeded,
+    StoreError,
+    Task,
+    TaskStore,
+    new_task_id,
+)
+from gateway.errors import RequestError
+from gateway.policy.admission import admit, queue_full
+from gateway.policy.quotas import charge_of, quota_exceeded
+from gateway.submit.audio import AudioInput
+from gateway.submit.terms import NO_TERMS, SubmitTerms
+
+T = TypeVar("T")
+
+
+async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: str,
+                  options: dict[str, Any], audio: AudioInput, owner: str,
+                  terms: SubmitTerms = NO_TERMS, task_id: str | None = None) -> Task:
+    """Queue a new task charged to its owner's usage, or return the original one for a
+    repeated idempotency key; a 429 when the backend's queue is full or the deadline cannot
+    be met (gateway/policy/admission.py), or when the charge would pass a quota (gateway/policy/quotas.py)."""
+    # An open breaker refuses at once; past its cool-down the task goes through as its probe.
+    source = settings.backend_models(backend).get(model, "")
+    breakers = await guard_store(store.breakers(backend, {model: source},
+                                                BreakerPolicy.of(settings)))
+    breaker = breakers[model]
+    if breaker.state == "open":
+        raise RequestError(503, f"model {backend}/{model} is unavailable: {breaker.error}",
+                           param="model", code="model_unavailable")
+    seconds = round(audio.info.duration, 3)
+    # what it costs its key is also its size for the backlog: audio-seconds, or characters
+    charge = charge_of(settings, owner, backend, options, seconds)
+    task = Task(id=task_id or new_task_id(), backend=backend, model=model, state=TaskState.PENDING,
+                params=options, input_path=str(audio.path or ""), owner=owner,
+                audio_seconds=seconds, work=charge.amount, lane=terms.lane,
+                deadline=terms.deadline, callback_url=terms.callback_url)
+    await guard_store(admit(store, settings, task))
+    most = settings.max_queued_tasks.get(backend, 0)
+    try:
+        await guard_store(store.submit(task, audio.blob, terms.idempotency_key, most, charge))
+    except QueueFull as full:
+        raise await queue_full(store, task, full, most) from None
+    except QuotaExceeded as refused:
+        raise quota_exceeded(refused, time.time()) from None
+    except Duplicate as repeat:
+        original = await guard_store(store.get(repeat.task_id))
+        if original is None:
+            raise RequestError(409, "this idempotency key was used for a task that has expired",
+                               param="idempotency_key", code="idempotency_key_expired") from None
+        return original
+    return task
+
+
+async def guard_store(awaitable: Awaitable[T], headers: dict[str, str] | None = None) -> T:
+    """The store call's result; a 503 (with `headers`) while the store is unavailable."""
+    try:
+        return await awaitable
+    except StoreError as exc:
+        raise RequestError(503, f"the task store is unavailable ({type(exc).__name__})",
+                           code="store_unavailable", headers=headers) from None
