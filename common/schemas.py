@@ -44,6 +44,7 @@ class ErrorCode(StrEnum):
     DEVICE_BUSY = "device_busy"  # its load waited past device_wait_seconds for device memory
     DEADLINE_EXCEEDED = "deadline_exceeded"  # its deadline passed before a worker started it
     ENGINE_ERROR = "engine_error"
+    CANCELLED = "cancelled"  # (a CANCELLED task, as its caller reads it: not a FAILED one)
 
     @property
     def http_status(self) -> int:
@@ -51,7 +52,7 @@ class ErrorCode(StrEnum):
                 ErrorCode.AUDIO_TOO_LONG: 413, ErrorCode.OUT_OF_MEMORY: 503,
                 ErrorCode.MODEL_UNAVAILABLE: 503, ErrorCode.MODEL_LOAD_FAILED: 503,
                 ErrorCode.NO_WORKER: 503, ErrorCode.DEVICE_BUSY: 503,
-                ErrorCode.DEADLINE_EXCEEDED: 504}.get(self, 500)
+                ErrorCode.DEADLINE_EXCEEDED: 504, ErrorCode.CANCELLED: 409}.get(self, 500)
 
 
 #: the widest beam an engine is asked for: each beam costs decoder memory and time

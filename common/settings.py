@@ -2,7 +2,7 @@
 
 Each worker process reads the same class; per-worker values (backend, port, memory
 cap, idle unload …) come from that process's environment (see deploy/supervisord.conf).
-The README's settings table documents each field.
+The docs/configuration.md's settings table documents each field.
 """
 
 from __future__ import annotations
@@ -189,6 +189,10 @@ class Settings(BaseSettings):
     #: a streamed reply (live transcription events, streamed speech, `stream=true`) whose
     #: client takes none of its data for this long is dropped, freeing its waiter and session
     send_timeout_seconds: float = Field(default=30.0, gt=0)
+    #: a streamed reply sends something at least this often while its task waits or between
+    #: its pieces (an SSE comment; a WebSocket ping on live sessions), so that no proxy's idle
+    #: timeout (nginx: 60 s) cuts it
+    stream_keepalive_seconds: float = Field(default=15.0, gt=0, le=300)
     #: a whole request body must arrive within this
     body_deadline_seconds: float = Field(default=900.0, gt=0)
 

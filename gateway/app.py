@@ -52,7 +52,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = TaskStore.connect(settings, client_name=f"gateway-{os.getpid()}")
-        hub = EventHub(store, settings.max_waiting_requests)  # one subscriber per process
+        # one subscriber per process
+        hub = EventHub(store, settings.max_waiting_requests, settings.stream_keepalive_seconds)
         await hub.start()
         calls = SyncCalls(settings, store, hub)
         app.state.settings = settings

@@ -194,9 +194,12 @@ def gateway(redis_url: str, workdir: Path, **settings: Any) -> Service:
     # the launcher's uvicorn options (gateway/process/launcher.py uvicorn_options), as flags
     buffer = settings.get("realtime_max_buffer_seconds",
                           Settings.model_fields["realtime_max_buffer_seconds"].default)
+    keepalive = settings.get("stream_keepalive_seconds",
+                             Settings.model_fields["stream_keepalive_seconds"].default)
     args = [str(CORE_PYTHON), "-m", "uvicorn", "--factory", "gateway.app:create_app",
             "--http", "gateway.process.slow_clients:SlowClientProtocol",
             "--ws-max-size", str(max_message_bytes(float(buffer))),
+            "--ws-ping-interval", str(float(keepalive)),
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     return Service(args, env, workdir / f"gateway-{port}.log", f"http://127.0.0.1:{port}")
 

@@ -127,7 +127,8 @@ def test_sigterm_mid_task_finishes_it_exactly_once(stack: Stack) -> None:
 def test_idle_unload_returns_memory_and_reloads(stack: Stack) -> None:
     wait_done(stack.url, submit_file(stack.url, JFK).json()["taskid"])
     loaded = stack.worker_health()
-    assert loaded["loaded_models"] == ["tiny.en"] or loaded["loaded_models"] == []
+    # (it may already have unloaded again: the model's last use is what proves it ran)
+    assert loaded["last_used"] is not None and loaded["tasks_done"] >= 1, loaded
     unloaded = wait_until(lambda: (h := stack.worker_health())["loaded_models"] == [] and h,
                           20, "idle unload", 0.2)
     assert unloaded["state"] == "idle"

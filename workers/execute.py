@@ -178,13 +178,13 @@ def _synthesize(engine: SpeechEngine, handle: Any, backend: str, model: str,
         pieces.append(chunk.pcm)
     if not rate:
         raise ValueError("the text is empty")
-    pcm = b"".join(pieces)
+    pcm, count = b"".join(pieces), len(pieces)
     del pieces
     seconds = round(len(pcm) / 2 / rate, 3)
     usage = {"characters": len(options.text), "audio_seconds": seconds}
     result = {"audio_seconds": seconds, "sample_rate": rate, "format": "wav",
-              "characters": len(options.text), "usage": usage, "backend": backend,
-              "model": model}
+              "characters": len(options.text), "pieces": count,
+              "usage": usage, "backend": backend, "model": model}
     return Outcome(result, wav_from_pcm(pcm, rate))
 
 

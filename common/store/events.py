@@ -34,6 +34,7 @@ SUBSCRIBE_WAIT_SECONDS = 2.0  # then the waiter goes on (it still reads the stat
 RETRY_AFTER_SECONDS = 2
 RESYNC: dict[str, Any] = {"type": "resync"}  # the hub reconnected: re-read the state
 TICK: dict[str, Any] = {"type": "tick"}  # to a waiter: look again, a message may be lost
+_SUBSCRIBED: dict[str, Any] = {"type": "subscribed"}
 
 
 class Overloaded(Exception):
@@ -45,7 +46,8 @@ class Overloaded(Exception):
 
 
 class EventHub:
-    def __init__(self, store: TaskStore, max_waiters: int) -> None:
+    def __init__(self, store: TaskStore, max_waiters: int,
+                 tick_seconds: float = POLL_SECONDS) -> None:
         # its own connection, outside the store's pool; no health-check PINGs from redis-py,
         # whose replies would arrive among the messages this hub reads
         self.store = store
@@ -54,6 +56,8 @@ class EventHub:
                                    "socket_timeout": None}
         self._connection_class = pool.connection_class
         self.max_waiters = max_waiters
+        #: silence after which a waiter re-reads the state and is told (a `tick`)
+        self.tick_seconds = min(tick_seconds, POLL_SECONDS)
         self.waiters = 0
         self._queues: dict[bytes, set[asyncio.Queue[dict[str, Any]]]] = {}
         self._confirmed: dict[bytes, asyncio.Event] = {}
@@ -75,9 +79,11 @@ class EventHub:
 
     async def events(self, task_id: str, timeout: float) -> AsyncIterator[dict[str, Any]]:
         """First {"type": "subscribed"}, then segment and chunk events as the worker
-        publishes them (and a {"type": "tick"} when messages may have been missed: after a
-        reconnect or `POLL_SECONDS` of silence), then one {"type": "done", "task": Task}, or
-        {"type": "timeout"} after `timeout` s.
+        publishes them, each segment id once (a redelivered task publishes its segments again
+        from id 0), and a {"type": "tick"} when messages may have been missed (after a
+        reconnect) or after `tick_seconds` of silence, then one {"type": "done", "task":
+        Task}, or {"type": "timeout"} after `timeout` s. A task already finished when the
+        waiter subscribed is `done` at once (an idempotent replay).
 
         Overloaded (the caller answers 503 with Retry-After) when this process already has
         `max_waiters` waiters. Leaving the loop early (or cancelling it) releases the waiter.
@@ -87,25 +93,32 @@ class EventHub:
         deadline = time.monotonic() + timeout
         channel = keys.events(task_id).encode()
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        segments: set[Any] = set()
         self.waiters += 1
         try:
             await self._subscribe(channel, queue)
             yield {"type": "subscribed"}
-            while (remaining := deadline - time.monotonic()) > 0:
+            event: dict[str, Any] | None = _SUBSCRIBED  # now the state decides
+            while True:
+                if event is not None and event.get("type") in ("segment", "chunk"):
+                    number = event.get("id") if event["type"] == "segment" else None
+                    if number is None or number not in segments:
+                        segments.add(number)
+                        yield event
+                else:
+                    task = await _state(self.store, task_id)
+                    if task is not None and task.state.terminal:
+                        yield {"type": "done", "task": task}
+                        return
+                    if event is None or event is RESYNC:
+                        yield TICK
+                if (remaining := deadline - time.monotonic()) <= 0:
+                    break
                 try:
-                    async with asyncio.timeout(min(remaining, POLL_SECONDS)):
+                    async with asyncio.timeout(min(remaining, self.tick_seconds)):
                         event = await queue.get()
                 except TimeoutError:
                     event = None
-                if event is not None and event.get("type") in ("segment", "chunk"):
-                    yield event
-                    continue
-                task = await _state(self.store, task_id)
-                if task is not None and task.state.terminal:
-                    yield {"type": "done", "task": task}
-                    return
-                if event is None or event is RESYNC:
-                    yield TICK
             yield {"type": "timeout"}
         finally:
             self.waiters -= 1

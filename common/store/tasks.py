@@ -82,9 +82,9 @@ end
 """
 
 # Every terminal write ends with close(): the task leaves the backlog, takes its state, starts
-# its retention, loses its input and its spoken pieces (a TTS task's; its WAV or its error
-# says it all from now on), its owner's usage is settled (usage.LUA), its watchers hear of
-# it, and its webhook is owed. What else must happen exactly once per task,
+# its retention, loses its input and, a minute later, its spoken pieces (a TTS task's; its
+# WAV or its error says it all from then on), its owner's usage is settled (usage.LUA), its
+# watchers hear of it, and its webhook is owed. What else must happen exactly once per task,
 # atomically with its terminal state, belongs here.
 _CLOSE = _BACKLOG + usage.LUA + _WEBHOOK_DUE + """
 local function close(task, backlog, input, speech, events, state, now, retention, webhooks)
@@ -93,7 +93,10 @@ local function close(task, backlog, input, speech, events, state, now, retention
   close_usage(task, state)
   redis.call('HSET', task, 'state', state, 'finished_at', now)
   redis.call('EXPIRE', task, retention)
-  redis.call('DEL', input, speech)
+  redis.call('DEL', input)
+  -- a TTS task's pieces outlive it briefly, so a stream reading them sends its last ones
+  -- from the record rather than downloading the WAV to cut them out of it
+  redis.call('PEXPIRE', speech, 60000)
   redis.call('PUBLISH', events, cjson.encode({type='state', status=state}))
   webhook_due(task, webhooks, now)
 end

@@ -47,8 +47,11 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     WebSocket message a live session can use (gateway/realtime/protocol.py)."""
     from gateway.realtime.protocol import max_message_bytes  # the launcher stays light
 
+    # a live session's keep-alive is the WebSocket's own ping (the realtime protocol has no
+    # comment event, and pings are below it), sent by uvicorn every keep-alive interval
     return {"http": "gateway.process.slow_clients:SlowClientProtocol",
-            "ws_max_size": max_message_bytes(settings.realtime_max_buffer_seconds)}
+            "ws_max_size": max_message_bytes(settings.realtime_max_buffer_seconds),
+            "ws_ping_interval": settings.stream_keepalive_seconds}
 
 
 # --- the launcher (parent) ---------------------------------------------------------------

@@ -24,7 +24,7 @@ from common.catalog import UnknownBackend, UnknownModel, resolve_public_model
 from common.schemas import INTERACTIVE, TaskState
 from common.settings import Settings
 from common.store import Task
-from gateway.errors import RequestError
+from gateway.errors import RequestError, openai_error
 from gateway.realtime.buffer import (
     MIN_COMMIT_MS,
     InputBuffer,
@@ -44,7 +44,7 @@ from gateway.realtime.protocol import (
     updated,
 )
 from gateway.realtime.vad import SAMPLE_RATE
-from gateway.serving.calls import SyncCalls
+from gateway.serving.calls import SyncCalls, still_running, task_failed
 from gateway.submit.asr import asr_params
 from gateway.submit.audio import AudioInput
 from gateway.submit.inputs import Params
@@ -248,41 +248,38 @@ class Session:
                 target = resolve(self.settings, self.config.transcription or Transcription())
             await self._run_turn(item, turn, target)
         except ProtocolError as error:
-            await self._failed(item, error.code, error.message, error.type)
+            await self._failed(item, {"type": error.type, "code": error.code,
+                                      "message": error.message, "param": error.param})
         except RequestError as error:
-            await self._failed(item, error.code or "request_refused", error.message,
-                               error.type.value)
+            await self._failed(item, openai_error(error))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a turn must never end the session, nor stay unanswered
             log.exception("turn %s failed", item)
             with contextlib.suppress(Exception):
-                await self._failed(item, "server_error", f"internal error ({type(exc).__name__})",
-                                   "server_error")
+                await self._failed(item, openai_error(RequestError(
+                    500, f"internal error ({type(exc).__name__})", code="server_error")))
 
     async def _run_turn(self, item: str, turn: Turn, target: Target) -> None:
         audio = AudioInput(turn.wav(), None, AudioInfo(turn.seconds, SAMPLE_RATE, 1, "pcm_s16le"))
         call = await self.calls.start(backend=target.backend, model=target.model,
                                       options=target.options, audio=audio, owner=self.owner,
                                       terms=SubmitTerms(lane=INTERACTIVE))
-        sent: set[int] = set()
+        sent = 0
         try:
-            async for event in call.events:
+            async for event in call.events:  # (each segment once, whatever the attempts)
                 if event["type"] == "segment":
-                    # a redelivered task's new attempt publishes its segments again
-                    if event.get("id") in sent or not event.get("text"):
+                    if not event.get("text"):
                         continue
-                    sent.add(event.get("id", -1))
-                    text = event["text"].lstrip() if len(sent) == 1 else event["text"]
+                    sent += 1
+                    text = event["text"].lstrip() if sent == 1 else event["text"]
                     await self._send(server_event(f"{TRANSCRIPTION}.delta", item_id=item,
                                                   content_index=0, delta=text))
                 elif event["type"] == "done":
                     await self._finished(item, event["task"])
                     return
                 elif event["type"] == "timeout":
-                    await self._failed(item, "task_timeout", "the transcription did not finish "
-                                       f"within {self.settings.request_timeout_seconds:.0f} s "
-                                       f"(task {call.task_id})", "server_error")
+                    await self._failed(item, openai_error(still_running(call.task_id)))
                     return
         finally:
             await call.events.aclose()
@@ -296,14 +293,12 @@ class Session:
                 transcript=task.result.get("text", ""),
                 usage={"type": "duration", "seconds": round(seconds, 3)}))
         else:
-            await self._failed(item, task.error_code or "task_failed",
-                               task.error or f"the task was {task.state.value.lower()}",
-                               "server_error")
+            await self._failed(item, openai_error(task_failed(task)))
 
-    async def _failed(self, item: str, code: str, message: str, kind: str) -> None:
+    async def _failed(self, item: str, error: dict[str, Any]) -> None:
+        """A turn's one `...failed`: its error is what an SSE stream's `error` event carries."""
         await self._send(server_event(f"{TRANSCRIPTION}.failed", item_id=item, content_index=0,
-                                      error={"type": kind, "code": code, "message": message,
-                                             "param": None}))
+                                      error=error))
 
 
 def _ms(sample: int) -> int:

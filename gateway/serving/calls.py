@@ -24,7 +24,7 @@ from common.schemas import ErrorCode, TaskState
 from common.settings import Settings
 from common.store import StoreError, Task, TaskStore, new_task_id
 from common.store.events import EventHub, Overloaded
-from gateway.errors import ErrorType, RequestError
+from gateway.errors import ErrorType, RequestError, openai_error
 from gateway.policy.admission import estimate_queued
 from gateway.process.limits import BodyRefused
 from gateway.submit.audio import AudioInput
@@ -137,12 +137,17 @@ def response_format(params: Params, allowed: tuple[str, ...], default: str) -> s
 
 
 def task_failed(task: Task) -> RequestError:
-    """A FAILED or CANCELLED task, as the error its caller gets (with `x-task-id`)."""
+    """A FAILED or CANCELLED task, as the error its caller gets (with `x-task-id`): the one
+    error of every reply, whole or streamed (SSE `error` events, realtime `...failed`), with
+    the task's own code."""
     headers = {"x-task-id": task.id}
     if task.state == TaskState.CANCELLED:
-        return RequestError(409, "the task was cancelled", code="task_cancelled",
-                            headers=headers)
-    code = ErrorCode(task.error_code or ErrorCode.ENGINE_ERROR)
+        return RequestError(409, task.error or "the task was cancelled",
+                            code=ErrorCode.CANCELLED.value, headers=headers)
+    try:
+        code = ErrorCode(task.error_code or ErrorCode.ENGINE_ERROR)
+    except ValueError:  # a code a newer worker wrote
+        code = ErrorCode.ENGINE_ERROR
     message = task.error or "the task failed"
     if code == ErrorCode.OUT_OF_MEMORY:
         message = ("the worker has too little memory for this file right now (not an "
@@ -203,6 +208,15 @@ class TimedStreamingResponse(StreamingResponse):
 def sse_event(payload: dict[str, Any]) -> bytes:
     """One server-sent event carrying `payload` as JSON."""
     return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+def sse_error(error: RequestError) -> bytes:
+    """The `error` event that ends a stream (transcription and speech alike)."""
+    return sse_event({"type": "error", "error": openai_error(error)})
+
+
+#: an SSE comment: clients ignore it, proxies see the connection is alive
+KEEPALIVE = b": keep-alive\n\n"
 
 
 async def first_of(*work: Coroutine[Any, Any, Any]) -> list[asyncio.Future[Any]]:

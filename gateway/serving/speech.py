@@ -54,7 +54,8 @@ class SpeechServing:
                                       stream_format=stream_format,
                                       characters=len(options["text"]),
                                       headers={**url, **call.headers},
-                                      send_timeout=self.settings.send_timeout_seconds)
+                                      send_timeout=self.settings.send_timeout_seconds,
+                                      keepalive=self.settings.stream_keepalive_seconds)
         finished = await call.outcome(request, timeout_headers=url)
         if isinstance(finished, Disconnected):
             return Response(status_code=499)  # never delivered: the client is gone

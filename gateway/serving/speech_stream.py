@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,18 +28,20 @@ from common.audio import AudioError, wav_pcm
 from common.schemas import SpeechChunk, TaskState
 from common.store import Task, TaskStore
 from common.stream_audio import StreamEncoder
-from gateway.errors import RequestError, openai_error
+from gateway.errors import RequestError
 from gateway.serving.calls import (
+    KEEPALIVE,
     Call,
     TimedStreamingResponse,
     client_gone,
     first_of,
+    sse_error,
     sse_event,
     still_running,
     task_failed,
 )
 
-Spoken = AsyncIterator[SpeechChunk | Task]
+Spoken = AsyncIterator[SpeechChunk | Task | None]  # None: silence, a keep-alive is due
 
 
 class StreamBroken(Exception):
@@ -47,19 +50,24 @@ class StreamBroken(Exception):
 
 async def spoken(store: TaskStore, call: Call) -> Spoken:
     """The task's pieces in order, each once, then the finished Task; a RequestError (504)
-    when the wait times out."""
+    when the wait times out. A `tick` (silence) is passed on as None, for a keep-alive."""
     next_index = sent = 0
     event: dict[str, Any] = {"type": "tick"}  # pieces stored before we listened come first
     try:
         while True:
-            if event["type"] in ("chunk", "tick"):
+            if event["type"] in ("chunk", "tick", "done"):
                 while chunks := await store.speech.read(call.task_id, next_index):
                     for chunk in chunks:
                         next_index, sent = chunk.index + 1, sent + len(chunk.pcm)
                         yield chunk
+            if event["type"] == "tick":
+                yield None
             elif event["type"] == "done":
                 task: Task = event["task"]
-                if task.state == TaskState.SUCCEEDED:
+                pieces = (task.result or {}).get("pieces")
+                # the pieces outlive the task a minute: the WAV only for a reader slower
+                # than that (or a task from before the worker counted its pieces)
+                if task.state == TaskState.SUCCEEDED and (pieces is None or next_index < pieces):
                     tail = await _wav_tail(store, task, sent)
                     if tail:
                         yield SpeechChunk(next_index, tail[0], tail[1])
@@ -86,44 +94,88 @@ async def _wav_tail(store: TaskStore, task: Task, sent: int) -> tuple[bytes, int
 
 async def stream_reply(request: Request, call: Call, store: TaskStore, *, fmt: str,
                        stream_format: str, characters: int, headers: dict[str, str],
-                       send_timeout: float) -> Response:
-    """The streamed reply, once the first piece is there (or the task's error before)."""
+                       send_timeout: float, keepalive: float) -> Response:
+    """The streamed reply, once the first piece is there (or the task's error before). An
+    `sse` stream whose task is still queued after `keepalive` s starts without it and sends
+    keep-alive comments until it speaks, so no proxy cuts a long wait."""
     pieces = spoken(store, call)
-    first = await _first(pieces, request)
+    first = await _first(pieces, request, keepalive if stream_format == "sse" else None)
     if first is None:
         return Response(status_code=499)  # never delivered: the client is gone
     if isinstance(first, Task):  # finished without a piece: it failed
         await pieces.aclose()
         raise task_failed(first)
+    headers = {"x-task-id": call.task_id, "cache-control": "no-cache", **headers}
+    if isinstance(first, Quiet):  # (sse only) the encoder is made with the first piece
+        return TimedStreamingResponse(_sse(pieces, None, Encoding(fmt), characters),
+                                      send_timeout, media_type="text/event-stream",
+                                      headers=headers)
+    encoding = Encoding(fmt)
     try:
-        encoder = StreamEncoder(fmt, first.sample_rate)
+        encoder = encoding.of(first.sample_rate)
     except AudioError as exc:
         await pieces.aclose()
         raise RequestError(500, str(exc)) from None
-    headers = {"x-task-id": call.task_id, "cache-control": "no-cache", **headers}
     if stream_format == "sse":
-        return TimedStreamingResponse(_sse(pieces, first, encoder, characters), send_timeout,
+        return TimedStreamingResponse(_sse(pieces, first, encoding, characters), send_timeout,
                                       media_type="text/event-stream", headers=headers)
-    return TimedStreamingResponse(_audio(pieces, first, encoder), send_timeout,
+    return TimedStreamingResponse(_audio(pieces, first, encoding), send_timeout,
                                   media_type=encoder.content_type, headers=headers)
 
 
-async def _first(pieces: Spoken, request: Request) -> SpeechChunk | Task | None:
-    """The first piece (or the finished task); None as soon as the client hangs up."""
-    waiting, _ = await first_of(anext(pieces), client_gone(request))
+class Encoding:
+    """A response's encoder, made for the sample rate of its first piece."""
+
+    def __init__(self, fmt: str) -> None:
+        self.fmt = fmt
+        self.encoder: StreamEncoder | None = None
+
+    def of(self, sample_rate: int) -> StreamEncoder:
+        if self.encoder is None:
+            self.encoder = StreamEncoder(self.fmt, sample_rate)
+        return self.encoder
+
+    def feed(self, chunk: SpeechChunk) -> bytes:
+        return self.of(chunk.sample_rate).feed(chunk.pcm)
+
+    def finish(self) -> bytes:
+        return self.encoder.finish() if self.encoder is not None else b""
+
+
+class Quiet:
+    """Nothing spoken yet within the patience of `_first`."""
+
+
+QUIET = Quiet()
+
+
+async def _first(pieces: Spoken, request: Request,
+                 patience: float | None) -> SpeechChunk | Task | Quiet | None:
+    """The first piece (or the finished task), QUIET when none came within `patience` s;
+    None as soon as the client hangs up."""
+    async def first() -> SpeechChunk | Task | Quiet:
+        started = time.monotonic()
+        while (item := await anext(pieces)) is None:
+            if patience is not None and time.monotonic() - started >= patience:
+                return QUIET
+        return item
+
+    waiting, _ = await first_of(first(), client_gone(request))
     if waiting.cancelled():  # the reader ran its `finally` as it was cancelled
         return None
     return waiting.result()
 
 
-async def _encoded(pieces: Spoken, first: SpeechChunk,
-                   encoder: StreamEncoder) -> AsyncIterator[bytes | Task]:
-    """Encoded bytes of every piece as it comes, the encoder's last bytes, then the Task."""
-    item: SpeechChunk | Task = first
+async def _encoded(pieces: Spoken, first: SpeechChunk | None,
+                   encoder: Encoding) -> AsyncIterator[bytes | Task | None]:
+    """Encoded bytes of every piece as it comes (None for each silence), the encoder's last
+    bytes, then the Task."""
+    item: SpeechChunk | Task | None = first
     try:
-        while isinstance(item, SpeechChunk):
-            data = await asyncio.to_thread(encoder.feed, item.pcm)
-            if data:
+        while not isinstance(item, Task):
+            if item is None:
+                yield None
+            elif data := await asyncio.to_thread(encoder.feed, item):
                 yield data
             item = await anext(pieces)
         if item.state == TaskState.SUCCEEDED and (tail := await asyncio.to_thread(
@@ -134,30 +186,35 @@ async def _encoded(pieces: Spoken, first: SpeechChunk,
         await pieces.aclose()
 
 
-async def _audio(pieces: Spoken, first: SpeechChunk,
-                 encoder: StreamEncoder) -> AsyncIterator[bytes]:
+async def _audio(pieces: Spoken, first: SpeechChunk | None,
+                 encoder: Encoding) -> AsyncIterator[bytes]:
+    """Raw audio has no room for a keep-alive: silences pass unsent."""
     async for item in _encoded(pieces, first, encoder):
         if isinstance(item, bytes):
             yield item
-        elif item.state != TaskState.SUCCEEDED:
+        elif isinstance(item, Task) and item.state != TaskState.SUCCEEDED:
             raise StreamBroken(f"task {item.id} ended {item.state.value} mid-stream: "
                                f"{item.error}")
 
 
-async def _sse(pieces: Spoken, first: SpeechChunk, encoder: StreamEncoder,
+async def _sse(pieces: Spoken, first: SpeechChunk | None, encoder: Encoding,
                characters: int) -> AsyncIterator[bytes]:
     """OpenAI's speech stream events; `usage` counts the text's characters as its input
     tokens (what this service bills by) and no output tokens."""
     try:
         async for item in _encoded(pieces, first, encoder):
-            if isinstance(item, bytes):
+            if item is None:
+                yield KEEPALIVE
+            elif isinstance(item, bytes):
                 yield sse_event({"type": "speech.audio.delta",
-                              "audio": base64.b64encode(item).decode()})
+                                 "audio": base64.b64encode(item).decode()})
             elif item.state == TaskState.SUCCEEDED:
                 yield sse_event({"type": "speech.audio.done", "usage": {
                     "input_tokens": characters, "output_tokens": 0,
                     "total_tokens": characters}})
             else:
-                yield sse_event({"type": "error", "error": openai_error(task_failed(item))})
+                yield sse_error(task_failed(item))
     except RequestError as exc:  # timed out, or the finished task's audio is missing
-        yield sse_event({"type": "error", "error": openai_error(exc)})
+        yield sse_error(exc)
+    except AudioError as exc:  # a piece the encoder could not take
+        yield sse_error(RequestError(500, str(exc)))

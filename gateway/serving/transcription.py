@@ -17,16 +17,19 @@ from common import formats
 from common.catalog import BACKENDS
 from common.schemas import INTERACTIVE, TaskState
 from common.store import Task
-from gateway.errors import ErrorType, RequestError, openai_error
+from gateway.errors import RequestError
 from gateway.protocol import TRANSCRIPTION_FORMATS
 from gateway.serving.calls import (
+    KEEPALIVE,
     Disconnected,
     Events,
     SyncCalls,
     TimedStreamingResponse,
     public_model,
     response_format,
+    sse_error,
     sse_event,
+    still_running,
     task_failed,
 )
 from gateway.submit.diarization import asr_input
@@ -81,7 +84,8 @@ class TranscriptionServing:
         call = await self.calls.start(backend=backend, model=model, options=options,
                                       audio=audio, owner=owner, terms=terms)
         if asked.stream:
-            return TimedStreamingResponse(_sse(call.events), self.settings.send_timeout_seconds,
+            return TimedStreamingResponse(_sse(call.events, call.task_id),
+                                          self.settings.send_timeout_seconds,
                                           media_type="text/event-stream",
                                           headers={"x-task-id": call.task_id,
                                                    "cache-control": "no-cache", **call.headers})
@@ -155,22 +159,21 @@ def _usage(result: dict[str, Any]) -> dict[str, Any]:
     return {"type": "duration", "seconds": math.ceil(result["usage"]["audio_seconds"])}
 
 
-async def _sse(events: Events) -> AsyncIterator[bytes]:
+async def _sse(events: Events, task_id: str) -> AsyncIterator[bytes]:
     try:
         async for event in events:
             if event["type"] == "segment":
                 yield sse_event({"type": "transcript.text.delta", "delta": event["text"]})
+            elif event["type"] == "tick":
+                yield KEEPALIVE
             elif event["type"] == "done":
                 task: Task = event["task"]
                 if task.state == TaskState.SUCCEEDED and task.result is not None:
                     yield sse_event({"type": "transcript.text.done",
                                      "text": task.result["text"], "usage": _usage(task.result)})
                 else:
-                    yield sse_event({"type": "error", "error": openai_error(RequestError(
-                        500, task.error or "the task failed", code="task_failed"))})
+                    yield sse_error(task_failed(task))
             elif event["type"] == "timeout":
-                yield sse_event({"type": "error", "error": openai_error(RequestError(
-                    504, "the task is still running", code="task_timeout",
-                    type=ErrorType.TIMEOUT))})
+                yield sse_error(still_running(task_id))
     finally:
         await events.aclose()  # the waiter, released as soon as the stream ends

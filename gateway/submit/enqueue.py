@@ -33,7 +33,8 @@ async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: 
                   terms: SubmitTerms = NO_TERMS, task_id: str | None = None) -> Task:
     """Queue a new task charged to its owner's usage, or return the original one for a
     repeated idempotency key; a 429 when the backend's queue is full or the deadline cannot
-    be met (gateway/policy/admission.py), or when the charge would pass a quota (gateway/policy/quotas.py)."""
+    be met (gateway/policy/admission.py), or when the charge would pass a quota
+    (gateway/policy/quotas.py)."""
     # An open breaker refuses at once; past its cool-down the task goes through as its probe.
     source = settings.backend_models(backend).get(model, "")
     breakers = await guard_store(store.breakers(backend, {model: source},

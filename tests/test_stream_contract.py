@@ -1,0 +1,243 @@
+"""One contract for every stream (`stream=true` transcription, streamed speech, realtime
+turns): the same error code for the same task outcome, each segment once, a keep-alive while
+queued, idempotent replays answered at once. Real redis-server, gateway and (where a task must
+run) a real faster-whisper worker on the bundled tiny.en; a task that must stay queued has no
+worker to run it, and its outcome comes from the store's own terminal writes."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+import redis
+import websockets
+from redis.asyncio import Redis
+
+from common import keys
+from common.audio import decode_audio
+from common.schemas import INTERACTIVE, ErrorCode
+from common.settings import DEFAULT_MODELS, Settings
+from common.store import TaskStore
+from harness import procs
+from harness.procs import TEST_AUDIO, wait_until
+from tests.helpers import JFK, wait_task
+
+KEEPALIVE = 1.0
+MODELS = {**DEFAULT_MODELS, "xtts": {"v2": "/models/not-needed-by-the-gateway"}}
+TRANSCRIPTION = "conversation.item.input_audio_transcription"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A Redis and a gateway with a 1 s keep-alive; no worker unless a test starts one."""
+    workdir = tmp_path_factory.mktemp("streams")
+    server = procs.RedisServer(workdir / "redis").start()
+    gateway = procs.gateway(server.url, workdir, models=MODELS,
+                            stream_keepalive_seconds=str(KEEPALIVE),
+                            no_worker_seconds="3600").start()
+    yield {"redis": server, "url": gateway.url, "workdir": workdir,
+           "client": server.client(), "ws": gateway.url.replace("http", "ws") + "/v1/realtime"}
+    gateway.stop()
+    server.stop()
+
+
+def queued_ids(client: redis.Redis, backend: str) -> list[str]:
+    entries = client.xrange(keys.queue(backend, INTERACTIVE))
+    return [fields[b"task_id"].decode() for _, fields in entries]
+
+
+def new_task(client: redis.Redis, backend: str, before: list[str]) -> str:
+    found = wait_until(lambda: [t for t in queued_ids(client, backend) if t not in before],
+                       30, f"a new {backend} task")
+    return found[0]
+
+
+def sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+    for line in lines:
+        if line.startswith("data: "):
+            yield json.loads(line[len("data: "):])
+
+
+def read_sse(url: str, path: str, body: dict[str, Any], files: Any = None,
+             started: Future[str] | None = None) -> list[dict[str, Any]]:
+    """Every event of a streamed reply (its x-task-id handed to `started` at once)."""
+    kwargs: dict[str, Any] = {"data": body, "files": files} if files else {"json": body}
+    with httpx.stream("POST", url + path, timeout=120, **kwargs) as reply:
+        assert reply.status_code == 200, reply.read()
+        if started is not None:
+            started.set_result(reply.headers["x-task-id"])
+        return list(sse_events(reply.iter_lines()))
+
+
+def transcription_stream(url: str, started: Future[str]) -> list[dict[str, Any]]:
+    with JFK.open("rb") as handle:
+        return read_sse(url, "/v1/audio/transcriptions",
+                        {"model": "whisper-1", "stream": "true"},
+                        files={"file": ("jfk.flac", handle.read())}, started=started)
+
+
+def speech_stream(url: str, started: Future[str]) -> list[dict[str, Any]]:
+    return read_sse(url, "/v1/audio/speech",
+                    {"model": "tts-1", "input": "Hello there.", "voice": "alloy",
+                     "response_format": "wav", "stream_format": "sse"}, started=started)
+
+
+async def realtime_turn(ws_url: str, client: redis.Redis, started: Future[str]) -> dict[str, Any]:
+    """One manually committed turn of jfk.flac; its `...completed` or `...failed` event."""
+    pcm = (decode_audio(JFK, 24000)[:24000 * 3] * 32767).astype("<i2").tobytes()
+    before = queued_ids(client, "faster-whisper")
+    async with websockets.connect(ws_url + "?intent=transcription") as socket:
+        await socket.send(json.dumps({"type": "session.update", "session": {
+            "type": "transcription", "audio": {"input": {
+                "format": {"type": "audio/pcm", "rate": 24000},
+                "transcription": {"model": "whisper-1", "language": "en"},
+                "turn_detection": None}}}}))
+        await socket.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(pcm).decode()}))
+        await socket.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        task_id = await asyncio.to_thread(new_task, client, "faster-whisper", before)
+        started.set_result(task_id)
+        async for message in socket:
+            event = json.loads(message)
+            if event["type"] in (f"{TRANSCRIPTION}.completed", f"{TRANSCRIPTION}.failed"):
+                return event
+    raise AssertionError("the session closed before its turn ended")
+
+
+def end_task(env: dict[str, Any], task_id: str, outcome: str) -> None:
+    """Cancel the queued task (DELETE, as a client does) or fail it with `outcome` through
+    the store's own fenced terminal write (the sweeper's)."""
+    if outcome == ErrorCode.CANCELLED:
+        reply = httpx.delete(f"{env['url']}/v1/tasks/{task_id}", timeout=30)
+        assert reply.status_code == 200, reply.text
+        return
+
+    async def fail() -> None:
+        redis_client = Redis.from_url(env["redis"].url)
+        store = TaskStore.for_settings(redis_client, Settings(redis_url=env["redis"].url))
+        task = await store.get(task_id)
+        assert task is not None
+        assert await store.fail_if_unchanged(task, f"made to fail: {outcome}", outcome)
+        await redis_client.aclose()
+    asyncio.run(fail())
+
+
+@pytest.mark.parametrize("outcome", [ErrorCode.CANCELLED, ErrorCode.OUT_OF_MEMORY,
+                                     ErrorCode.DEADLINE_EXCEEDED])
+def test_every_stream_reads_a_task_outcome_with_the_same_code(env: dict[str, Any],
+                                                              outcome: ErrorCode) -> None:
+    codes: dict[str, str] = {}
+    with ThreadPoolExecutor(2) as pool:
+        for name, backend, run in [("transcription", "faster-whisper", transcription_stream),
+                                   ("speech", "xtts", speech_stream)]:
+            started: Future[str] = Future()
+            events = pool.submit(run, env["url"], started)
+            task_id = started.result(60)
+            end_task(env, task_id, outcome)
+            *_, last = events.result(60)
+            assert last["type"] == "error", (name, last)
+            codes[name] = last["error"]["code"]
+        started = Future()
+        turn = pool.submit(asyncio.run, realtime_turn(env["ws"], env["client"], started))
+        end_task(env, started.result(60), outcome)
+        event = turn.result(60)
+        assert event["type"] == f"{TRANSCRIPTION}.failed", event
+        codes["realtime"] = event["error"]["code"]
+    assert codes == {"transcription": outcome.value, "speech": outcome.value,
+                     "realtime": outcome.value}
+
+
+def test_a_queued_stream_gets_keep_alives(env: dict[str, Any]) -> None:
+    """Nothing runs the task: both SSE streams still send a comment at least every
+    keep-alive interval (plus the hub's scheduling slack), from the first second on."""
+    for path, body, files in [
+            ("/v1/audio/transcriptions", {"model": "whisper-1", "stream": "true"},
+             {"file": ("jfk.flac", JFK.read_bytes())}),
+            ("/v1/audio/speech", {"model": "tts-1", "input": "Hello there.", "voice": "alloy",
+                                  "response_format": "wav", "stream_format": "sse"}, None)]:
+        kwargs: dict[str, Any] = {"data": body, "files": files} if files else {"json": body}
+        sent = time.monotonic()
+        arrivals: list[float] = []
+        with httpx.stream("POST", env["url"] + path, timeout=30, **kwargs) as reply:
+            assert reply.status_code == 200
+            task_id = reply.headers["x-task-id"]
+            for line in reply.iter_lines():
+                if line.startswith(":"):
+                    arrivals.append(time.monotonic())
+                    if len(arrivals) == 4:
+                        break
+                else:
+                    assert not line, f"only keep-alives while queued, not {line!r}"
+        gaps = [later - earlier for earlier, later in zip([sent, *arrivals], arrivals,
+                                                          strict=False)]
+        assert max(gaps) < KEEPALIVE + 1.5, (path, gaps)
+        end_task(env, task_id, ErrorCode.CANCELLED)
+
+
+@pytest.fixture(scope="module")
+def worker(env: dict[str, Any]) -> Iterator[procs.Service]:
+    service = procs.worker(env["redis"].url, env["workdir"], idle_unload_seconds="-1",
+                           preload="true", visibility_timeout_seconds="3",
+                           allowed_roots=[str(TEST_AUDIO)]).start()
+    yield service
+    service.stop()
+
+
+def test_an_idempotent_replay_is_answered_at_once(env: dict[str, Any],
+                                                  worker: procs.Service) -> None:
+    def call() -> tuple[httpx.Response, float]:
+        started = time.monotonic()
+        reply = httpx.post(f"{env['url']}/v1/audio/transcriptions", timeout=120,
+                           headers={"Idempotency-Key": "replay-once"},
+                           files={"file": ("jfk.flac", JFK.read_bytes())},
+                           data={"model": "whisper-1"})
+        return reply, time.monotonic() - started
+
+    first, _ = call()
+    assert first.status_code == 200, first.text
+    replay, seconds = call()
+    assert replay.status_code == 200 and replay.json() == first.json()
+    assert replay.headers["x-task-id"] == first.headers["x-task-id"]
+    assert seconds < 0.75, f"the replay of a finished task took {seconds:.2f} s"
+
+
+def test_a_worker_killed_mid_stream_sends_each_segment_once(env: dict[str, Any],
+                                                            worker: procs.Service) -> None:
+    """The task is redelivered and publishes its segments again from id 0; the stream
+    passes each id once, so its deltas add up to the final text."""
+    clip = TEST_AUDIO / "multilingual.mp3"
+    killed = threading.Event()
+    deltas: list[str] = []
+    with clip.open("rb") as handle, httpx.stream(
+            "POST", f"{env['url']}/v1/audio/transcriptions", timeout=300,
+            files={"file": (clip.name, handle.read())},
+            data={"model": "whisper-1", "stream": "true", "language": "en"}) as reply:
+        assert reply.status_code == 200
+        task_id = reply.headers["x-task-id"]
+        for event in sse_events(reply.iter_lines()):
+            if event["type"] == "transcript.text.delta":
+                deltas.append(event["delta"])
+                if not killed.is_set():
+                    killed.set()
+                    assert worker.proc is not None
+                    os.kill(worker.proc.pid, signal.SIGKILL)
+                    worker.proc.wait(30)
+                    worker.start()
+            else:
+                done = event
+                break
+    assert killed.is_set() and done["type"] == "transcript.text.done", done
+    view = wait_task(env["url"], task_id)
+    assert view["status"] == "SUCCEEDED" and view["attempts"] >= 2, view
+    assert "".join(deltas).strip() == done["text"].strip()
+    assert len(deltas) == len(view["result"]["segments"])
