@@ -138,8 +138,7 @@ def test_every_stream_reads_a_task_outcome_with_the_same_code(env: dict[str, Any
                                                               outcome: ErrorCode) -> None:
     codes: dict[str, str] = {}
     with ThreadPoolExecutor(2) as pool:
-        for name, backend, run in [("transcription", "faster-whisper", transcription_stream),
-                                   ("speech", "xtts", speech_stream)]:
+        for name, run in [("transcription", transcription_stream), ("speech", speech_stream)]:
             started: Future[str] = Future()
             events = pool.submit(run, env["url"], started)
             task_id = started.result(60)
