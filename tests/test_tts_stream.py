@@ -99,6 +99,12 @@ def freeze_after_first_piece(client: redis.Redis, pid: int) -> str:
     raise TimeoutError("no piece was stored")
 
 
+def sse_events(body: bytes) -> list[dict[str, Any]]:
+    """The events of an SSE body (its keep-alive comments skipped)."""
+    return [json.loads(block[len("data: "):]) for block in body.decode().split("\n\n")
+            if block.startswith("data: ")]
+
+
 def stored_wav(reply: httpx.Response) -> bytes:
     audio = httpx.get(reply.headers["x-output-url"], timeout=30)
     assert audio.status_code == 200, audio.text
@@ -162,7 +168,7 @@ def test_wav_mp3_opus_aac_and_sse_streams(stack: dict[str, Any]) -> None:
 
     reply, body = stream(stack["url"], response_format="pcm", stream_format="sse")
     assert reply.headers["content-type"].startswith("text/event-stream")
-    events = [json.loads(line[len("data: "):]) for line in body.decode().split("\n\n") if line]
+    events = sse_events(body)
     *deltas, done = events
     assert {event["type"] for event in deltas} == {"speech.audio.delta"} and len(deltas) > 1
     assert b"".join(base64.b64decode(event["audio"]) for event in deltas) == pcm
@@ -227,7 +233,7 @@ def test_a_task_failing_mid_stream_ends_sse_with_an_error_event(
         worker.stop()
         worker.env = env
         worker.start()
-    events = [json.loads(line[len("data: "):]) for line in body.decode().split("\n\n") if line]
+    events = sse_events(body)
     *deltas, error = events
     assert deltas and {event["type"] for event in deltas} == {"speech.audio.delta"}
     assert error["type"] == "error" and error["error"]["code"] == "delivery_limit", error
