@@ -89,7 +89,7 @@ class Outlook:
 
 
 async def outlook(store: TaskStore, backend: str) -> Outlook:
-    return Outlook(*await store.outlook_facts(backend))
+    return Outlook(*await store.outlook.facts(backend))
 
 
 async def estimate_queued(store: TaskStore, task: Task, position: int | None) -> Estimate | None:

@@ -43,7 +43,7 @@ async def submit(request: Request, owner: str, settings: Settings, store: TaskSt
         reply["state"] = task.state.value
     else:
         with contextlib.suppress(StoreError):  # the task is queued: estimates are extras
-            estimate = await estimate_queued(store, task, await store.queue_position(task))
+            estimate = await estimate_queued(store, task, await store.positions.of(task))
             if estimate is not None:
                 reply.update(estimate.fields())
     return JSONResponse(reply)
@@ -60,7 +60,7 @@ async def status(request: Request, owner: str, settings: Settings,
         raise RequestError(400, "missing task_id", param="task_id")
     try:
         task = await store.get(task_id)
-        position = await store.queue_position(task) if task and task.state == "PENDING" else None
+        position = await store.positions.of(task) if task and task.state == "PENDING" else None
         estimate = await estimate_queued(store, task, position) if task and position else None
     except StoreError:
         return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "PENDING",
