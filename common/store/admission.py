@@ -83,7 +83,7 @@ def _split(total: float, models: dict[str, float]) -> dict[str, float]:
     return models
 
 
-def _backlog(raw: dict[str, str]) -> Backlog:
+def backlog_of(raw: dict[str, str]) -> Backlog:
     def number(name: str) -> float:
         return max(0.0, float(raw.get(name) or 0))  # never below 0 (float drift)
 
@@ -97,7 +97,7 @@ def _backlog(raw: dict[str, str]) -> Backlog:
     return Backlog({lane: int(number(f"{lane}:tasks")) for lane in keys.LANES}, models)
 
 
-def _rates(raw: dict[str, str]) -> Rates:
+def rates_of(raw: dict[str, str]) -> Rates:
     def positive(value: str | None) -> float | None:
         return float(value) if value and float(value) > 0 else None
 
@@ -129,10 +129,10 @@ class OutlookReader:
         self.live = live
 
     async def backlog(self, backend: str) -> Backlog:
-        return _backlog(await _text_hash(self.redis, keys.backlog(backend)))
+        return backlog_of(await _text_hash(self.redis, keys.backlog(backend)))
 
     async def rates(self, backend: str) -> Rates:
-        return _rates(await _text_hash(self.redis, keys.rate(backend)))
+        return rates_of(await _text_hash(self.redis, keys.rate(backend)))
 
     async def facts(self, backend: str) -> tuple[Backlog, Rates, int]:
         """(backlog, rates, live workers) of `backend`, read concurrently."""

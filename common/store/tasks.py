@@ -25,6 +25,7 @@ from common.store.chunks import SpeechChunks
 from common.store.connection import bounded_client
 from common.store.devices import DeviceView, devices
 from common.store.live import LiveWorkers
+from common.store.poll import PollReader
 from common.store.positions import Positions
 from common.store.record import Task
 from common.store.usage import Charge, UsageStore
@@ -162,7 +163,8 @@ return attempt
 # KEYS: task, queue, events, input blob, output blob, backlog, webhooks due,
 #       spoken pieces
 # ARGV: attempt (or "" = unfenced), entry, group, state, now, retention, result, error, code,
-#       output ("" = none), output file name ("" = none), measured usage ("" = none)
+#       output ("" = none), output file name ("" = none), measured usage ("" = none),
+#       the result's `usage` as JSON ("" = none: a poll's reply splices it unparsed)
 # -> 1 stored, 0 stale attempt or already terminal. Acks only after the state is stored.
 # The output is written here, inside the fence, so a stale attempt cannot replace the
 # winner's audio; the input is deleted here, since no attempt can need it any more.
@@ -174,7 +176,7 @@ if state ~= 'PENDING' and state ~= 'RUNNING' then
   if ARGV[2] ~= '' then redis.call('XACK', KEYS[2], ARGV[3], ARGV[2]) end
   return 0
 end
-if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[7]) end
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[7], 'usage', ARGV[13]) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[8], 'error_code', ARGV[9]) end
 if ARGV[10] ~= '' then redis.call('SET', KEYS[5], ARGV[10], 'EX', ARGV[6]) end
 if ARGV[11] ~= '' then redis.call('HSET', KEYS[1], 'output_file', ARGV[11]) end
@@ -231,8 +233,9 @@ class Duplicate(Exception):
 class TaskStore:
     """The gateway's whole side of Redis: the task lifecycle here (submit, start, finish,
     cancel, the sweeper's fenced fail), and the rest as sub-stores: `positions` (queue
-    positions and depths), `blobs` (inputs and outputs), `usage`, `breakers`, `live` (live workers),
-    `outlook` (what a predicted wait reads), `speech` (a TTS task's audio so far)."""
+    positions and depths), `poll` (a status poll in one round trip), `blobs` (inputs and
+    outputs), `usage`, `breakers`, `live` (live workers), `outlook` (what a predicted wait
+    reads), `speech` (a TTS task's audio so far)."""
 
     def __init__(self, redis: Redis, retention_seconds: int,
                  blob_dir: BlobDir | None = None) -> None:
@@ -240,6 +243,7 @@ class TaskStore:
         self.retention = retention_seconds
         self.blobs = BlobStore(redis, retention_seconds, blob_dir)
         self.positions = Positions(redis)
+        self.poll = PollReader(redis)
         self.usage = UsageStore(redis)
         self.breakers = BreakerStore(redis)
         self.live = LiveWorkers(redis)
@@ -397,7 +401,8 @@ class TaskStore:
                   repr(time.time()), self.retention,
                   json.dumps(result) if result is not None else "", one_line(error),
                   error_code, b"" if output_file or output is None else output, output_file,
-                  _measured_usage(task, state, result)],
+                  _measured_usage(task, state, result),
+                  json.dumps(result.get("usage") or {}) if result is not None else ""],
         ))
         if stored:
             self.blobs.delete_input_file(task.id)
