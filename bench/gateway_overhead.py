@@ -1,17 +1,25 @@
 """1. Gateway overhead: the same audio, model and settings through the gateway vs the engine
 called directly in this process.
 
-Three ways to transcribe one file, interleaved repetition by repetition (so a change in
-the machine's background load hits all three alike), in a rotating order:
+Four ways to transcribe one file, interleaved repetition by repetition (so a change in
+the machine's background load hits all alike), in a rotating order:
 
+- bare: faster-whisper alone in a process of its own with OpenMP's default wait policy, as
+  its users run it (bench.common.Bare: WhisperModel, decode_audio, transcribe);
 - direct: `workers.execute.run_engine` with the worker's own engine class and defaults
-  (decode with common.audio.decode_audio, then faster-whisper), on the bytes in memory;
+  (decode with common.audio.decode_audio, then faster-whisper), on the bytes in memory, in
+  this process, with the workers' OMP_WAIT_POLICY=PASSIVE;
 - openai: POST /v1/audio/transcriptions, which queues the task and waits for it via
   Redis pub/sub (upload, probe, submit, worker dispatch, run, result, reply);
 - sage: POST /api/faster-whisper-submit, then GET /api/status every --poll-ms.
 
-Target: median(openai) / median(direct) <= 1.05 on jfk.flac with tiny.en on CPU. The
-Sage ratio is reported too; it includes the poll interval (on average half of it).
+Targets (median of each mode ÷ median of bare, jfk.flac, tiny.en on CPU): openai <= 1.02,
+sage <= 1.05 (the Sage ratio includes the poll interval: on average half of it).
+
+Then OMP_WAIT_POLICY both ways (`--omp-seconds`, 0 = skip), bare processes only: one
+stream's latency (PASSIVE and default interleaved, --omp-reps each), and throughput with
+three busy processes sharing the cores (each transcribing in a loop for --omp-seconds),
+under each policy in turn.
 """
 
 from __future__ import annotations
@@ -23,15 +31,18 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import time  # noqa: E402
+from typing import Any  # noqa: E402
 
 import httpx  # noqa: E402
 
 from bench import common as bc  # noqa: E402
 
 NAME = "gateway_overhead"
-TARGET = 1.05
-MODES = ("direct", "openai", "sage")
+TARGETS = {"openai": 1.02, "sage": 1.05}  # ÷ bare
+MODES = ("bare", "direct", "openai", "sage")
+BUSY = 3  # processes sharing the cores in the throughput case
 
 
 def main() -> None:
@@ -40,12 +51,16 @@ def main() -> None:
     parser.add_argument("--audio", type=Path, default=bc.JFK)
     parser.add_argument("--poll-ms", type=float, default=10.0, help="Sage status poll interval")
     parser.add_argument("--budget", type=float, default=200.0, help="seconds of measuring")
+    parser.add_argument("--omp-reps", type=int, default=6, help="single-stream reps per policy")
+    parser.add_argument("--omp-seconds", type=float, default=20.0,
+                        help="throughput run per policy (0: skip the OMP_WAIT_POLICY part)")
     args = parser.parse_args()
     started = bc.machine()
     budget = bc.Budget(args.budget)
     audio = args.audio.read_bytes()
     seconds = bc.duration(args.audio)
     direct = bc.Direct()
+    bare = bc.Bare()
     wall: dict[str, list[float]] = {mode: [] for mode in MODES}
     worker_run: dict[str, list[float]] = {"openai": [], "sage": []}
     dispatch: dict[str, list[float]] = {"openai": [], "sage": []}
@@ -80,7 +95,13 @@ def main() -> None:
             texts["sage"].add(final["result"]["text"])
             return elapsed, task_id
 
-        runners = {"direct": run_direct, "openai": run_openai, "sage": run_sage}
+        def run_bare() -> tuple[float, str | None]:
+            done = bare.transcribe(args.audio)
+            texts["bare"].add(done["text"])
+            return done["seconds"], None
+
+        runners = {"bare": run_bare, "direct": run_direct, "openai": run_openai,
+                   "sage": run_sage}
         for _ in range(2):  # warm-up: the worker loads its model on its first task
             for mode in MODES:
                 runners[mode]()
@@ -89,7 +110,7 @@ def main() -> None:
             if budget.expired():
                 print(f"budget of {args.budget:.0f} s spent after {rep} repetitions", flush=True)
                 break
-            order = MODES[rep % 3:] + MODES[:rep % 3]
+            order = MODES[rep % len(MODES):] + MODES[:rep % len(MODES)]
             for mode in order:
                 elapsed, task_id = runners[mode]()
                 wall[mode].append(elapsed)
@@ -99,18 +120,20 @@ def main() -> None:
                     dispatch[mode].append(view["started_at"] - view["created_at"])
             reps += 1
     direct.close()
+    bare.close()
+    omp = omp_policies(args.audio, args.omp_reps, args.omp_seconds) if args.omp_seconds else {}
 
-    base_median = bc.median(wall["direct"])
+    base_median = bc.median(wall["bare"])
     rows, modes_out = [], {}
     for mode in MODES:
         median = bc.median(wall[mode])
         ratio = median / base_median
-        paired = bc.median([m / d for m, d in zip(wall[mode], wall["direct"], strict=True)])
+        paired = bc.median([m / d for m, d in zip(wall[mode], wall["bare"], strict=True)])
         run_median = bc.median(worker_run[mode]) if mode in worker_run else None
         rows.append([mode, reps, median * 1000, bc.percentile(wall[mode], 10) * 1000,
                      bc.percentile(wall[mode], 90) * 1000, ratio, paired,
                      None if run_median is None else run_median * 1000,
-                     None if mode == "direct" else (median - base_median) * 1000])
+                     None if mode == "bare" else (median - base_median) * 1000])
         modes_out[mode] = {"wall_ms": bc.summary(wall[mode], 1000), "ratio_of_medians": ratio,
                            "median_paired_ratio": paired,
                            "worker_run_ms": bc.summary(worker_run.get(mode, []), 1000),
@@ -120,18 +143,68 @@ def main() -> None:
              f"{direct.device}, {reps} reps (ms)",
              ["mode", "n", "p50", "p10", "p90", "ratio", "paired", "worker run p50",
               "overhead p50"], rows)
-    ratio = modes_out["openai"]["ratio_of_medians"]
-    same = texts["direct"] == texts["openai"] == texts["sage"]
-    print(f"median end-to-end ratio (openai / direct): {ratio:.3f}  "
-          f"target <= {TARGET}: {bc.verdict(ratio, TARGET, at_most=True)}")
-    print(f"sage (submit + poll every {args.poll_ms:.0f} ms) / direct: "
-          f"{modes_out['sage']['ratio_of_medians']:.3f}")
+    same = len(set().union(*texts.values())) == 1
+    verdicts = {mode: bc.verdict(modes_out[mode]["ratio_of_medians"], target, at_most=True)
+                for mode, target in TARGETS.items()}
+    for mode, verdict in verdicts.items():
+        print(f"{mode} ÷ bare faster-whisper (default OpenMP policy), median: {verdict}")
+    print(f"direct (in-process, PASSIVE) ÷ bare: {modes_out['direct']['ratio_of_medians']:.3f}")
     print(f"same transcript on every path: {same}")
+    if omp:
+        bc.table("OMP_WAIT_POLICY, bare faster-whisper processes", ["policy",
+                 "one stream p50 ms", "one stream min ms", f"{BUSY} busy: tasks/s",
+                 f"{BUSY} busy: p50 ms per task"],
+                 [[policy, r["single_ms"]["p50"], r["single_ms"]["min"], r["busy_tasks_per_s"],
+                   r["busy_ms"]["p50"]] for policy, r in omp.items()])
     bc.write_json(NAME, {
         "audio": args.audio.name, "audio_seconds": seconds, "model": "tiny.en",
         "device": direct.device, "reps": reps, "poll_ms": args.poll_ms, "modes": modes_out,
-        "ratio": ratio, "target": TARGET, "target_met": ratio <= TARGET,
+        "targets": TARGETS, "verdicts": verdicts, "omp_wait_policy": omp,
+        "target_met": all(v.startswith("MET") for v in verdicts.values()),
         "same_transcript": same}, started)
+
+
+def omp_policies(audio: Path, reps: int, seconds: float) -> dict[str, dict[str, Any]]:
+    """One stream's latency under each policy (interleaved), then BUSY processes of one
+    policy transcribing in a loop for `seconds` (each policy in turn)."""
+    found: dict[str, dict[str, Any]] = {}
+    single: dict[str, list[float]] = {"PASSIVE": [], "default": []}
+    streams = {policy: bc.Bare("" if policy == "default" else policy) for policy in single}
+    try:
+        for stream in streams.values():
+            stream.transcribe(audio)  # warm-up
+        for _ in range(reps):
+            for policy, stream in streams.items():
+                single[policy].append(stream.transcribe(audio)["seconds"])
+    finally:
+        for stream in streams.values():
+            stream.close()
+    for policy in single:
+        busy = [bc.Bare("" if policy == "default" else policy) for _ in range(BUSY)]
+        try:
+            for process in busy:
+                process.transcribe(audio)  # warm-up, one at a time
+            durations: list[float] = []
+            start = time.monotonic()
+            until = start + seconds
+            bc.parallel([functools.partial(_loop, process, audio, until, durations)
+                         for process in busy])
+            wall = time.monotonic() - start
+        finally:
+            for process in busy:
+                process.close()
+        found[policy] = {"single_ms": bc.summary(single[policy], 1000),
+                         "busy_tasks_per_s": round(len(durations) / wall, 3),
+                         "busy_ms": bc.summary(durations, 1000), "busy_tasks": len(durations)}
+        print(f"OMP_WAIT_POLICY {policy}: one stream p50 "
+              f"{found[policy]['single_ms']['p50']:.0f} ms; {BUSY} busy: "
+              f"{found[policy]['busy_tasks_per_s']:.2f} tasks/s", flush=True)
+    return found
+
+
+def _loop(process: bc.Bare, audio: Path, until: float, durations: list[float]) -> None:
+    while time.monotonic() < until:
+        durations.append(process.transcribe(audio)["seconds"])
 
 
 if __name__ == "__main__":

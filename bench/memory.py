@@ -12,7 +12,10 @@ gateway, measured from outside with psutil and the kernel's high-water mark (VmH
 The bare process is a fresh interpreter that imports faster-whisper, loads the same
 model with the worker's settings (int8 on CPU, default threads, OMP_WAIT_POLICY=PASSIVE),
 decodes the file and transcribes it with the worker's options; its VmHWM (equal to its
-getrusage ru_maxrss) is the reference. Target: worker peak / bare peak <= 1.3 (jfk.flac).
+getrusage ru_maxrss) is the reference. Targets: worker peak / bare peak <= 1.3 (jfk.flac);
+RSS after the idle unload / the fresh worker's <= 1.15. What stays resident after the unload
+is listed per mapping (/proc/PID/smaps: each library, the heap, anonymous maps), against
+the fresh worker's.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from harness import procs  # noqa: E402
 
 NAME = "memory"
 TARGET = 1.3
+UNLOAD_TARGET = 1.15  # RSS after the idle unload ÷ the fresh worker's
 
 BARE = r"""
 import json, os, resource, sys
@@ -84,6 +88,24 @@ def rss_split(pid: int) -> dict[str, float]:
     return split
 
 
+def rss_by_mapping(pid: int) -> dict[str, float]:
+    """MiB resident per mapping: each file by name, "[heap]", "[anon]" (every anonymous
+    map together: arenas, thread stacks, large allocations) and the kernel's others."""
+    found: dict[str, float] = {}
+    name = "[anon]"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        if "-" in parts[0] and not parts[0].endswith(":"):  # a mapping's header line
+            name = parts[5] if len(parts) > 5 else "[anon]"
+            if name.startswith("/"):
+                name = Path(name).name
+        elif parts[0] == "Rss:":
+            found[name] = found.get(name, 0.0) + int(parts[1]) / 1024
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--idle", type=float, default=3.0, help="idle unload seconds")
@@ -107,6 +129,7 @@ def main() -> None:
         time.sleep(1.0)
         worker["baseline_mib"] = bc.rss_mib(pid)
         worker["baseline_split"] = rss_split(pid)
+        baseline_maps = rss_by_mapping(pid)
         worker["startup_peak_mib"] = bc.peak_rss_mib(pid)
         for index, (label, path) in enumerate(files.items()):
             if index:
@@ -123,6 +146,13 @@ def main() -> None:
                              "after_unload_split": rss_split(pid),
                              "unload_seen_after_s": round(waited, 2),
                              "health_rss_mib": health()["memory"]["rss_mib"]}
+            if not index:
+                after = rss_by_mapping(pid)
+                grown = {name: round(after.get(name, 0.0) - baseline_maps.get(name, 0.0), 1)
+                         for name in set(after) | set(baseline_maps)}
+                worker["kept_by_mapping_mib"] = dict(sorted(
+                    ((k, v) for k, v in grown.items() if abs(v) >= 0.5),
+                    key=lambda item: -item[1]))
     rows = []
     ratios = {}
     for label in files:
@@ -147,9 +177,16 @@ def main() -> None:
     print(f"returned by the idle unload: {returned:.0f} MiB; after unload vs baseline: "
           f"{grown:+.0f} MiB (anonymous {kept['anon_mib']:+.0f}, "
           f"file-backed {kept['file_mib']:+.0f})")
+    print("kept after the unload, by mapping (MiB): " + ", ".join(
+        f"{name} {mib:+.1f}" for name, mib in list(worker["kept_by_mapping_mib"].items())[:12]))
+    unload_ratio = first["after_unload_mib"] / worker["baseline_mib"]
+    unload_verdict = bc.verdict(unload_ratio, UNLOAD_TARGET, at_most=True)
+    print(f"RSS after idle unload / fresh worker: {unload_verdict}")
     bc.write_json(NAME, {"idle_unload_seconds": args.idle, "worker": worker, "bare": bare_runs,
                          "peak_ratio": ratios, "target": TARGET,
-                         "target_met": ratio <= TARGET}, started)
+                         "target_met": ratio <= TARGET, "unload_ratio": unload_ratio,
+                         "unload_target": UNLOAD_TARGET,
+                         "unload_target_met": unload_ratio <= UNLOAD_TARGET}, started)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@
     .venvs/core/bin/python bench/run_all.py rtf memory       # just these
 
 Each script gets --timeout seconds (default 330): past that it is sent SIGTERM (it stops
-every process it started and exits), then SIGKILL a minute later. The exit code is the
-number of scripts that failed or timed out.
+every process it started and exits), then SIGKILL a minute later. The summary ends with
+every target MISSED (or a script that failed), each on its own line, under a banner; the
+exit code is the number of scripts that failed or timed out plus the number of targets
+missed.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any  # noqa: E402
 
 from bench import common as bc  # noqa: E402
 
-SCRIPTS = ("gateway_overhead", "dispatch_latency", "throughput", "rtf", "memory",
+SCRIPTS = ("gateway_overhead", "poll_cost", "dispatch_latency", "throughput", "rtf", "memory",
            "start_to_ready", "cpu_per_task", "diarization", "realtime",
            "tts_first_audio")
 
@@ -59,9 +61,14 @@ def headline(name: str) -> list[str]:
     data: dict[str, Any] = json.loads(path.read_text())
     ok = {True: "met", False: "MISSED"}
     if name == "gateway_overhead":
-        return [f"openai/direct median ratio {data['ratio']:.3f} (target <= 1.05: "
-                f"{ok[data['target_met']]}); sage/direct "
-                f"{data['modes']['sage']['ratio_of_medians']:.3f}"]
+        lines = [f"{mode} / bare faster-whisper (default OpenMP policy), median: {verdict}"
+                 for mode, verdict in data["verdicts"].items()]
+        for policy, r in data.get("omp_wait_policy", {}).items():
+            lines.append(f"OMP_WAIT_POLICY {policy}: one stream p50 {r['single_ms']['p50']:.0f}"
+                         f" ms, 3 busy {r['busy_tasks_per_s']:.2f} tasks/s")
+        return lines
+    if name == "poll_cost":
+        return [f"{line} (status / /health)" for line in data["verdicts"]]
     if name == "dispatch_latency":
         q = data["queue_dispatch_ms"]
         return [f"submit -> worker start p50 {q['p50']:.2f} ms, p99 {q['p99']:.2f} ms "
@@ -76,7 +83,9 @@ def headline(name: str) -> list[str]:
                 for r in data["cases"]]
     if name == "memory":
         return [f"worker peak / bare peak: jfk {data['peak_ratio']['11 s']:.3f} (target <= 1.3: "
-                f"{ok[data['target_met']]}), 60 s {data['peak_ratio']['60 s']:.3f}"]
+                f"{ok[data['target_met']]}), 60 s {data['peak_ratio']['60 s']:.3f}",
+                "RSS after idle unload / fresh worker: " + bc.verdict(
+                    data["unload_ratio"], data["unload_target"], at_most=True)]
     if name == "start_to_ready":
         s = data["stats"]
         return [f"ready {s['ready_s']['p50']:.2f} s, first task {s['first_task_s']['p50']:.2f} s"
@@ -115,14 +124,28 @@ def main() -> None:
         print(f"=== {name}", flush=True)
         outcomes[name] = run_one(name, args.timeout)
     print("\n=== summary")
-    failed = 0
+    failed, targets_missed, missed = 0, 0, []
     for name, (code, seconds) in outcomes.items():
         failed += code != 0
         status = "ok" if code == 0 else f"FAILED (exit {code})"
         print(f"{name} ({seconds:.0f} s, {status})")
+        if code != 0:
+            missed.append(f"{name}: the script FAILED (exit {code}): no numbers")
         for line in headline(name) if code == 0 else []:
-            print(f"    {line}")
-    sys.exit(failed)
+            marked = "MISSED" in line
+            print(f"  {'!!' if marked else '  '} {line}")
+            if marked:
+                targets_missed += 1
+                missed.append(f"{name}: {line}")
+    if missed:
+        bar = "!" * 78
+        print(f"\n{bar}\n!! {len(missed)} TARGET(S) MISSED OR NOT MEASURED\n{bar}")
+        for line in missed:
+            print(f"!! {line}")
+        print(bar)
+    else:
+        print("\nevery target met")
+    sys.exit(failed + targets_missed)
 
 
 if __name__ == "__main__":

@@ -41,27 +41,29 @@ class BodyTimeout(BodyRefused):
                 f"{limits.idle_seconds:g} s, or over {limits.deadline_seconds:g} s in all)")
 
 
-#: (request path, HTTP status, message, code) -> the JSON body of a refusal
-ErrorBody = Callable[[str, int, str, str], dict[str, Any]]
+#: (the request's scope, HTTP status, message, code) -> the (HTTP status, JSON body) that
+#: answer a refusal
+ErrorReply = Callable[[Scope, int, str, str], tuple[int, dict[str, Any]]]
 
 
-def default_error_body(path: str, status_code: int, message: str, code: str) -> dict[str, Any]:
-    if path.startswith("/v1/"):
-        return {"error": {"message": message, "type": "invalid_request_error",
-                          "param": "file", "code": code}}
-    return {"status": "FAILED", "error": message}
+def default_error_reply(scope: Scope, status_code: int, message: str,
+                        code: str) -> tuple[int, dict[str, Any]]:
+    if scope["path"].startswith("/v1/"):
+        return status_code, {"error": {"message": message, "type": "invalid_request_error",
+                                       "param": "file", "code": code}}
+    return status_code, {"status": "FAILED", "error": message}
 
 
 class BodyLimitMiddleware:
     def __init__(self, app: ASGIApp, max_bytes: int, idle_seconds: float = 60.0,
                  deadline_seconds: float = 900.0,
-                 error_body: ErrorBody = default_error_body) -> None:
-        """`error_body` shapes a refusal's JSON (the gateway passes its own error renderer)."""
+                 error_reply: ErrorReply = default_error_reply) -> None:
+        """`error_reply` shapes a refusal's answer (the gateway passes its own renderer)."""
         self.app = app
         self.max_bytes = max_bytes
         self.idle_seconds = idle_seconds
         self.deadline_seconds = deadline_seconds
-        self.error_body = error_body
+        self.error_reply = error_reply
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -116,10 +118,10 @@ class BodyLimitMiddleware:
                 await self._reject(scope, send, refusal)
 
     async def _reject(self, scope: Scope, send: Send, refusal: BodyRefused) -> None:
-        body = self.error_body(scope["path"], refusal.status_code, refusal.message(self),
-                               refusal.code)
+        status, body = self.error_reply(scope, refusal.status_code, refusal.message(self),
+                                        refusal.code)
         payload = json.dumps(body).encode()
-        await send({"type": "http.response.start", "status": refusal.status_code,
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode()),
                                 (b"connection", b"close")]})

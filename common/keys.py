@@ -6,6 +6,9 @@ from common.schemas import BATCH, INTERACTIVE, LANES  # noqa: F401  (the lanes' 
 
 PREFIX = "sg:"
 WORKER_GROUP = "workers"
+#: stands for the backend in a key template: a Lua script that learns the backend from a
+#: task's hash fills it in (common/store/poll.py), so the key layout stays here
+BACKEND_SLOT = "<backend>"
 
 def task(task_id: str) -> str:
     """Hash: one task's record (state, params, attempt, result, error …)."""

@@ -75,7 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        max_bytes=settings.max_body_bytes,
                        idle_seconds=settings.body_timeout_seconds,
                        deadline_seconds=settings.body_deadline_seconds,
-                       error_body=errors.refusal_body)
+                       error_reply=errors.refusal_reply)
 
     # anyone: liveness, readiness, the try-it page's files (exactly auth.PUBLIC_ROUTES)
     public = [health.public, ui.router]

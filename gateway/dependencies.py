@@ -1,7 +1,10 @@
 """Typed dependencies: what the app's lifespan built, for routes to declare instead of
 fetching it from `request.app.state` themselves (`settings: SettingsDep`). The caller's
 identity is `gateway.auth.Owner`; the OpenAI routes' serving objects are declared next to
-their routers."""
+their routers.
+
+Each is an `async def`: FastAPI runs a plain `def` dependency in its thread pool, a hop that
+costs a status poll more than its Redis call."""
 
 from __future__ import annotations
 
@@ -14,15 +17,15 @@ from common.store import TaskStore
 from common.store.webhooks import WebhookStore
 
 
-def app_settings(request: Request) -> Settings:
+async def app_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def app_store(request: Request) -> TaskStore:
+async def app_store(request: Request) -> TaskStore:
     return request.app.state.store
 
 
-def app_webhooks(request: Request) -> WebhookStore:
+async def app_webhooks(request: Request) -> WebhookStore:
     return request.app.state.webhooks
 
 

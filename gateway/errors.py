@@ -5,7 +5,8 @@ app's one exception handler renders it in the caller's dialect.
   refusal's HTTP status, built only by `openai_body`.
 - Sage (`/api/*` and every other path): `{"status": "FAILED", "error": message}` with the
   refusal's HTTP status, built only by `sage_body` — except a Sage *status* poll, which is
-  always HTTP 200 (see `SAGE_STATUS_ROUTES`).
+  always HTTP 200 (see `SAGE_STATUS_ROUTES`), and a Sage *submit*, which is HTTP 200 with a
+  task that is FAILED from the start (see `SAGE_SUBMIT_ROUTES`).
 
 FastAPI's own validation errors are 400s, its HTTP errors (404 unknown path, 405) and any
 unexpected exception (500) take the same path.
@@ -13,15 +14,20 @@ unexpected exception (500) take the same path.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import logging
 from enum import StrEnum
 from typing import Any, Literal
+from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
+from starlette.types import Scope
 
 log = logging.getLogger("gateway")
 
@@ -29,6 +35,18 @@ log = logging.getLogger("gateway")
 #: status for a transport error to retry: a refused poll (bad key, body or value) is
 #: therefore HTTP 200 with `"status": "FAILED"`, so Sage stops.
 SAGE_STATUS_ROUTES = frozenset({"/api/status", "/api/{backend}-status"})
+#: Sage's client raises on any non-2xx submit and never reads its body, so its user would see
+#: only "ERROR:400". A Sage submit that asks for it (REFUSAL_PARAM=task in its URL, as
+#: deploy/sage/llm_api_map.csv does) is therefore answered HTTP 200 when refused, with a task
+#: FAILED from the start: its `taskid` is a refusal id (REFUSED_PREFIX + the reason, encoded)
+#: that the status routes answer FAILED with the same reason, from the id alone: nothing is
+#: written to the store and nothing is enqueued (it works while Redis is down, too).
+#: `http_status` and `code` say what the call would have answered otherwise. Without the
+#: parameter, and on the REST and OpenAI routes, a refusal keeps its 4xx/5xx.
+SAGE_SUBMIT_ROUTES = frozenset({"/api/submit", "/api/{backend}-submit"})
+REFUSAL_PARAM = "refusal"
+#: no task id has a "." (they are URL-safe base64), so a refusal id is never a task's
+REFUSED_PREFIX = "refused."
 
 
 class ErrorType(StrEnum):
@@ -119,9 +137,46 @@ def install(app: FastAPI) -> None:
 
 async def refused(request: Request, exc: RequestError) -> JSONResponse:
     """The one handler of a refusal, raised by a route, a dependency or the input readers."""
-    if getattr(request.scope.get("route"), "path", None) in SAGE_STATUS_ROUTES:
+    route = getattr(request.scope.get("route"), "path", None)
+    if route in SAGE_STATUS_ROUTES:
         return JSONResponse(sage_body(exc))  # HTTP 200 for Sage: see SAGE_STATUS_ROUTES
+    if route in SAGE_SUBMIT_ROUTES and _wants_task(request.scope):
+        return JSONResponse(sage_refused(exc))  # HTTP 200 for Sage: see SAGE_SUBMIT_ROUTES
     return reply(request, exc)
+
+
+def sage_refused(exc: RequestError) -> dict[str, Any]:
+    """A refused Sage submit as a task FAILED from the start (SAGE_SUBMIT_ROUTES)."""
+    facts = {"error": exc.message[:1000], "code": exc.code, "http_status": exc.status_code}
+    encoded = base64.urlsafe_b64encode(json.dumps(facts, separators=(",", ":")).encode())
+    task_id = REFUSED_PREFIX + encoded.decode().rstrip("=")
+    retry = (exc.headers or {}).get("retry-after")
+    return {"task_id": task_id, "taskid": task_id, **sage_body(exc), "code": exc.code,
+            "http_status": exc.status_code, **({"retry_after": retry} if retry else {})}
+
+
+def refusal_of(task_id: str) -> dict[str, Any] | None:
+    """The status reply of a refusal id (`sage_refused`); None for any other id."""
+    if not task_id.startswith(REFUSED_PREFIX):
+        return None
+    encoded = task_id.removeprefix(REFUSED_PREFIX)
+    try:
+        facts = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
+        error = str(facts["error"])
+    except (binascii.Error, ValueError, KeyError, TypeError):
+        return None
+    return {"task_id": task_id, "taskid": task_id, "status": "FAILED", "error": error,
+            "code": facts.get("code"), "http_status": facts.get("http_status")}
+
+
+def _wants_task(scope: Scope) -> bool:
+    """A Sage submit's URL asks for refusals as FAILED tasks (SAGE_SUBMIT_ROUTES)."""
+    path = scope["path"]
+    name = path.removeprefix("/api/")
+    if name == path or "/" in name or not (name == "submit" or name.endswith("-submit")):
+        return False
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    return query.get(REFUSAL_PARAM) == ["task"]
 
 
 async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -148,11 +203,16 @@ def is_openai(path: str) -> bool:
     return path.startswith("/v1/")
 
 
-def refusal_body(path: str, status_code: int, message: str, code: str) -> dict[str, Any]:
+def refusal_reply(scope: Scope, status_code: int, message: str,
+                  code: str) -> tuple[int, dict[str, Any]]:
     """A request body the size and time limits refused (common/body_limit.py answers it
-    outside the app, with this body)."""
+    outside the app, before routing): (HTTP status, body) in the caller's dialect."""
     exc = RequestError(status_code, message, param="file", code=code)
-    return openai_body(exc) if is_openai(path) else sage_body(exc)
+    if is_openai(scope["path"]):
+        return status_code, openai_body(exc)
+    if _wants_task(scope):
+        return 200, sage_refused(exc)
+    return status_code, sage_body(exc)
 
 
 # --- what routes declare, so /docs shows it ------------------------------------------------------

@@ -95,7 +95,8 @@ def sage_map() -> str:
                      "response_template", "query_period"])
     for row in BACKENDS.values():
         kind = KINDS[row.kind]
-        writer.writerow([row.name, f"{{gateway}}/api/{row.name}-submit",
+        # refusal=task: a refused submit is a FAILED task Sage shows (gateway/errors.py)
+        writer.writerow([row.name, f"{{gateway}}/api/{row.name}-submit?refusal=task",
                          f"{{gateway}}/api/{row.name}-status", kind.sage_request,
                          kind.sage_response, row.sage_poll_seconds])
     return out.getvalue()

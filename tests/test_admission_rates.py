@@ -162,7 +162,7 @@ def test_no_rate_no_estimate_then_the_backend_rate_then_the_models_mean(
 def test_a_backlog_from_before_per_model_sums_still_counts_whole() -> None:
     """Tasks queued by an older version count in the lane totals only: the seconds no model
     is known for count at the fallback rate; per-model sums never exceed their lane's."""
-    backlog = facts._backlog({"batch:tasks": "3", "batch:seconds": "9.0",
+    backlog = facts.backlog_of({"batch:tasks": "3", "batch:seconds": "9.0",
                               "batch:seconds:fast": "4.0", "interactive:seconds": "2.0",
                               "interactive:seconds:fast": "4.0", "running:seconds": "1.0"})
     assert backlog.ahead_by_model(keys.BATCH) == {"fast": 6.0, "": 5.0}

@@ -154,8 +154,8 @@ def test_a_corrupt_model_asks_for_an_exit_instead_of_exiting(
 
 async def breaker_failures(redis_url: str, source: str) -> int:
     client = Redis.from_url(redis_url)
-    breakers = await TaskStore(client, 600).breakers(BACKEND, {"corrupt": source},
-                                                      BreakerPolicy())
+    breakers = await TaskStore(client, 600).breakers.read(BACKEND, {"corrupt": source},
+                                                           BreakerPolicy())
     await client.aclose()
     return breakers["corrupt"].failures
 

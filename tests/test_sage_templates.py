@@ -14,8 +14,9 @@ import jinja2
 import pytest
 
 from common.backends import BACKENDS, KINDS
+from gateway import errors
 from harness.procs import ROOT, TEST_AUDIO, wait_until
-from tests.helpers import JFK, status, submit_file, wait_done
+from tests.helpers import JFK, queue_counts, status, submit_file, wait_done
 
 SAGE = ROOT / "deploy" / "sage"
 ENV = jinja2.Environment(loader=jinja2.FileSystemLoader(SAGE), autoescape=False,
@@ -36,7 +37,8 @@ def test_llm_api_map_names_existing_templates() -> None:
                                                                       kind.sage_response)
         assert (SAGE / row["request_template"]).is_file()
         assert (SAGE / row["response_template"]).is_file()
-        assert row["submit_url"].endswith(f"/api/{row['model']}-submit")
+        assert row["submit_url"].endswith(f"/api/{row['model']}-submit?"
+                                          f"{errors.REFUSAL_PARAM}=task")
 
 
 def test_asr_templates_render_every_state_to_valid_json(stack: dict, allowed_dir: Path) -> None:
@@ -74,3 +76,65 @@ def test_asr_templates_render_every_state_to_valid_json(stack: dict, allowed_dir
             assert rendered["error"] == reply["error"], state
     legacy = status(gateway, blocker, format="fastwhisper")
     assert render("asr_status_response.json.j2", legacy)["text"] == legacy["result"]["content"]
+
+
+def test_a_refused_sage_submit_shows_its_reason_through_the_templates(
+        stack: dict, tmp_path: Path) -> None:
+    """Sage's client raises on any non-2xx submit without reading it: through the map's
+    submit URL (`refusal=task`) a refusal is HTTP 200 with a task FAILED from the start, and
+    both the submit's reply and the status poll render the reason; nothing is enqueued."""
+    with (SAGE / "llm_api_map.csv").open() as handle:
+        row = next(r for r in csv.DictReader(handle) if r["model"] == "faster-whisper")
+    submit_url = row["submit_url"].replace("{gateway}", stack["gateway"])
+    status_url = row["status_url"].replace("{gateway}", stack["gateway"])
+    garbage = tmp_path / "garbage.flac"
+    garbage.write_bytes(b"\x00not audio at all\xff" * 64)
+    outside = tmp_path / "outside.flac"  # not under an allowed root
+    shutil.copy(JFK, outside)
+    attempts = {
+        "garbage upload": lambda: httpx.post(submit_url, files={"file": garbage.open("rb")},
+                                             timeout=60),
+        "path outside the roots": lambda: httpx.post(submit_url, timeout=60, json=render(
+            "asr_submit_request.json.j2", {"audio_path": str(outside)})),
+        "audio_url refused": lambda: httpx.post(submit_url, timeout=60, json={
+            "audio_url": "http://files.example/jfk.flac"}),
+    }
+    before = queue_counts(stack["redis"])
+    for what, attempt in attempts.items():
+        reply = attempt()
+        assert reply.status_code == 200, (what, reply.text)
+        body = reply.json()
+        assert body["status"] == "FAILED" and 400 <= body["http_status"] < 500, (what, body)
+        assert body["error"] and body["taskid"].startswith("refused."), (what, body)
+        shown = render("asr_status_response.json.j2", body)
+        assert shown["status"] == "FAILED" and shown["error"] == body["error"], what
+        polled = httpx.get(status_url, params={"taskid": body["taskid"]}, timeout=30)
+        assert polled.status_code == 200, (what, polled.text)
+        assert render("asr_status_response.json.j2", polled.json()) == shown, what
+    assert queue_counts(stack["redis"]) == before  # nothing enqueued, no record written
+    garbage_reason = attempts["garbage upload"]().json()["error"]
+    assert "audio" in garbage_reason.lower(), garbage_reason
+    audio_url_reason = attempts["audio_url refused"]().json()["error"]
+    assert "audio_url" in audio_url_reason, audio_url_reason
+
+    # without the map's parameter, and on the OpenAI route, a refusal keeps its 4xx
+    plain = httpx.post(f"{stack['gateway']}/api/faster-whisper-submit",
+                       files={"file": garbage.open("rb")}, timeout=60)
+    assert plain.status_code == 400 and plain.json() == {"status": "FAILED",
+                                                         "error": garbage_reason}
+    openai = httpx.post(f"{stack['gateway']}/v1/audio/transcriptions?refusal=task",
+                        files={"file": garbage.open("rb")}, data={"model": "whisper-1"},
+                        timeout=60)
+    assert openai.status_code == 400 and openai.json()["error"]["message"] == garbage_reason
+
+
+def test_a_body_refused_before_routing_is_a_failed_task_for_sage() -> None:
+    """The body limits answer outside the app (common/body_limit.py): the same rule."""
+    sage = {"type": "http", "path": "/api/xtts-submit", "query_string": b"refusal=task"}
+    status, body = errors.refusal_reply(sage, 413, "the upload is over 1 MiB", "too_large")
+    assert status == 200 and body["status"] == "FAILED" and body["http_status"] == 413
+    assert errors.refusal_of(body["taskid"])["error"] == "the upload is over 1 MiB"
+    assert render("tts_status_response.json.j2", body)["error"] == "the upload is over 1 MiB"
+    for scope in ({**sage, "query_string": b""}, {**sage, "path": "/v1/audio/speech"}):
+        assert errors.refusal_reply(scope, 413, "over", "too_large")[0] == 413
+    assert errors.refusal_of("refused.not-base64-json!") is None

@@ -194,7 +194,7 @@ def test_blob_dir_keeps_the_same_lifetimes(tmp_path: Path) -> None:
         await store.submit(task("small"), small)
         assert (blob_root / "big.input").read_bytes() == big
         assert await redis.get(keys.input_blob("big")) is None
-        assert await store.input_blob("big") == big and await store.input_blob("small") == small
+        assert await store.blobs.input("big") == big and await store.blobs.input("small") == small
         with pytest.raises(Duplicate) as repeat:
             await store.submit(task("big2"), big, idempotency_key="k1")
         assert repeat.value.task_id == "big" and not (blob_root / "big2.input").exists()
@@ -207,21 +207,21 @@ def test_blob_dir_keeps_the_same_lifetimes(tmp_path: Path) -> None:
         won = await store.finish(task("big"), TaskState.SUCCEEDED, attempt=second, entry_id="",
                                  result={}, output=b"w" * 4000)
         assert (stale, won) == (False, True)
-        assert await store.output_blob("big") == b"w" * 4000
+        assert await store.blobs.output("big") == b"w" * 4000
         assert sorted(p.name for p in blob_root.iterdir()) == ["big.output.2"]
-        assert await store.input_blob("big") is None
+        assert await store.blobs.input("big") is None
 
         attempt = await store.start("small", "w1", 1, BACKEND)
         assert await store.finish(task("small"), TaskState.SUCCEEDED, attempt=attempt,
                                   entry_id="", result={}, output=b"tiny")
-        assert await store.output_blob("small") == b"tiny"
+        assert await store.blobs.output("small") == b"tiny"
         assert await redis.get(keys.input_blob("small")) is None
 
         orphan = blob_root / "gone.input"  # its task vanished before the file was deleted
         orphan.write_bytes(b"x")
         old = time.time() - 120
         os.utime(orphan, (old, old))
-        assert await store.sweep_blob_dir() == 1 and not orphan.exists()
+        assert await store.blobs.sweep() == 1 and not orphan.exists()
         assert (blob_root / "big.output.2").exists()
         await redis.aclose()
 

@@ -1,23 +1,19 @@
 """Everything that reads or writes Redis, and the only code that builds its keys
-(`common/keys.py`): task records and their Lua scripts (`tasks`), the models' circuit
-breakers (`breakers`), a worker's side of a backend's stream (`queue`), metrics every
-process records and the gateway reads (`metrics`), usage and quotas per key (`usage`), all
-of a worker's side in one object (`worker.WorkerStore`), the gateway's pub/sub multiplexer
-(`events`), the sweeper's stream reads (`upkeep`) and the gateway's bounded client
-(`connection`)."""
+(`common/keys.py`): the task record (`record`), its lifecycle scripts (`tasks`), queue
+positions and depths (`positions`), input and output blobs (`blobs`), live workers
+(`live`), the models' circuit breakers (`breakers`), a worker's side of a backend's stream
+(`queue`), metrics every process records and the gateway reads (`metrics`), usage and
+quotas per key (`usage`), all of a worker's side in one object (`worker.WorkerStore`), the
+gateway's pub/sub multiplexer (`events`), the sweeper's stream reads (`upkeep`) and the
+gateway's bounded client (`connection`)."""
 
 # what any store call raises when Redis is unreachable, too slow, or its pool exhausted:
 # callers answer "unavailable" and never need to import redis themselves
 from redis.exceptions import RedisError as StoreError
 
 from common.store.breakers import Admission, Breaker, BreakerPolicy
-from common.store.tasks import (
-    Duplicate,
-    QueueFull,
-    Task,
-    TaskStore,
-    new_task_id,
-)
+from common.store.record import Task, new_task_id
+from common.store.tasks import Duplicate, QueueFull, TaskStore
 from common.store.usage import Charge, QuotaExceeded
 from common.store.worker import WorkerStore
 

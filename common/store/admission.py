@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from common import keys
-from common.store.values import LUA_NOW_MS
+from common.store.live import LiveWorkers
 
 #: weight of the newest finished task in the moving processing rate
 RATE_WEIGHT = 0.3
@@ -36,12 +36,6 @@ end
 if ARGV[3] ~= '' then fold('rate:' .. ARGV[3], 'tasks:' .. ARGV[3]) end
 return tostring(fold('rate', 'tasks'))
 """
-
-# KEYS: live set -> workers whose heartbeat has not expired
-_LIVE_COUNT = LUA_NOW_MS + """
-return redis.call('ZCOUNT', KEYS[1], now, '+inf')
-"""
-
 
 @dataclass(frozen=True, slots=True)
 class Backlog:
@@ -89,7 +83,7 @@ def _split(total: float, models: dict[str, float]) -> dict[str, float]:
     return models
 
 
-def _backlog(raw: dict[str, str]) -> Backlog:
+def backlog_of(raw: dict[str, str]) -> Backlog:
     def number(name: str) -> float:
         return max(0.0, float(raw.get(name) or 0))  # never below 0 (float drift)
 
@@ -103,7 +97,7 @@ def _backlog(raw: dict[str, str]) -> Backlog:
     return Backlog({lane: int(number(f"{lane}:tasks")) for lane in keys.LANES}, models)
 
 
-def _rates(raw: dict[str, str]) -> Rates:
+def rates_of(raw: dict[str, str]) -> Rates:
     def positive(value: str | None) -> float | None:
         return float(value) if value and float(value) > 0 else None
 
@@ -130,24 +124,20 @@ class RateRecorder:
 class OutlookReader:
     """The reads a predicted wait needs (its script registered once, not per read)."""
 
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, live: LiveWorkers) -> None:
         self.redis = redis
-        self._live_count = redis.register_script(_LIVE_COUNT)
+        self.live = live
 
     async def backlog(self, backend: str) -> Backlog:
-        return _backlog(await _text_hash(self.redis, keys.backlog(backend)))
+        return backlog_of(await _text_hash(self.redis, keys.backlog(backend)))
 
     async def rates(self, backend: str) -> Rates:
-        return _rates(await _text_hash(self.redis, keys.rate(backend)))
-
-    async def live_workers(self, backend: str) -> int:
-        """Workers of `backend` whose heartbeat has not expired (O(log n), no scan)."""
-        return int(await self._live_count(keys=[keys.live(backend)]))
+        return rates_of(await _text_hash(self.redis, keys.rate(backend)))
 
     async def facts(self, backend: str) -> tuple[Backlog, Rates, int]:
         """(backlog, rates, live workers) of `backend`, read concurrently."""
         return await asyncio.gather(self.backlog(backend), self.rates(backend),
-                                    self.live_workers(backend))
+                                    self.live.count(backend))
 
 
 async def _text_hash(redis: Redis, key: str) -> dict[str, str]:

@@ -12,14 +12,12 @@ from redis.asyncio import Redis
 
 from common import keys
 from common.settings import Settings
-from common.store.values import one_line, text
+from common.store.values import LUA_NOW_S, one_line, text
 
 # Breakers (one hash per model, keys.breaker). Times come from Redis's clock, shared by every
 # host. A breaker records the source its failures were for: a different configured source
 # is a different model, so the old breaker is dropped (ARGV[1] is always the source).
-_BREAKER_PRELUDE = """
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+_BREAKER_PRELUDE = LUA_NOW_S + """
 local recorded = redis.call('HGET', KEYS[1], 'source')
 if recorded and recorded ~= '' and recorded ~= ARGV[1] then redis.call('DEL', KEYS[1]) end
 """
@@ -95,8 +93,8 @@ class BreakerStore:
                   policy.cooldown_max])
         return bool(opened)
 
-    async def breakers(self, backend: str, sources: dict[str, str],
-                       policy: BreakerPolicy) -> dict[str, Breaker]:
+    async def read(self, backend: str, sources: dict[str, str],
+                   policy: BreakerPolicy) -> dict[str, Breaker]:
         """The breaker of each model (name -> configured source), read without changing it."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.time()

@@ -25,14 +25,10 @@ from typing import Any
 from redis.asyncio import Redis
 
 from common import keys
-
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-"""
+from common.store.values import LUA_NOW_S
 
 # a consumer's reservation in the holders hash, or nil (a lapsed one is dropped on the way)
-_HOLDER = _NOW + """
+_HOLDER = LUA_NOW_S + """
 local function holder(key, consumer)
   local raw = redis.call('HGET', key, consumer)
   if not raw then return nil end
@@ -61,7 +57,7 @@ end
 # ARGV: consumer, backend, model, need (MiB, from settings), budget, lease seconds, device id
 # -> {1, need, reserved after} taken | {0, need, place in line} waiting |
 #    {-1, need, budget} never fits
-_RESERVE = _NOW + _PURGE + """
+_RESERVE = LUA_NOW_S + _PURGE + """
 redis.call('SADD', KEYS[5], ARGV[7])
 redis.call('HSET', KEYS[1], 'budget', ARGV[5])
 local me, lease, budget = ARGV[1], tonumber(ARGV[6]), tonumber(ARGV[5])

@@ -23,7 +23,8 @@ from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError
 
 from common import keys
-from common.store.tasks import Task, TaskStore
+from common.store.record import Task
+from common.store.tasks import TaskStore
 
 log = logging.getLogger("gateway.waiting")
 

@@ -79,7 +79,7 @@ async def snapshot(store: TaskStore, backends: list[str]) -> Snapshot:
     redis = store.redis
     per_backend: dict[str, BackendMetrics] = {}
     for backend in backends:
-        waiting, pending = await store.queue_depth(backend)
+        waiting, pending = await store.positions.depth(backend)
         counters = {k.decode(): int(v)
                     for k, v in (await redis.hgetall(keys.counters(backend))).items()}
         histograms = {}
@@ -89,7 +89,7 @@ async def snapshot(store: TaskStore, backends: list[str]) -> Snapshot:
             histograms[name] = Histogram([(b, raw.get(repr(float(b)), 0.0)) for b in bounds],
                                          raw.get("count", 0.0), raw.get("sum", 0.0))
         per_backend[backend] = BackendMetrics(waiting, pending, counters, histograms)
-    found = Snapshot(per_backend, await store.live_workers())
+    found = Snapshot(per_backend, await store.live.snapshots())
     async for key in redis.scan_iter(match=keys.breaker_pattern(), count=200):
         backend, model = keys.breaker_parts(key.decode())
         found.breakers.append((backend, model, await redis.hget(key, "open") == b"1"))

@@ -1,4 +1,5 @@
-"""The Redis task store: task records, their queue entries and blobs, written atomically.
+"""The task lifecycle in Redis: submit, start, finish, cancel, and close() that every terminal
+write ends with; the record is record.py's, positions positions.py's, blobs blobs.py's.
 
 Every state change that must be atomic with another write (submit + enqueue, terminal
 state + ack, cancel + dequeue) is one Lua call, so no crash can leave half of it.
@@ -6,28 +7,29 @@ state + ack, cancel + dequeue) is one Lua call, so no crash can leave half of it
 
 from __future__ import annotations
 
-import asyncio
 import json
-import secrets
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from common import keys
-from common.backends import BACKENDS
 from common.blobs import BlobDir
 from common.schemas import TERMINAL_STATES, TaskState
 from common.settings import Settings
 from common.store import admission, usage
-from common.store.breakers import Breaker, BreakerPolicy, BreakerStore
+from common.store.blobs import BlobStore
+from common.store.breakers import BreakerStore
 from common.store.chunks import SpeechChunks
 from common.store.connection import bounded_client
 from common.store.devices import DeviceView, devices
-from common.store.usage import Charge, PeriodUsage
-from common.store.values import LUA_NOW_MS, one_line, text
+from common.store.live import LiveWorkers
+from common.store.poll import PollReader
+from common.store.positions import Positions
+from common.store.record import Task
+from common.store.usage import Charge, UsageStore
+from common.store.values import one_line, text
 
 # The backlog (keys.backlog): queued tasks and their work per lane, running ones, and the
 # same work per model (a task's 'work': audio-seconds, or characters for TTS; a task queued
@@ -164,7 +166,8 @@ return attempt
 # KEYS: task, queue, events, input blob, output blob, backlog, webhooks due,
 #       spoken pieces
 # ARGV: attempt (or "" = unfenced), entry, group, state, now, retention, result, error, code,
-#       output ("" = none), output file name ("" = none), measured usage ("" = none)
+#       output ("" = none), output file name ("" = none), measured usage ("" = none),
+#       the result's `usage` as JSON ("" = none: a poll's reply splices it unparsed)
 # -> 1 stored, 0 stale attempt or already terminal. Acks only after the state is stored.
 # The output is written here, inside the fence, so a stale attempt cannot replace the
 # winner's audio; the input is deleted here, since no attempt can need it any more.
@@ -176,7 +179,7 @@ if state ~= 'PENDING' and state ~= 'RUNNING' then
   if ARGV[2] ~= '' then redis.call('XACK', KEYS[2], ARGV[3], ARGV[2]) end
   return 0
 end
-if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[7]) end
+if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[7], 'usage', ARGV[13]) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[8], 'error_code', ARGV[9]) end
 if ARGV[10] ~= '' then redis.call('SET', KEYS[5], ARGV[10], 'EX', ARGV[6]) end
 if ARGV[11] ~= '' then redis.call('HSET', KEYS[1], 'output_file', ARGV[11]) end
@@ -184,33 +187,6 @@ if ARGV[12] ~= '' then settle_usage(KEYS[1], ARGV[12]) end
 close(KEYS[1], KEYS[6], KEYS[4], KEYS[8], KEYS[3], ARGV[4], ARGV[5], ARGV[6], KEYS[7])
 if ARGV[2] ~= '' then redis.call('XACK', KEYS[2], ARGV[3], ARGV[2]) end
 return 1
-"""
-
-# KEYS: queue, queue counter | ARGV: group
-# -> {last delivered entry id, number of the first entry not yet delivered (0 = none,
-#     -1 = it has no number), last number, entries delivered but not yet acked}
-_QUEUE_HEAD = """
-local delivered, pending = '0-0', 0
-local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', KEYS[1])
-if not ok then return {delivered, 0, 0, 0} end
-for _, group in ipairs(groups) do
-  local fields = {}
-  for i = 1, #group, 2 do fields[group[i]] = group[i + 1] end
-  if fields['name'] == ARGV[1] then
-    delivered, pending = fields['last-delivered-id'], fields['pending']
-  end
-end
-local last_seq = tonumber(redis.call('GET', KEYS[2]) or '0')
-local head = redis.call('XRANGE', KEYS[1], '(' .. delivered, '+', 'COUNT', 1)
-local first = 0
-if #head > 0 then
-  first = -1
-  local fields = head[1][2]
-  for i = 1, #fields, 2 do
-    if fields[i] == 'seq' then first = tonumber(fields[i + 1]) end
-  end
-end
-return {delivered, first, last_seq, pending}
 """
 
 # KEYS: task, queue, events, input blob, backlog, webhooks due, spoken pieces
@@ -241,117 +217,6 @@ return 1
 """
 
 
-# KEYS: each backend's live set -> {backend's index (from 1), consumer, ...} for every
-# worker whose heartbeat has not expired on Redis's clock
-_LIVE_WORKERS = LUA_NOW_MS + """
-local found = {}
-for index, key in ipairs(KEYS) do
-  for _, consumer in ipairs(redis.call('ZRANGEBYSCORE', key, now, '+inf')) do
-    table.insert(found, index)
-    table.insert(found, consumer)
-  end
-end
-return found
-"""
-
-
-def new_task_id() -> str:
-    """Unguessable, URL-safe, fleet-unique (144 random bits), 24 characters."""
-    return secrets.token_urlsafe(18)
-
-
-@dataclass(slots=True)
-class Task:
-    id: str
-    backend: str
-    model: str
-    state: TaskState
-    params: dict[str, Any] = field(default_factory=dict)
-    input_path: str = ""  # a file under an allowed root; empty when the input is a blob
-    owner: str = ""
-    created_at: float = 0.0
-    started_at: float | None = None
-    finished_at: float | None = None
-    attempt: int = 0
-    deliveries: int = 0
-    entry_id: str = ""
-    queue_seq: int = 0  # this entry's number in its stream's add order
-    worker: str = ""
-    result: dict[str, Any] | None = None
-    error: str = ""
-    error_code: str = ""
-    last_error: str = ""
-    audio_seconds: float | None = None
-    #: its size in its backend's unit (audio-seconds; characters for TTS): what the backlog
-    #: and the processing rates count. None: its audio_seconds.
-    work: float | None = None
-    lane: str = keys.BATCH  # its priority lane: keys.INTERACTIVE or keys.BATCH
-    deadline: float | None = None  # epoch seconds: FAILED deadline_exceeded if not started
-    #: what its owner was charged ({amount, unit, backend, and the usage keys}); None: unmetered
-    charge: dict[str, Any] | None = None
-    callback_url: str = ""  # where its webhook goes once it is terminal ("" = none)
-
-    @classmethod
-    def from_hash(cls, raw: dict[bytes, bytes]) -> Task:
-        data = {k.decode(): v.decode() for k, v in raw.items()}
-
-        def number(name: str) -> float | None:
-            return float(data[name]) if data.get(name) else None
-
-        return cls(
-            id=data["id"],
-            backend=data["backend"],
-            model=data.get("model", ""),
-            state=TaskState(data["state"]),
-            params=json.loads(data.get("params") or "{}"),
-            input_path=data.get("input_path", ""),
-            owner=data.get("owner", ""),
-            created_at=float(data.get("created_at", 0)),
-            started_at=number("started_at"),
-            finished_at=number("finished_at"),
-            attempt=int(data.get("attempt", 0)),
-            deliveries=int(data.get("deliveries", 0)),
-            entry_id=data.get("entry_id", ""),
-            queue_seq=int(data.get("queue_seq") or 0),
-            worker=data.get("worker", ""),
-            result=json.loads(data["result"]) if data.get("result") else None,
-            error=data.get("error", ""),
-            error_code=data.get("error_code", ""),
-            last_error=data.get("last_error", ""),
-            audio_seconds=number("audio_seconds"),
-            work=number("work"),
-            lane=data.get("lane") or keys.BATCH,
-            deadline=number("deadline"),
-            charge=json.loads(data["charge"]) if data.get("charge") else None,
-            callback_url=data.get("callback_url", ""),
-        )
-
-    @property
-    def work_units(self) -> float:
-        return self.work if self.work is not None else (self.audio_seconds or 0.0)
-
-    def public_view(self) -> dict[str, Any]:
-        """The REST view of `/v1/tasks/{id}`."""
-        view: dict[str, Any] = {
-            "id": self.id,
-            "status": self.state.value,
-            "backend": self.backend,
-            "model": self.model,
-            "created_at": self.created_at,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "attempts": self.attempt,
-            "deliveries": self.deliveries,
-            "worker": self.worker,
-        }
-        if self.state == TaskState.SUCCEEDED:
-            view["result"] = self.result
-        if self.error:
-            view["error"] = self.error
-            view["error_code"] = self.error_code or None
-        return view
-
-
 class QueueFull(Exception):
     """A submit found its backend with its most queued tasks: `queued` are waiting."""
 
@@ -369,21 +234,29 @@ class Duplicate(Exception):
 
 
 class TaskStore:
+    """The gateway's whole side of Redis: the task lifecycle here (submit, start, finish,
+    cancel, the sweeper's fenced fail), and the rest as sub-stores: `positions` (queue
+    positions and depths), `poll` (a status poll in one round trip), `blobs` (inputs and
+    outputs), `usage`, `breakers`, `live` (live workers), `outlook` (what a predicted wait
+    reads), `speech` (a TTS task's audio so far)."""
+
     def __init__(self, redis: Redis, retention_seconds: int,
                  blob_dir: BlobDir | None = None) -> None:
         self.redis = redis
         self.retention = retention_seconds
-        self.blob_dir = blob_dir
-        self.speech = SpeechChunks(redis, retention_seconds)  # a TTS task's audio so far
+        self.blobs = BlobStore(redis, retention_seconds, blob_dir)
+        self.positions = Positions(redis)
+        self.poll = PollReader(redis)
+        self.usage = UsageStore(redis)
+        self.breakers = BreakerStore(redis)
+        self.live = LiveWorkers(redis)
+        self.outlook = admission.OutlookReader(redis, self.live)
+        self.speech = SpeechChunks(redis, retention_seconds)
         self._submit = redis.register_script(_SUBMIT)
         self._start = redis.register_script(_START)
         self._finish = redis.register_script(_FINISH)
         self._cancel = redis.register_script(_CANCEL)
-        self._queue_head = redis.register_script(_QUEUE_HEAD)
-        self.breaker_store = BreakerStore(redis)
         self._fail_if_unchanged = redis.register_script(_FAIL_IF_UNCHANGED)
-        self._live_consumers = redis.register_script(_LIVE_WORKERS)
-        self._outlook = admission.OutlookReader(redis)
 
     @classmethod
     def for_settings(cls, redis: Redis, settings: Settings) -> TaskStore:
@@ -403,22 +276,6 @@ class TaskStore:
     async def ping(self) -> bool:
         """Whether the store answers now (a StoreError when it does not)."""
         return bool(await self.redis.ping())
-
-    async def live_consumers(self) -> list[tuple[str, str]]:
-        """(backend, consumer) of every worker whose heartbeat has not expired: the live sets
-        the heartbeats keep (keys.live); no scan of the keyspace."""
-        backends = list(BACKENDS)
-        found = await self._live_consumers(keys=[keys.live(name) for name in backends])
-        return [(backends[int(index) - 1], text(consumer))
-                for index, consumer in zip(found[::2], found[1::2], strict=True)]
-
-    async def live_workers(self) -> list[dict[str, Any]]:
-        """Health snapshots of every worker whose heartbeat has not expired."""
-        names = [keys.heartbeat(backend, consumer)
-                 for backend, consumer in await self.live_consumers()]
-        if not names:
-            return []
-        return [json.loads(raw) for raw in await self.redis.mget(names) if raw]
 
     async def devices(self) -> list[DeviceView]:
         """The device memory broker's view of every device."""
@@ -465,10 +322,10 @@ class TaskStore:
             "callback_url": task.callback_url,
         }
         flat = [str(item) for pair in record.items() for item in pair]
-        in_file = self.blob_dir is not None and self.blob_dir.wants(blob)
+        in_file = self.blobs.in_file(blob)
         if in_file:
-            assert self.blob_dir is not None and blob is not None
-            await asyncio.to_thread(self.blob_dir.write, self.blob_dir.input_path(task.id), blob)
+            assert blob is not None
+            await self.blobs.write_input_file(task.id, blob)
         stored = False
         try:
             queued, value, *number = await self._submit(
@@ -485,7 +342,7 @@ class TaskStore:
             stored = queued == 1
         finally:
             if in_file and not stored:
-                self._delete_input_file(task.id)
+                self.blobs.delete_input_file(task.id)
         if queued == 2:
             raise QueueFull(int(value))
         if queued == 3:
@@ -501,11 +358,13 @@ class TaskStore:
         raw = await self.redis.hgetall(keys.task(task_id))
         return Task.from_hash(raw) if raw else None
 
-    async def input_blob(self, task_id: str) -> bytes | None:
-        blob = await self.redis.get(keys.input_blob(task_id))
-        if blob is None and self.blob_dir is not None:
-            blob = await asyncio.to_thread(self.blob_dir.read, self.blob_dir.input_path(task_id))
-        return blob
+    async def tasks(self, task_ids: list[str]) -> list[Task | None]:
+        """Several task records in one round trip (None for an expired one)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for task_id in task_ids:
+                pipe.hgetall(keys.task(task_id))
+            raws = await pipe.execute()
+        return [Task.from_hash(raw) if raw else None for raw in raws]
 
     async def start(self, task_id: str, worker: str, deliveries: int, backend: str) -> int:
         """Mark RUNNING and open a new attempt: its number, 0 if already terminal, -1 if gone,
@@ -515,7 +374,7 @@ class TaskStore:
                   keys.input_blob(task_id), keys.webhooks_due(), keys.speech_chunks(task_id)],
             args=[worker, repr(time.time()), deliveries, self.retention]))
         if started == -2:
-            self._delete_input_file(task_id)
+            self.blobs.delete_input_file(task_id)
         return started
 
     async def finish(
@@ -534,10 +393,9 @@ class TaskStore:
         then ack; False if this write lost (its output is then discarded)."""
         assert state in TERMINAL_STATES
         output_file = ""
-        if self.blob_dir is not None and self.blob_dir.wants(output):
+        if self.blobs.in_file(output):
             assert output is not None
-            output_file = self.blob_dir.output_name(task.id, attempt)
-            await asyncio.to_thread(self.blob_dir.write, self.blob_dir.root / output_file, output)
+            output_file = await self.blobs.write_output_file(task.id, attempt, output)
         stored = bool(await self._finish(
             keys=[keys.task(task.id), keys.queue(task.backend, task.lane), keys.events(task.id),
                   keys.input_blob(task.id), keys.output_blob(task.id), keys.backlog(task.backend),
@@ -546,13 +404,13 @@ class TaskStore:
                   repr(time.time()), self.retention,
                   json.dumps(result) if result is not None else "", one_line(error),
                   error_code, b"" if output_file or output is None else output, output_file,
-                  _measured_usage(task, state, result)],
+                  _measured_usage(task, state, result),
+                  json.dumps(result.get("usage") or {}) if result is not None else ""],
         ))
-        if self.blob_dir is not None:
-            if stored:
-                self._delete_input_file(task.id)
-            elif output_file:
-                self.blob_dir.delete(self.blob_dir.root / output_file)
+        if stored:
+            self.blobs.delete_input_file(task.id)
+        else:
+            self.blobs.delete_output_file(output_file)
         return stored
 
     async def cancel(self, task_id: str, backend: str) -> str:
@@ -565,114 +423,9 @@ class TaskStore:
         )
         state = text(state)
         if state == TaskState.CANCELLED:
-            self._delete_input_file(task_id)
+            self.blobs.delete_input_file(task_id)
         return state
 
-    def _delete_input_file(self, task_id: str) -> None:
-        if self.blob_dir is not None:
-            self.blob_dir.delete(self.blob_dir.input_path(task_id))
-
-    async def note_error(self, task_id: str, error: str) -> None:
-        """Remember why an attempt died, for the FAILED reason if the task runs out of tries."""
-        await self.redis.hset(keys.task(task_id), "last_error", one_line(error))
-
-    async def publish(self, task_id: str, event: dict[str, Any]) -> None:
-        await self.redis.publish(keys.events(task_id), json.dumps(event))
-
-    async def output_blob(self, task_id: str) -> bytes | None:
-        blob = await self.redis.get(keys.output_blob(task_id))
-        if blob is None and self.blob_dir is not None:
-            name = await self.redis.hget(keys.task(task_id), "output_file")
-            if name:
-                blob = await asyncio.to_thread(self.blob_dir.read,
-                                               self.blob_dir.root / name.decode())
-        return blob
-
-    async def sweep_blob_dir(self) -> int:
-        """Delete files no task can read any more: inputs of finished or vanished tasks (a
-        crash between the terminal write and the delete), outputs past the retention."""
-        if self.blob_dir is None:
-            return 0
-        removed = 0
-        for path in await asyncio.to_thread(self.blob_dir.stale_files, 60.0):
-            task_id, _, kind = path.name.partition(".")
-            if kind.startswith("output"):
-                gone = path.stat().st_mtime < time.time() - self.retention
-            else:  # an input, or a temporary file whose writer died
-                task = await self.get(task_id) if kind == "input" else None
-                gone = task is None or task.state.terminal
-            if gone:
-                self.blob_dir.delete(path)
-                removed += 1
-        return removed
-
-    async def usage(self, owner: str) -> list[PeriodUsage]:
-        """The owner's usage in the current UTC day and month."""
-        return await usage.usage(self.redis, owner, time.time())
-
-    async def usage_totals(self, owners: list[str]) -> dict[str, dict[tuple[str, str], float]]:
-        """owner -> (unit, backend) -> all-time usage of its SUCCEEDED tasks."""
-        return await usage.totals(self.redis, owners)
-
-    async def outlook_facts(self, backend: str
-                            ) -> tuple[admission.Backlog, admission.Rates, int]:
-        """What decides a backend's waits: (backlog, measured rates, live workers)."""
-        return await self._outlook.facts(backend)
-
-    async def queue_position(self, task: Task) -> int | None:
-        """1 for the next entry a worker will read, 2 behind it …; 0 once handed to a worker
-        (it is about to start); None when the entry predates per-entry numbers.
-
-        Per lane: an interactive task counts the interactive entries ahead of it; a batch
-        task counts the batch entries ahead of it plus every interactive entry waiting now
-        (best effort: interactive work queued later still goes first, and an old batch
-        entry promoted past the interactive lane goes earlier)."""
-        if not task.entry_id:
-            return None
-        delivered, first_waiting, _, _ = await self._queue_head(
-            keys=[keys.queue(task.backend, task.lane),
-                  keys.queue_counter(task.backend, task.lane)],
-            args=[keys.WORKER_GROUP])
-        if _stream_id(task.entry_id) <= _stream_id(text(delivered)):
-            return 0
-        if first_waiting <= 0 or not task.queue_seq:
-            return None
-        position = max(1, task.queue_seq - int(first_waiting) + 1)
-        if task.lane != keys.INTERACTIVE:
-            position += (await self.lane_depth(task.backend, keys.INTERACTIVE))[0]
-        return position
-
-    async def queue_depth(self, backend: str) -> tuple[int, int]:
-        """(entries not yet handed to any worker, entries handed out and not yet acked),
-        both lanes together, exact across Redis restarts."""
-        waiting = pending = 0
-        for lane in keys.LANES:
-            lane_waiting, lane_pending = await self.lane_depth(backend, lane)
-            waiting, pending = waiting + lane_waiting, pending + lane_pending
-        return waiting, pending
-
-    async def lane_depth(self, backend: str, lane: str) -> tuple[int, int]:
-        """`queue_depth` of one lane."""
-        _, first_waiting, last, pending = await self._queue_head(
-            keys=[keys.queue(backend, lane), keys.queue_counter(backend, lane)],
-            args=[keys.WORKER_GROUP])
-        if first_waiting == 0:
-            waiting = 0
-        elif first_waiting < 0:  # entries from before per-entry numbers
-            waiting = int(await self.redis.xlen(keys.queue(backend, lane)))
-        else:
-            waiting = max(0, int(last) - int(first_waiting) + 1)
-        return waiting, int(pending)
-
-    # --- breakers (common/store/breakers.py) ---
-    async def breakers(self, backend: str, sources: dict[str, str],
-                       policy: BreakerPolicy) -> dict[str, Breaker]:
-        return await self.breaker_store.breakers(backend, sources, policy)
-
-    async def clear_breaker(self, backend: str, model: str) -> bool:
-        return await self.breaker_store.clear(backend, model)
-
-    # --- sweeping ---
     async def fail_if_unchanged(self, task: Task, error: str, error_code: str) -> bool:
         """FAIL `task` only if it is still in the state and attempt it was read with: the
         check is inside the Lua call, so a task a worker starts meanwhile is never failed."""
@@ -683,16 +436,15 @@ class TaskStore:
             args=[task.state.value, task.attempt, task.entry_id, keys.WORKER_GROUP,
                   repr(time.time()), self.retention, one_line(error), error_code]))
         if failed:
-            self._delete_input_file(task.id)
+            self.blobs.delete_input_file(task.id)
         return failed
 
-    async def tasks(self, task_ids: list[str]) -> list[Task | None]:
-        """Several task records in one round trip (None for an expired one)."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for task_id in task_ids:
-                pipe.hgetall(keys.task(task_id))
-            raws = await pipe.execute()
-        return [Task.from_hash(raw) if raw else None for raw in raws]
+    async def note_error(self, task_id: str, error: str) -> None:
+        """Remember why an attempt died, for the FAILED reason if the task runs out of tries."""
+        await self.redis.hset(keys.task(task_id), "last_error", one_line(error))
+
+    async def publish(self, task_id: str, event: dict[str, Any]) -> None:
+        await self.redis.publish(keys.events(task_id), json.dumps(event))
 
 
 def _measured_usage(task: Task, state: TaskState, result: dict[str, Any] | None) -> str:
@@ -701,8 +453,3 @@ def _measured_usage(task: Task, state: TaskState, result: dict[str, Any] | None)
         return ""
     value = (result.get("usage") or {}).get(task.charge.get("unit"))
     return repr(float(value)) if isinstance(value, int | float) and value >= 0 else ""
-
-
-def _stream_id(entry: str) -> tuple[int, int]:
-    millis, _, seq = entry.partition("-")
-    return int(millis), int(seq or 0)

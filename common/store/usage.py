@@ -13,6 +13,7 @@ owner's all-time totals, a FAILED or CANCELLED task's is given back (`close_usag
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -172,29 +173,35 @@ class PeriodUsage:
     used: dict[str, float]  # "audio_seconds" or "audio_seconds:<backend>" -> amount
 
 
-async def usage(redis: Redis, owner: str, now: float) -> list[PeriodUsage]:
-    """The owner's usage in the current day and month."""
-    current = periods(now)
-    async with redis.pipeline(transaction=False) as pipe:
-        for period in current:
-            pipe.hgetall(period.key(owner))
-        raws = await pipe.execute()
-    return [PeriodUsage(period, {k.decode(): max(0.0, float(v))  # float drift
-                                 for k, v in raw.items()})
-            for period, raw in zip(current, raws, strict=True)]
+class UsageStore:
+    """The usage reads (the charges are written by the task scripts, in LUA)."""
 
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
 
-async def totals(redis: Redis, owners: list[str]) -> dict[str, dict[tuple[str, str], float]]:
-    """owner -> (unit, backend) -> all-time usage of its SUCCEEDED tasks, in one round trip."""
-    async with redis.pipeline(transaction=False) as pipe:
-        for owner in owners:
-            pipe.hgetall(keys.usage_total(owner))
-        raws = await pipe.execute()
-    found: dict[str, dict[tuple[str, str], float]] = {}
-    for owner, raw in zip(owners, raws, strict=True):
-        per_field: dict[tuple[str, str], float] = {}
-        for field, value in raw.items():
-            unit, _, backend = field.decode().partition(":")
-            per_field[(unit, backend)] = float(value)
-        found[owner] = per_field
-    return found
+    async def periods(self, owner: str, now: float | None = None) -> list[PeriodUsage]:
+        """The owner's usage in the current UTC day and month, in one round trip."""
+        current = periods(time.time() if now is None else now)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for period in current:
+                pipe.hgetall(period.key(owner))
+            raws = await pipe.execute()
+        return [PeriodUsage(period, {k.decode(): max(0.0, float(v))  # float drift
+                                     for k, v in raw.items()})
+                for period, raw in zip(current, raws, strict=True)]
+
+    async def totals(self, owners: list[str]) -> dict[str, dict[tuple[str, str], float]]:
+        """owner -> (unit, backend) -> all-time usage of its SUCCEEDED tasks, in one round
+        trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for owner in owners:
+                pipe.hgetall(keys.usage_total(owner))
+            raws = await pipe.execute()
+        found: dict[str, dict[tuple[str, str], float]] = {}
+        for owner, raw in zip(owners, raws, strict=True):
+            per_field: dict[tuple[str, str], float] = {}
+            for field, value in raw.items():
+                unit, _, backend = field.decode().partition(":")
+                per_field[(unit, backend)] = float(value)
+            found[owner] = per_field
+        return found

@@ -13,8 +13,10 @@ def one_line(message: str) -> str:
     return " ".join(message.split())[:1000]
 
 
-#: Lua: `now`, Redis's clock in ms: every host's expiries (heartbeats, live sets) agree on it
-LUA_NOW_MS = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
+# Redis's clock, read once per script: every host's expiries (heartbeats, live sets,
+# breakers, device reservations) agree on it, whatever the hosts' own clocks say.
+_LUA_TIME = "local t = redis.call('TIME')\n"
+#: Lua: `now`, Redis's clock in milliseconds (an integer)
+LUA_NOW_MS = _LUA_TIME + "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+#: Lua: `now`, Redis's clock in seconds (with microseconds)
+LUA_NOW_S = _LUA_TIME + "local now = tonumber(t[1]) + tonumber(t[2]) / 1000000\n"

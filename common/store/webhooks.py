@@ -18,7 +18,8 @@ from typing import Any
 from redis.asyncio import Redis
 
 from common import keys
-from common.store.tasks import Task, TaskStore
+from common.store.record import Task
+from common.store.tasks import TaskStore
 from common.store.values import text
 
 #: attempts kept per task (the newest): a redeliver loop cannot grow a task's log for ever

@@ -20,7 +20,8 @@ from common.store import admission, metrics
 from common.store.breakers import Admission, Breaker, BreakerPolicy, BreakerStore
 from common.store.devices import DeviceLedger
 from common.store.queue import Delivery, Queue
-from common.store.tasks import Task, TaskStore
+from common.store.record import Task
+from common.store.tasks import TaskStore
 from common.store.values import LUA_NOW_MS
 
 # KEYS: heartbeat, live set | ARGV: snapshot, ttl ms, consumer
@@ -84,7 +85,7 @@ class WorkerStore:
         return await self._tasks.get(task_id)
 
     async def input_blob(self, task_id: str) -> bytes | None:
-        return await self._tasks.input_blob(task_id)
+        return await self._tasks.blobs.input(task_id)
 
     async def start(self, task_id: str, deliveries: int) -> int:
         """Mark RUNNING by this consumer and open a new attempt: its number, 0 if the task is
@@ -129,7 +130,7 @@ class WorkerStore:
         return await self._breakers.clear(self.backend, model)
 
     async def breakers(self, sources: dict[str, str]) -> dict[str, Breaker]:
-        return await self._breakers.breakers(self.backend, sources, self.breaker_policy)
+        return await self._breakers.read(self.backend, sources, self.breaker_policy)
 
     # --- the device memory broker ---
     def device_ledger(self, device_id: str) -> DeviceLedger:

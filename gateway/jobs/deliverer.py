@@ -27,6 +27,7 @@ from common.store import StoreError
 from common.store.webhooks import Attempt, Claim, Owed, WebhookStore
 from gateway.policy.hosts import allowed
 from gateway.policy.webhooks import event_id, signature_headers
+from gateway.serving.tasks import public_view
 
 log = logging.getLogger("gateway.deliverer")
 #: deliveries one gateway process sends at once (one claim's worth)
@@ -93,7 +94,7 @@ class Deliverer:
     async def post(self, owed: Owed) -> tuple[int | None, str | None]:
         """(the receiver's HTTP status or None, why the attempt failed or None)."""
         task = owed.task
-        body = json.dumps(task.public_view()).encode()
+        body = json.dumps(public_view(task)).encode()
         headers = signature_headers(self.settings.webhook_secrets,
                                     event_id(task.id, task.state), int(time.time()), body)
         headers["content-type"] = "application/json"

@@ -53,7 +53,7 @@ class Sweeper:
         self.period = max(0.2, min([30.0, *bounds]))
 
     async def sweep(self) -> None:
-        live = {backend for backend, _ in await self.store.live_consumers()}
+        live = {backend for backend, _ in await self.store.live.consumers()}
         for backend in enabled_backends(self.settings):
             if self.settings.max_queue_seconds > 0:
                 await self.fail_overdue(backend, self.settings.max_queue_seconds)
@@ -62,7 +62,7 @@ class Sweeper:
             await self.fail_past_deadline(backend)
             await trim(self.store, backend,
                        max(self.settings.retention_seconds, self.settings.max_queue_seconds))
-        await self.store.sweep_blob_dir()  # files no task can read any more (SPEECH_BLOB_DIR)
+        await self.store.blobs.sweep()  # files no task can read any more (SPEECH_BLOB_DIR)
 
     async def fail_overdue(self, backend: str, limit: float) -> int:
         """FAIL the PENDING tasks of `backend` queued more than `limit` seconds ago. Every

@@ -89,14 +89,18 @@ class Outlook:
 
 
 async def outlook(store: TaskStore, backend: str) -> Outlook:
-    return Outlook(*await store.outlook_facts(backend))
+    return Outlook(*await store.outlook.facts(backend))
 
 
 async def estimate_queued(store: TaskStore, task: Task, position: int | None) -> Estimate | None:
     """The estimate of a PENDING task `position` in line (None without a measured rate)."""
     if position is None:
         return None
-    view = await outlook(store, task.backend)
+    return estimate_at(await outlook(store, task.backend), task, position)
+
+
+def estimate_at(view: Outlook, task: Task, position: int) -> Estimate | None:
+    """`estimate_queued` from an outlook already read (a status poll reads it with the task)."""
     ahead, own = view.ahead(task.lane), view.processing({task.model: task.work_units})
     if ahead is None or own is None:
         return None

@@ -23,8 +23,8 @@ async def reset_breaker(backend: str, model: str, settings: SettingsDep,
     if model not in sources:
         raise RequestError(404, f"no model {model!r} is configured for backend {backend!r}",
                            param="model", code="model_not_found")
-    before = await guard_store(store.breakers(backend, {model: sources[model]},
+    before = await guard_store(store.breakers.read(backend, {model: sources[model]},
                                               BreakerPolicy.of(settings)))
-    await guard_store(store.clear_breaker(backend, model))
+    await guard_store(store.breakers.clear(backend, model))
     return JSONResponse({"backend": backend, "model": model, "state": "closed",
                          "previous": before[model].public()})

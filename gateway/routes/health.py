@@ -36,11 +36,11 @@ async def ready(request: Request, settings: SettingsDep, store: StoreDep) -> JSO
     backends: dict[str, Any] = {name: _backend() for name in enabled_backends(settings)}
     try:
         await store.ping()
-        workers = await store.live_workers()
+        workers = await store.live.snapshots()
         devices = {view.device: view.public() for view in await store.devices()}
         policy = BreakerPolicy.of(settings)
         for name, entry in backends.items():
-            breakers = await store.breakers(name, settings.backend_models(name), policy)
+            breakers = await store.breakers.read(name, settings.backend_models(name), policy)
             entry["breakers"] = {model: _breaker_view(b.public(), private)
                                  for model, b in breakers.items()}
     except StoreError as exc:

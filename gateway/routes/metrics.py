@@ -121,7 +121,7 @@ async def _usage_families(settings: Settings, store: TaskStore) -> list[Metric]:
                                           f"{UNIT_NAMES[unit].capitalize()} of succeeded tasks, "
                                           "per API key", labels=["key", "backend"])
                 for unit in USAGE_UNITS}
-    for owner, used in (await store.usage_totals(list(labels))).items():
+    for owner, used in (await store.usage.totals(list(labels))).items():
         for (unit, backend), amount in sorted(used.items()):
             if unit in families:
                 families[unit].add_metric([labels[owner], backend], amount)

@@ -27,7 +27,7 @@ from gateway.serving.transcription import TranscriptionServing
 router = APIRouter(tags=["OpenAI audio"])
 
 
-def transcription_serving(request: Request) -> TranscriptionServing:
+async def transcription_serving(request: Request) -> TranscriptionServing:
     return request.app.state.transcription
 
 

@@ -19,7 +19,7 @@ router = APIRouter(tags=["OpenAI audio"])
 audio_router = APIRouter(tags=["Tasks"])
 
 
-def speech_serving(request: Request) -> SpeechServing:
+async def speech_serving(request: Request) -> SpeechServing:
     return request.app.state.speech
 
 

@@ -20,7 +20,7 @@ router = APIRouter(tags=["Tasks"])
 async def get_task(task_id: str, owner: Owner, store: StoreDep) -> JSONResponse:
     """Any task's state, and its result once SUCCEEDED (the 504 of a waiting call names it)."""
     task = await tasks.owned_task(store, task_id, owner)
-    return JSONResponse(task.public_view())
+    return JSONResponse(tasks.public_view(task))
 
 
 @router.delete("/v1/tasks/{task_id}",

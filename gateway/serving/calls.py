@@ -99,7 +99,7 @@ class SyncCalls:
         """X-Queue-Position and X-Estimated-Wait (seconds until it starts) of a queued task."""
         headers: dict[str, str] = {}
         with contextlib.suppress(StoreError):
-            position = await self.store.queue_position(task)
+            position = await self.store.positions.of(task)
             if position is not None:
                 headers["x-queue-position"] = str(position)
                 estimate = await estimate_queued(self.store, task, position)

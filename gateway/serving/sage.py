@@ -1,24 +1,27 @@
 """Sage llmage's submit and poll. Every status reply is HTTP 200 JSON with `status`.
 
 Sage stops polling only on SUCCEEDED, FAILED or UNKNOWN, so a cancelled task is reported
-as FAILED (with `state: CANCELLED`) and a store outage as PENDING with a `detail`.
+as FAILED (with `state: CANCELLED`) and a store outage as PENDING with a `detail`. A refused
+submit is HTTP 200 too, a task FAILED from the start whose id carries the reason
+(gateway.errors.SAGE_SUBMIT_ROUTES), since Sage's client reads no body of a non-2xx reply.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
-from common.catalog import kind_of
+from common.catalog import Kind, kind_of
 from common.formats import fastwhisper_legacy
 from common.schemas import BATCH, TaskState
 from common.settings import Settings
-from common.store import StoreError, Task, TaskStore
-from gateway.errors import RequestError
-from gateway.policy.admission import Estimate, estimate_queued
+from common.store import StoreError, TaskStore
+from gateway.errors import RequestError, refusal_of
+from gateway.policy.admission import Outlook, estimate_at
 from gateway.policy.signing import output_url
 from gateway.submit.enqueue import enqueue
 from gateway.submit.inputs import read_params
@@ -27,7 +30,7 @@ from gateway.submit.terms import SubmitTerms, default_lane
 
 
 async def submit(request: Request, owner: str, settings: Settings, store: TaskStore,
-                  backend: str | None) -> JSONResponse:
+                  backend: str | None) -> Response:
     params = await read_params(request)
     backend = backend or params.get("backend")
     if not backend:
@@ -43,55 +46,78 @@ async def submit(request: Request, owner: str, settings: Settings, store: TaskSt
         reply["state"] = task.state.value
     else:
         with contextlib.suppress(StoreError):  # the task is queued: estimates are extras
-            estimate = await estimate_queued(store, task, await store.queue_position(task))
-            if estimate is not None:
-                reply.update(estimate.fields())
-    return JSONResponse(reply)
+            poll = await store.poll.read(task.id)  # the task and its outlook: one round trip
+            if poll is not None and poll.position is not None and poll.outlook is not None:
+                estimate = estimate_at(Outlook(*poll.outlook), task, poll.position)
+                if estimate is not None:
+                    reply.update(estimate.fields())
+    return _reply(reply)
 
 
 async def status(request: Request, owner: str, settings: Settings,
-                  store: TaskStore) -> JSONResponse:
+                  store: TaskStore) -> Response:
     """A refusal here (a bad key, body or value) is still HTTP 200: gateway.errors renders
-    every refusal on these routes so (SAGE_STATUS_ROUTES)."""
+    every refusal on these routes so (SAGE_STATUS_ROUTES). The hot path of the Sage
+    contract: one store round trip (store.poll), no validation model, the stored result
+    spliced into the reply unparsed."""
     params = await read_params(request)
     task_id = params.get("task_id", "taskid")
     fmt = params.get("format")
     if not task_id:
         raise RequestError(400, "missing task_id", param="task_id")
+    if (refused := refusal_of(task_id)) is not None:  # a refused submit's (SAGE_SUBMIT_ROUTES)
+        return _reply(refused)
     try:
-        task = await store.get(task_id)
-        position = await store.queue_position(task) if task and task.state == "PENDING" else None
-        estimate = await estimate_queued(store, task, position) if task and position else None
+        poll = await store.poll.read(task_id)
     except StoreError:
-        return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "PENDING",
-                             "detail": "the task store is briefly unavailable; keep polling"})
-    if task is None or task.owner != owner:  # another key's task does not exist for you
-        return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "FAILED",
-                             "error": "unknown or expired task"})
-    audio_url = None
-    if task.state == TaskState.SUCCEEDED and (kind := kind_of(task.backend)) and kind.audio_output:
-        audio_url = output_url(request, settings, task.id)
-    return JSONResponse(sage_status(task, position, fmt, audio_url, estimate))
-
-
-def sage_status(task: Task, queue_position: int | None, fmt: str | None,
-                audio_url: str | None = None,
-                estimate: Estimate | None = None) -> dict[str, Any]:
+        return _reply({"task_id": task_id, "taskid": task_id, "status": "PENDING",
+                       "detail": "the task store is briefly unavailable; keep polling"})
+    if poll is None or poll.task.owner != owner:  # another key's task does not exist for you
+        return _reply({"task_id": task_id, "taskid": task_id, "status": "FAILED",
+                       "error": "unknown or expired task"})
+    task = poll.task
     reply: dict[str, Any] = {"task_id": task.id, "taskid": task.id, "status": task.state.value}
-    if task.state == TaskState.PENDING and queue_position is not None:
-        reply["queue_position"] = queue_position
-        if estimate is not None:
-            reply.update(estimate.fields())
-    elif task.state == TaskState.SUCCEEDED and task.result is not None:
-        result = task.result
-        reply["usage"] = result.get("usage", {})
+    if task.state == TaskState.PENDING:
+        if poll.position is not None:
+            reply["queue_position"] = poll.position
+            if poll.position and poll.outlook is not None:
+                estimate = estimate_at(Outlook(*poll.outlook), task, poll.position)
+                if estimate is not None:
+                    reply.update(estimate.fields())
+    elif task.state == TaskState.SUCCEEDED and poll.result is not None:
         kind = kind_of(task.backend)
-        legacy = fmt == "fastwhisper" and kind is not None and kind.name == "asr"
-        reply["result"] = fastwhisper_legacy(result) if legacy else result
+        audio_url = (output_url(request, settings, task.id)
+                     if kind is not None and kind.audio_output else None)
+        if poll.usage is None or (fmt == "fastwhisper" and kind is not None
+                                  and kind.name == "asr"):
+            result = json.loads(poll.result)
+            return _reply(succeeded(reply, result, fmt, kind, audio_url))
+        tail = b',"usage":' + poll.usage + b',"result":' + poll.result
         if audio_url:
-            reply["output_url"] = audio_url
+            tail += b',"output_url":' + json.dumps(audio_url).encode()
+        return _reply(reply, tail)
     elif task.state == TaskState.FAILED:
         reply["error"] = task.error or "the task failed"
     elif task.state == TaskState.CANCELLED:
         reply.update(status="FAILED", state="CANCELLED", error=task.error or "task was cancelled")
+    return _reply(reply)
+
+
+def succeeded(reply: dict[str, Any], result: dict[str, Any], fmt: str | None,
+              kind: Kind | None, audio_url: str | None) -> dict[str, Any]:
+    """A SUCCEEDED reply built from the decoded result (`format=fastwhisper`, or a task
+    stored before its `usage` was kept apart)."""
+    reply["usage"] = result.get("usage") or {}
+    legacy = fmt == "fastwhisper" and kind is not None and kind.name == "asr"
+    reply["result"] = fastwhisper_legacy(result) if legacy else result
+    if audio_url:
+        reply["output_url"] = audio_url
     return reply
+
+
+def _reply(reply: dict[str, Any], tail: bytes = b"") -> Response:
+    """JSON encoded once; `tail`: members already encoded, spliced in before the brace."""
+    body = json.dumps(reply, separators=(",", ":")).encode()
+    if tail:
+        body = body[:-1] + tail + b"}"
+    return Response(body, media_type="application/json")

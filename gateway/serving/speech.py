@@ -67,7 +67,7 @@ class SpeechServing:
         if task.state != TaskState.SUCCEEDED:
             raise task_failed(task)
         headers = {"x-task-id": task.id}
-        wav = await guard_store(self.store.output_blob(task.id), headers)
+        wav = await guard_store(self.store.blobs.output(task.id), headers)
         if wav is None:
             raise RequestError(500, "the synthesized audio is missing", code="audio_missing",
                                headers=headers)
@@ -82,7 +82,7 @@ class SpeechServing:
         audio = None
         if task is not None and task.state == TaskState.SUCCEEDED and self._may_read(
                 request, task, token):
-            audio = await guard_store(self.store.output_blob(task_id))
+            audio = await guard_store(self.store.blobs.output(task.id))
         if audio is None:  # unknown, not yours, not finished or expired: all look the same
             raise RequestError(404, "unknown or expired audio", param="task_id",
                                code="audio_not_found")

@@ -82,7 +82,7 @@ async def spoken(store: TaskStore, call: Call) -> Spoken:
 
 async def _wav_tail(store: TaskStore, task: Task, sent: int) -> tuple[bytes, int] | None:
     """The finished task's samples past the first `sent` bytes, and their rate."""
-    wav = await store.output_blob(task.id)
+    wav = await store.blobs.output(task.id)
     if wav is None:
         raise RequestError(500, "the synthesized audio is missing", code="audio_missing")
     try:

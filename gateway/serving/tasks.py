@@ -5,12 +5,35 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.schemas import TaskState
 from common.store import Task, TaskStore
 from common.store.webhooks import WebhookStore
 from gateway.errors import RequestError
 from gateway.policy.webhooks import event_id
 from gateway.protocol import WebhookDeliveries
 from gateway.submit.enqueue import guard_store
+
+
+def public_view(task: Task) -> dict[str, Any]:
+    """The REST view of `/v1/tasks/{id}` (and a webhook's body)."""
+    view: dict[str, Any] = {
+        "id": task.id,
+        "status": task.state.value,
+        "backend": task.backend,
+        "model": task.model,
+        "created_at": task.created_at,
+        "started_at": task.started_at,
+        "finished_at": task.finished_at,
+        "attempts": task.attempt,
+        "deliveries": task.deliveries,
+        "worker": task.worker,
+    }
+    if task.state == TaskState.SUCCEEDED:
+        view["result"] = task.result
+    if task.error:
+        view["error"] = task.error
+        view["error_code"] = task.error_code or None
+    return view
 
 
 async def owned_task(store: TaskStore, task_id: str, owner: str) -> Task:
@@ -50,7 +73,7 @@ async def cancel(store: TaskStore, task_id: str, owner: str) -> dict[str, Any]:
         raise RequestError(409, f"only a PENDING task can be cancelled; this one is {state}",
                            param="task_id", code="not_cancellable")
     cancelled = await guard_store(store.get(task_id))
-    return cancelled.public_view() if cancelled else {"id": task_id, "status": "CANCELLED"}
+    return public_view(cancelled) if cancelled else {"id": task_id, "status": "CANCELLED"}
 
 
 async def redeliver(store: TaskStore, webhooks: WebhookStore, task_id: str,

@@ -13,7 +13,7 @@ async def usage_report(settings: Settings, store: TaskStore, owner: str) -> Usag
     key = settings.api_key(owner)
     quotas = key.quotas if key is not None else None
     periods: dict[str, UsagePeriod] = {}
-    for seen in await guard_store(store.usage(owner)):
+    for seen in await guard_store(store.usage.periods(owner)):
         name = seen.period.name
         units = {unit: _unit(unit, name, seen.used, quotas) for unit in USAGE_UNITS}
         periods[name] = UsagePeriod(period=seen.period.label, resets_at=seen.period.resets_at,

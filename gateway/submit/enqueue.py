@@ -37,7 +37,7 @@ async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: 
     (gateway/policy/quotas.py)."""
     # An open breaker refuses at once; past its cool-down the task goes through as its probe.
     source = settings.backend_models(backend).get(model, "")
-    breakers = await guard_store(store.breakers(backend, {model: source},
+    breakers = await guard_store(store.breakers.read(backend, {model: source},
                                                 BreakerPolicy.of(settings)))
     breaker = breakers[model]
     if breaker.state == "open":

@@ -1,0 +1,88 @@
+"""A task's record as the store holds it (one hash, keys.task): the `Task` a worker runs and
+the gateway reads. Its HTTP views are the gateway's (gateway/serving/tasks.py)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from common import keys
+from common.schemas import TaskState
+
+
+def new_task_id() -> str:
+    """Unguessable, URL-safe, fleet-unique (144 random bits), 24 characters."""
+    return secrets.token_urlsafe(18)
+
+
+@dataclass(slots=True)
+class Task:
+    id: str
+    backend: str
+    model: str
+    state: TaskState
+    params: dict[str, Any] = field(default_factory=dict)
+    input_path: str = ""  # a file under an allowed root; empty when the input is a blob
+    owner: str = ""
+    created_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    attempt: int = 0
+    deliveries: int = 0
+    entry_id: str = ""
+    queue_seq: int = 0  # this entry's number in its stream's add order
+    worker: str = ""
+    result: dict[str, Any] | None = None
+    error: str = ""
+    error_code: str = ""
+    last_error: str = ""
+    audio_seconds: float | None = None
+    #: its size in its backend's unit (audio-seconds; characters for TTS): what the backlog
+    #: and the processing rates count. None: its audio_seconds.
+    work: float | None = None
+    lane: str = keys.BATCH  # its priority lane: keys.INTERACTIVE or keys.BATCH
+    deadline: float | None = None  # epoch seconds: FAILED deadline_exceeded if not started
+    #: what its owner was charged ({amount, unit, backend, and the usage keys}); None: unmetered
+    charge: dict[str, Any] | None = None
+    callback_url: str = ""  # where its webhook goes once it is terminal ("" = none)
+
+    @classmethod
+    def from_hash(cls, raw: dict[bytes, bytes]) -> Task:
+        data = {k.decode(): v.decode() for k, v in raw.items()}
+
+        def number(name: str) -> float | None:
+            return float(data[name]) if data.get(name) else None
+
+        return cls(
+            id=data["id"],
+            backend=data["backend"],
+            model=data.get("model", ""),
+            state=TaskState(data["state"]),
+            params=json.loads(data.get("params") or "{}"),
+            input_path=data.get("input_path", ""),
+            owner=data.get("owner", ""),
+            created_at=float(data.get("created_at", 0)),
+            started_at=number("started_at"),
+            finished_at=number("finished_at"),
+            attempt=int(data.get("attempt", 0)),
+            deliveries=int(data.get("deliveries", 0)),
+            entry_id=data.get("entry_id", ""),
+            queue_seq=int(data.get("queue_seq") or 0),
+            worker=data.get("worker", ""),
+            result=json.loads(data["result"]) if data.get("result") else None,
+            error=data.get("error", ""),
+            error_code=data.get("error_code", ""),
+            last_error=data.get("last_error", ""),
+            audio_seconds=number("audio_seconds"),
+            work=number("work"),
+            lane=data.get("lane") or keys.BATCH,
+            deadline=number("deadline"),
+            charge=json.loads(data["charge"]) if data.get("charge") else None,
+            callback_url=data.get("callback_url", ""),
+        )
+
+    @property
+    def work_units(self) -> float:
+        return self.work if self.work is not None else (self.audio_seconds or 0.0)
