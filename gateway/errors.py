@@ -23,12 +23,19 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
+from common.store import StoreError
+
 log = logging.getLogger("gateway")
 
 #: Sage polls a status until it reads SUCCEEDED, FAILED or UNKNOWN and takes any other HTTP
 #: status for a transport error to retry: a refused poll (bad key, body or value) is
 #: therefore HTTP 200 with `"status": "FAILED"`, so Sage stops.
 SAGE_STATUS_ROUTES = frozenset({"/api/status", "/api/{backend}-status"})
+#: `Retry-After` of a 503 while the task store is unreachable: a Sentinel failover takes a
+#: few seconds, and a client that comes back sooner only gets another 503
+STORE_RETRY_AFTER_SECONDS = 1
+#: what a status poll says while the task store is unreachable (HTTP 200, PENDING)
+STORE_NOTE = "the task store is briefly unavailable; keep polling"
 
 
 class ErrorType(StrEnum):
@@ -108,10 +115,19 @@ def sage_body(exc: RequestError) -> dict[str, Any]:
     return {**SageError(error=exc.message).model_dump(), **exc.extra}
 
 
+def store_unavailable(exc: Exception, headers: dict[str, str] | None = None) -> RequestError:
+    """The 503 of a call that needed the task store while it is unreachable (Redis down,
+    failing over, or no replica confirming the write): always with `Retry-After`."""
+    return RequestError(503, f"the task store is unavailable ({type(exc).__name__})",
+                        code="store_unavailable",
+                        headers={"Retry-After": str(STORE_RETRY_AFTER_SECONDS), **(headers or {})})
+
+
 # --- the handler ------------------------------------------------------------------------------
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestError, refused)  # type: ignore[arg-type]
+    app.add_exception_handler(StoreError, store_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, invalid)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, unexpected)
@@ -122,6 +138,16 @@ async def refused(request: Request, exc: RequestError) -> JSONResponse:
     if getattr(request.scope.get("route"), "path", None) in SAGE_STATUS_ROUTES:
         return JSONResponse(sage_body(exc))  # HTTP 200 for Sage: see SAGE_STATUS_ROUTES
     return reply(request, exc)
+
+
+async def store_error(request: Request, exc: StoreError) -> JSONResponse:
+    """A store call no route guarded: the same 503 as a guarded one, not a 500; on a Sage
+    status poll, PENDING with a note (HTTP 200: Sage fails a task for good on anything else)."""
+    if getattr(request.scope.get("route"), "path", None) in SAGE_STATUS_ROUTES:
+        task_id = request.query_params.get("task_id") or request.query_params.get("taskid", "")
+        return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "PENDING",
+                             "detail": STORE_NOTE})
+    return await refused(request, store_unavailable(exc))
 
 
 async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

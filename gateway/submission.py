@@ -34,7 +34,7 @@ from common.store import (
     new_task_id,
 )
 from gateway.admission import admit, deadline_of, queue_full
-from gateway.errors import RequestError
+from gateway.errors import RequestError, store_unavailable
 from gateway.fetch import fetch_audio_url
 from gateway.inputs import Params, read_upload, resolve_allowed_path
 from gateway.quotas import charge_of, quota_exceeded
@@ -244,5 +244,4 @@ async def guard_store(awaitable: Awaitable[T], headers: dict[str, str] | None = 
     try:
         return await awaitable
     except StoreError as exc:
-        raise RequestError(503, f"the task store is unavailable ({type(exc).__name__})",
-                           code="store_unavailable", headers=headers) from None
+        raise store_unavailable(exc, headers) from None

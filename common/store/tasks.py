@@ -7,6 +7,7 @@ state + ack, cancel + dequeue) is one Lua call, so no crash can leave half of it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import time
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from common import keys
 from common.backends import BACKENDS
@@ -26,6 +27,7 @@ from common.store.breakers import Breaker, BreakerPolicy, BreakerStore
 from common.store.chunks import SpeechChunks
 from common.store.connection import bounded_client
 from common.store.devices import DeviceView, devices
+from common.store.replicas import NotReplicated, ReplicaWait
 from common.store.usage import Charge, PeriodUsage
 from common.store.values import LUA_NOW_MS, one_line, text
 
@@ -104,13 +106,20 @@ end
 # ARGV: task_id, ttl, blob ("" = none), idempotent ("1"/"0"), most queued tasks (0 = no
 #       limit), lane, audio seconds, deadline ("" = none), the 9 arguments of
 #       charge_usage (usage.LUA; all "" = not metered), field, value, ...
-# -> {1, entry id, its number} queued, {0, original task id} for a repeated idempotency key,
+# -> {1, entry id, its number} queued, {0, original task id} for a repeated idempotency key
+#    (or a repeated submit of the same task),
 #    {2, tasks queued} when the backend already has its most queued tasks, or {3, which
 #    limit, used} when the charge would pass a quota (nothing written for either).
 # Each entry carries its own number in the backend's add order (our counter, not Redis's
 # group "entries-read", which Redis 7.0 loses when it reloads the AOF): a queue position
 # is then one subtraction from the first entry not yet handed to a worker.
 _SUBMIT = _BACKLOG + usage.LUA + """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  -- this very submit, sent again after its reply was lost (ids are random): answer as the
+  -- first one did; the HSET (same value) makes a WAIT after it cover the stored record
+  redis.call('HSET', KEYS[1], 'id', ARGV[1])
+  return {0, ARGV[1]}
+end
 if ARGV[4] == '1' then
   local original = redis.call('GET', KEYS[5])
   if original then return {0, original} end
@@ -252,6 +261,11 @@ return found
 """
 
 
+#: a terminal write waits up to this many `redis_wait_timeout_ms` for its replica: a worker
+#: has nothing better to do meanwhile, and a replica that reconnects catches up at once
+FINISH_WAITS = 10
+
+
 def new_task_id() -> str:
     """Unguessable, URL-safe, fleet-unique (144 random bits), 24 characters."""
     return secrets.token_urlsafe(18)
@@ -367,10 +381,11 @@ class Duplicate(Exception):
 
 class TaskStore:
     def __init__(self, redis: Redis, retention_seconds: int,
-                 blob_dir: BlobDir | None = None) -> None:
+                 blob_dir: BlobDir | None = None, replicas: ReplicaWait | None = None) -> None:
         self.redis = redis
         self.retention = retention_seconds
         self.blob_dir = blob_dir
+        self.replicas = replicas or ReplicaWait()  # submits and terminal writes wait for them
         self.speech = SpeechChunks(redis, retention_seconds)  # a TTS task's audio so far
         self._submit = redis.register_script(_SUBMIT)
         self._start = redis.register_script(_START)
@@ -387,7 +402,7 @@ class TaskStore:
         blob_dir = None
         if settings.blob_dir is not None:
             blob_dir = BlobDir(settings.blob_dir, int(settings.blob_dir_min_kib * 1024))
-        return cls(redis, settings.retention_seconds, blob_dir)
+        return cls(redis, settings.retention_seconds, blob_dir, ReplicaWait.of(settings))
 
     @classmethod
     def connect(cls, settings: Settings, client_name: str) -> TaskStore:
@@ -468,17 +483,23 @@ class TaskStore:
             await asyncio.to_thread(self.blob_dir.write, self.blob_dir.input_path(task.id), blob)
         stored = False
         try:
-            queued, value, *number = await self._submit(
-                keys=[keys.task(task.id), keys.queue(task.backend, task.lane),
-                      keys.input_blob(task.id), keys.queue_counter(task.backend, task.lane),
-                      keys.idempotency(task.owner, idempotency_key), keys.backlog(task.backend),
-                      keys.deadlines(task.backend), *hashes],
-                args=[task.id, self.retention, b"" if in_file else (blob or b""),
-                      "1" if idempotency_key else "0", max_queued_tasks, task.lane,
-                      repr(task.work_units),
-                      "" if task.deadline is None else repr(task.deadline), *usage_args,
-                      *flat],
-            )
+            try:
+                queued, value, *number = await self.replicas.call(
+                    self.redis, self._submit,
+                    keys=[keys.task(task.id), keys.queue(task.backend, task.lane),
+                          keys.input_blob(task.id), keys.queue_counter(task.backend, task.lane),
+                          keys.idempotency(task.owner, idempotency_key),
+                          keys.backlog(task.backend), keys.deadlines(task.backend), *hashes],
+                    args=[task.id, self.retention, b"" if in_file else (blob or b""),
+                          "1" if idempotency_key else "0", max_queued_tasks, task.lane,
+                          repr(task.work_units),
+                          "" if task.deadline is None else repr(task.deadline), *usage_args,
+                          *flat])
+            except NotReplicated as short:
+                if short.result[0] == 1:  # refused to the client: withdraw it where it is
+                    with contextlib.suppress(RedisError):
+                        await self.cancel(task.id, task.backend)
+                raise
             stored = queued == 1
         finally:
             if in_file and not stored:
@@ -528,23 +549,32 @@ class TaskStore:
         output: bytes | None = None,
     ) -> bool:
         """Store the terminal state (fenced by attempt) with its output, delete the input,
-        then ack; False if this write lost (its output is then discarded)."""
+        then ack; False if this write lost (its output is then discarded). NotReplicated
+        (its `result`: stored or not) when no replica confirmed it after FINISH_WAITS waits:
+        the input file then stays for a redelivery (the sweeper removes it later)."""
         assert state in TERMINAL_STATES
         output_file = ""
         if self.blob_dir is not None and self.blob_dir.wants(output):
             assert output is not None
             output_file = self.blob_dir.output_name(task.id, attempt)
             await asyncio.to_thread(self.blob_dir.write, self.blob_dir.root / output_file, output)
-        stored = bool(await self._finish(
-            keys=[keys.task(task.id), keys.queue(task.backend, task.lane), keys.events(task.id),
-                  keys.input_blob(task.id), keys.output_blob(task.id), keys.backlog(task.backend),
-                  keys.webhooks_due(), keys.speech_chunks(task.id)],
-            args=["" if attempt is None else attempt, entry_id, keys.WORKER_GROUP, state.value,
-                  repr(time.time()), self.retention,
-                  json.dumps(result) if result is not None else "", one_line(error),
-                  error_code, b"" if output_file or output is None else output, output_file,
-                  _measured_usage(task, state, result)],
-        ))
+        try:
+            stored = bool(await self.replicas.call(
+                self.redis, self._finish,
+                keys=[keys.task(task.id), keys.queue(task.backend, task.lane),
+                      keys.events(task.id), keys.input_blob(task.id), keys.output_blob(task.id),
+                      keys.backlog(task.backend), keys.webhooks_due(),
+                      keys.speech_chunks(task.id)],
+                args=["" if attempt is None else attempt, entry_id, keys.WORKER_GROUP,
+                      state.value, repr(time.time()), self.retention,
+                      json.dumps(result) if result is not None else "", one_line(error),
+                      error_code, b"" if output_file or output is None else output,
+                      output_file, _measured_usage(task, state, result)],
+                tries=FINISH_WAITS))
+        except NotReplicated as short:
+            if self.blob_dir is not None and output_file and not short.result:
+                self.blob_dir.delete(self.blob_dir.root / output_file)
+            raise
         if self.blob_dir is not None:
             if stored:
                 self._delete_input_file(task.id)

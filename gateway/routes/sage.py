@@ -20,7 +20,7 @@ from common.store import StoreError, Task, TaskStore
 from gateway.admission import Estimate, estimate_queued
 from gateway.auth import Owner
 from gateway.dependencies import SettingsDep, StoreDep
-from gateway.errors import RequestError, sage_errors
+from gateway.errors import STORE_NOTE, RequestError, sage_errors
 from gateway.inputs import read_params
 from gateway.kinds import read_task_input
 from gateway.submission import SubmitTerms, default_lane, enqueue, resolve_backend_model
@@ -101,7 +101,7 @@ async def _status(request: Request, owner: str, settings: Settings,
         estimate = await estimate_queued(store, task, position) if task and position else None
     except StoreError:
         return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "PENDING",
-                             "detail": "the task store is briefly unavailable; keep polling"})
+                             "detail": STORE_NOTE})
     if task is None or task.owner != owner:  # another key's task does not exist for you
         return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "FAILED",
                              "error": "unknown or expired task"})
