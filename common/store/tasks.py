@@ -496,7 +496,9 @@ class TaskStore:
                           "" if task.deadline is None else repr(task.deadline), *usage_args,
                           *flat])
             except NotReplicated as short:
-                if short.result[0] == 1:  # refused to the client: withdraw it where it is
+                # refused to the client: withdraw the task, unless a retry with its key is
+                # to find it (then it stays queued, and the retry is answered with it)
+                if short.result[0] == 1 and not idempotency_key:
                     with contextlib.suppress(RedisError):
                         await self.cancel(task.id, task.backend)
                 raise
