@@ -172,8 +172,8 @@ def main() -> None:
         rows.append([name, *(f"{bc.percentile(v, 50) * 1000:.3f} / "
                              f"{bc.percentile(v, 99) * 1000:.3f}"
                              for v in (without, with_wait, cost))])
-    print(bc.table("replica wait (WAIT 1) per write, ms (p50 / p99)",
-                   ["write", "no wait", "WAIT 1", "paired cost"], rows))
+    bc.table("replica wait (WAIT 1) per write, ms (p50 / p99)",
+             ["write", "no wait", "WAIT 1", "paired cost"], rows)
     cpu = found["cpu"]
     per_task = (cpu["submit"][0] + POLLS_PER_TASK * cpu["poll"][0] + cpu["worker_cycle"][0])
     tasks_per_second = 1.0 / per_task
@@ -182,10 +182,10 @@ def main() -> None:
     payload["sustained"] = {"tasks_per_second": round(tasks_per_second),
                             "submits_and_polls_per_second":
                                 round(tasks_per_second * (1 + POLLS_PER_TASK))}
-    print(bc.table("one primary's CPU per operation",
-                   ["operation", "µs of Redis CPU", "one core sustains /s", "client reached /s"],
-                   [[k, f"{v[0] * 1e6:.1f}", f"{1 / v[0]:.0f}" if v[0] > 0 else "-",
-                     f"{v[1]:.0f}"] for k, v in cpu.items()]))
+    bc.table("one primary's CPU per operation",
+             ["operation", "µs of Redis CPU", "one core sustains /s", "client reached /s"],
+             [[k, f"{v[0] * 1e6:.1f}", f"{1 / v[0]:.0f}" if v[0] > 0 else "-", f"{v[1]:.0f}"]
+              for k, v in cpu.items()])
     print(f"a Sage task (1 submit + {POLLS_PER_TASK} polls + 1 worker cycle): "
           f"{per_task * 1e6:.0f} µs of Redis CPU -> one primary core sustains "
           f"~{tasks_per_second:.0f} tasks/s = ~{tasks_per_second * (1 + POLLS_PER_TASK):.0f} "

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 
 from common import keys
 from harness import procs
@@ -158,3 +160,31 @@ def _final(base: str, task_id: str) -> dict[str, Any]:
         body = view.json()
         return body if body["status"] in TERMINAL else None
     return procs.wait_until(done, 180, f"task {task_id}", 0.2)
+
+
+def test_the_supervisord_example_runs_a_primary_a_replica_and_three_sentinels(
+        tmp_path: Path) -> None:
+    ports = {name: procs.free_port() for name in ("REDIS_PRIMARY_PORT", "REDIS_REPLICA_PORT",
+                                                  "SENTINEL_PORT_1", "SENTINEL_PORT_2",
+                                                  "SENTINEL_PORT_3")}
+    env = {**os.environ, **{k: str(v) for k, v in ports.items()},
+           "SPEECH_RUN_DIR": str(tmp_path), "SENTINEL_DOWN_AFTER_MS": str(FAILOVER_MS)}
+    supervisord = procs.spawn([str(procs.VENVS / "core" / "bin" / "supervisord"), "-c",
+                               str(procs.ROOT / "deploy" / "sentinel.supervisord.conf")],
+                              env=env, cwd=procs.ROOT, stdout=(tmp_path / "out").open("ab"),
+                              stderr=subprocess.STDOUT)
+    try:
+        sentinels = [redis.Redis(port=ports[f"SENTINEL_PORT_{n}"], socket_timeout=2,
+                                       decode_responses=True) for n in (1, 2, 3)]
+
+        def ready() -> bool:
+            try:
+                states = [s.sentinel_master("speech") for s in sentinels]
+            except redis.RedisError:
+                return False
+            return all(int(s["num-slaves"]) == 1 and int(s["num-other-sentinels"]) == 2
+                       and int(s["port"]) == ports["REDIS_PRIMARY_PORT"] for s in states)
+        procs.wait_until(ready, 60, "the example's sentinels to see the replica and each other",
+                         0.2)
+    finally:
+        procs.stop(supervisord, timeout=60)
