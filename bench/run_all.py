@@ -29,7 +29,7 @@ from bench import common as bc  # noqa: E402
 
 SCRIPTS = ("gateway_overhead", "poll_cost", "dispatch_latency", "throughput", "rtf", "memory",
            "start_to_ready", "cpu_per_task", "diarization", "realtime",
-           "tts_first_audio")
+           "tts_first_audio", "redis_wait")
 
 
 def run_one(name: str, timeout: float) -> tuple[int, float]:

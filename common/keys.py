@@ -77,16 +77,6 @@ def breaker(backend: str, model: str) -> str:
     return f"{PREFIX}breaker:{backend}:{model}"
 
 
-def breaker_pattern() -> str:
-    return f"{PREFIX}breaker:*"
-
-
-def breaker_parts(key: str) -> tuple[str, str]:
-    """(backend, model) of a breaker key."""
-    backend, _, model = key.removeprefix(f"{PREFIX}breaker:").partition(":")
-    return backend, model
-
-
 def no_worker_since(backend: str) -> str:
     """String: when a sweeping gateway first saw the backend without a live worker."""
     return f"{PREFIX}no-worker:{backend}"

@@ -131,6 +131,16 @@ class Settings(BaseSettings):
 
     # --- shared ---
     redis_url: str = "redis://127.0.0.1:6379/0"
+    #: Redis Sentinel: "host:port" of each sentinel; set, the primary is the one they name
+    #: `redis_sentinel_master` and `redis_url` is not used (docs/configuration.md)
+    redis_sentinels: list[str] = Field(default_factory=list)
+    redis_sentinel_master: str = "speech"
+    redis_password: str = ""  # Redis's own (AUTH); with a URL it may also be in the URL
+    redis_sentinel_password: str = ""  # the sentinels' (their `requirepass`)
+    #: replicas that must hold a submit and a terminal write before either counts as done
+    #: (WAIT); None: 1 with sentinels, 0 (no wait) without
+    redis_wait_replicas: int | None = Field(default=None, ge=0)
+    redis_wait_timeout_ms: int = Field(default=500, ge=1)
     #: backend -> {model name -> source (local directory/file, hub id, or "bundled")};
     #: the first model of a backend is its default unless `default_models` says otherwise.
     models: dict[str, dict[str, str]] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
@@ -317,6 +327,22 @@ class Settings(BaseSettings):
                 raise ValueError(f"key {entry.label!r}: quotas for unknown backends {unknown}; "
                                  f"known: {', '.join(BACKENDS)}")
         return entries
+
+    @field_validator("redis_sentinels")
+    @classmethod
+    def _check_sentinels(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            host, _, port = entry.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"sentinel {entry!r}: expected host:port")
+        return entries
+
+    @property
+    def wait_replicas(self) -> int:
+        """Replicas a submit and a terminal write wait for (see `redis_wait_replicas`)."""
+        if self.redis_wait_replicas is not None:
+            return self.redis_wait_replicas
+        return 1 if self.redis_sentinels else 0
 
     @field_validator("voices")
     @classmethod

@@ -29,6 +29,8 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 from starlette.types import Scope
 
+from common.store import StoreError
+
 log = logging.getLogger("gateway")
 
 #: Sage polls a status until it reads SUCCEEDED, FAILED or UNKNOWN and takes any other HTTP
@@ -47,6 +49,11 @@ SAGE_SUBMIT_ROUTES = frozenset({"/api/submit", "/api/{backend}-submit"})
 REFUSAL_PARAM = "refusal"
 #: no task id has a "." (they are URL-safe base64), so a refusal id is never a task's
 REFUSED_PREFIX = "refused."
+#: `Retry-After` of a 503 while the task store is unreachable: a Sentinel failover takes a
+#: few seconds, and a client that comes back sooner only gets another 503
+STORE_RETRY_AFTER_SECONDS = 1
+#: what a status poll says while the task store is unreachable (HTTP 200, PENDING)
+STORE_NOTE = "the task store is briefly unavailable; keep polling"
 
 
 class ErrorType(StrEnum):
@@ -126,10 +133,19 @@ def sage_body(exc: RequestError) -> dict[str, Any]:
     return {**SageError(error=exc.message).model_dump(), **exc.extra}
 
 
+def store_unavailable(exc: Exception, headers: dict[str, str] | None = None) -> RequestError:
+    """The 503 of a call that needed the task store while it is unreachable (Redis down,
+    failing over, or no replica confirming the write): always with `Retry-After`."""
+    return RequestError(503, f"the task store is unavailable ({type(exc).__name__})",
+                        code="store_unavailable",
+                        headers={"Retry-After": str(STORE_RETRY_AFTER_SECONDS), **(headers or {})})
+
+
 # --- the handler ------------------------------------------------------------------------------
 
 def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestError, refused)  # type: ignore[arg-type]
+    app.add_exception_handler(StoreError, store_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, invalid)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, unexpected)
@@ -177,6 +193,14 @@ def _wants_task(scope: Scope) -> bool:
         return False
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     return query.get(REFUSAL_PARAM) == ["task"]
+async def store_error(request: Request, exc: StoreError) -> JSONResponse:
+    """A store call no route guarded: the same 503 as a guarded one, not a 500; on a Sage
+    status poll, PENDING with a note (HTTP 200: Sage fails a task for good on anything else)."""
+    if getattr(request.scope.get("route"), "path", None) in SAGE_STATUS_ROUTES:
+        task_id = request.query_params.get("task_id") or request.query_params.get("taskid", "")
+        return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "PENDING",
+                             "detail": STORE_NOTE})
+    return await refused(request, store_unavailable(exc))
 
 
 async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -104,11 +104,13 @@ class _suppress:
 
 
 class RedisServer:
-    def __init__(self, workdir: Path, appendonly: bool = True) -> None:
+    def __init__(self, workdir: Path, appendonly: bool = True,
+                 replica_of: RedisServer | None = None) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.appendonly = appendonly
+        self.replica_of = replica_of  # started as its replica (Sentinel may change roles)
         self.proc: subprocess.Popen | None = None
         self.url = f"redis://127.0.0.1:{self.port}/0"
 
@@ -116,7 +118,12 @@ class RedisServer:
         args = ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port),
                 "--dir", str(self.workdir), "--save", "",
                 "--appendonly", "yes" if self.appendonly else "no",
-                "--appendfsync", "everysec", "--logfile", str(self.workdir / "redis.log")]
+                "--appendfsync", "everysec", "--logfile", str(self.workdir / "redis.log"),
+                # a replica (re)joining is synced at once, not after the default 5 s pause
+                "--repl-diskless-sync-delay", "0"]
+        if self.replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(self.replica_of.port)]
+            self.replica_of = None  # restarted, it starts as a primary; Sentinel demotes it
         self.proc = _spawn(args)
         wait_until(self._pings, 10, "redis-server")
         return self
@@ -138,6 +145,98 @@ class RedisServer:
         self.stop()
         time.sleep(down_seconds)
         self.start()
+
+    def kill(self) -> None:
+        """kill -9: no shutdown, no last AOF write (a host that died)."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(5)
+            _stop(self.proc)
+
+
+class SentinelServer:
+    """One Redis Sentinel (`redis-server CONF --sentinel`) watching `primary` as `master`."""
+
+    def __init__(self, workdir: Path, primary: RedisServer, master: str = "speech",
+                 quorum: int = 2, down_after_ms: int = 1000) -> None:
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.master = master
+        self.conf = workdir / "sentinel.conf"  # Sentinel rewrites it as it learns
+        self.conf.write_text("\n".join([
+            "bind 127.0.0.1", f"port {self.port}", f"dir {workdir}",
+            f"logfile {workdir / 'sentinel.log'}",
+            f"sentinel monitor {master} 127.0.0.1 {primary.port} {quorum}",
+            f"sentinel down-after-milliseconds {master} {down_after_ms}",
+            f"sentinel failover-timeout {master} {max(10 * down_after_ms, 5000)}",
+            f"sentinel parallel-syncs {master} 1", ""]))
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> SentinelServer:
+        self.proc = _spawn(["redis-server", str(self.conf), "--sentinel"])
+        wait_until(self._pings, 10, "redis sentinel")
+        return self
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2,
+                           decode_responses=True)
+
+    def _pings(self) -> bool:
+        try:
+            return bool(self.client().ping())
+        except redis.RedisError:
+            return False
+
+    def primary_port(self) -> int:
+        """The port of the primary this sentinel names now."""
+        _, port = self.client().sentinel_get_master_addr_by_name(self.master)
+        return int(port)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+
+
+class SentinelGroup:
+    """A primary, its replica and `sentinels` sentinels on loopback, started and ready: every
+    sentinel sees the replica and the other sentinels (so a failover can start at once)."""
+
+    def __init__(self, workdir: Path, sentinels: int = 3, down_after_ms: int = 1000) -> None:
+        self.primary = RedisServer(workdir / "primary").start()
+        self.replica = RedisServer(workdir / "replica", replica_of=self.primary).start()
+        self.sentinels = [SentinelServer(workdir / f"sentinel-{n}", self.primary,
+                                         quorum=sentinels // 2 + 1,
+                                         down_after_ms=down_after_ms).start()
+                          for n in range(sentinels)]
+        self.master = self.sentinels[0].master
+        wait_until(self._ready, 30, "sentinels to see the replica and each other", 0.2)
+
+    def _ready(self) -> bool:
+        for sentinel in self.sentinels:
+            state = sentinel.client().sentinel_master(self.master)
+            if (int(state["num-slaves"]) < 1
+                    or int(state["num-other-sentinels"]) < len(self.sentinels) - 1):
+                return False
+        return self.replica.client().info("replication")["master_link_status"] == "up"
+
+    def settings(self) -> dict[str, Any]:
+        """The SPEECH_* settings (for `service_env`) that find Redis through the sentinels."""
+        return {"redis_sentinels": [s.address for s in self.sentinels],
+                "redis_sentinel_master": self.master}
+
+    def node(self, port: int) -> RedisServer:
+        return next(n for n in (self.primary, self.replica) if n.port == port)
+
+    def current_primary(self) -> RedisServer:
+        """The node the sentinels name now (they may disagree for a moment: the majority)."""
+        ports = [s.primary_port() for s in self.sentinels]
+        return self.node(max(set(ports), key=ports.count))
+
+    def stop(self) -> None:
+        for server in (*self.sentinels, self.replica, self.primary):
+            server.stop()
 
 
 def service_env(redis_url: str, **settings: Any) -> dict[str, str]:

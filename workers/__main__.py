@@ -20,13 +20,12 @@ def main() -> None:
     logs.configure(f"worker:{settings.backend}", settings.log_level)
     # CTranslate2 reads its allocator settings when it first touches the GPU.
     memory.configure_ctranslate2_allocator(settings.memory_cap_mib)
-    from redis.asyncio import Redis
-
+    from common.store.connection import worker_client
     from workers.engines import create_engine
     from workers.http import serve_http
     from workers.runtime import Worker
 
-    redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=10)
+    redis = worker_client(settings, f"worker-{settings.consumer_name()}")
     worker = Worker(settings, create_engine(settings.backend, settings), redis,
                     handle_signals=True, exit=exit_process)
     asyncio.run(worker.run(serve_http))

@@ -27,7 +27,9 @@ from common.paths import AllowedFile
 from common.schemas import ErrorCode, Segment, SpeechChunk, TaskState
 from common.settings import Settings
 from common.store import Task, WorkerStore
+from common.store.connection import transient
 from common.store.queue import Delivery
+from common.store.replicas import NotReplicated
 from workers.breakers import ModelBreakers
 from workers.engine_host import EngineHost
 from workers.execute import Outcome, SpeechProgress, TaskError
@@ -35,6 +37,17 @@ from workers.models import LoadReport
 
 log = logging.getLogger("worker")
 JANITOR_INTERVAL_SECONDS = 5.0
+#: how long a write is retried while Redis is unreachable (a failover takes seconds, a
+#: restart a minute): past it the computed result is dropped, and the entry, still pending,
+#: is redelivered once Redis is back
+STORE_PATIENCE_SECONDS = 600.0
+#: tries of a write Redis answers with an error (a script's bug, out of memory): retrying
+#: cannot fix a bug, so after these it is logged, counted (store_refusals) and given up
+REFUSAL_TRIES = 3
+
+
+class StoreRefused(Exception):
+    """Redis kept refusing a write, or stayed unreachable past STORE_PATIENCE_SECONDS."""
 
 
 class Consumer:
@@ -56,7 +69,7 @@ class Consumer:
         self.stopping.set()
 
     async def run(self) -> None:
-        await _until_stored(self.store.ensure_queue)
+        await self._until_stored(self.store.ensure_queue)
         # our own unacked entries of each lane first (after a restart): lane -> cursor
         pending_cursors: dict[str, str] = {lane: "0" for lane in self.store.lanes}
         next_janitor = 0.0
@@ -86,7 +99,7 @@ class Consumer:
                     raise
                 # Redis came back without our stream (no AOF, or flushed): make it again.
                 log.warning("the queue's consumer group is gone; recreating it")
-                await _until_stored(self.store.ensure_queue)
+                await self._until_stored(self.store.ensure_queue)
             except RedisError as exc:
                 log.warning("redis unavailable (%s); retrying", exc)
                 await asyncio.sleep(1.0)
@@ -126,10 +139,17 @@ class Consumer:
             lease.cancel()
             self.current_task = None
         state = TaskState.SUCCEEDED if outcome else TaskState.FAILED
-        stored = await _until_stored(lambda: self.store.finish(
-            task, state, attempt=attempt, entry_id=entry_id,
-            result=outcome.result if outcome else None, error=error, error_code=code,
-            output=outcome.output if outcome else None))
+        try:
+            stored = await self._until_stored(lambda: self.store.finish(
+                task, state, attempt=attempt, entry_id=entry_id,
+                result=outcome.result if outcome else None, error=error, error_code=code,
+                output=outcome.output if outcome else None))
+        except NotReplicated as short:  # on the primary; lost only if it dies before a replica
+            stored = bool(short.result)  # catches up, and then the entry is redelivered
+            log.warning("terminal write not confirmed by a replica: %s", short)
+            await self._count("unreplicated_writes")
+        except StoreRefused:
+            return  # logged and counted; the entry stays pending and is redelivered
         log.info("%s%s", state.value if stored else "stale attempt, dropped",
                  f" ({error})" if error else "")
         self.tasks_done += 1
@@ -191,7 +211,7 @@ class Consumer:
     async def _speech(self, task: Task, attempt: int) -> SpeechProgress:
         """Where a TTS task's pieces go as they are spoken, after those an earlier attempt
         stored (read after this attempt started: no stale one can append any more)."""
-        done = await _until_stored(lambda: self.store.speech_chunks(task.id))
+        done = await self._until_stored(lambda: self.store.speech_chunks(task.id))
         if done:
             log.info("resuming after %d stored pieces", len(done))
         loop = asyncio.get_running_loop()
@@ -200,7 +220,7 @@ class Consumer:
             # Runs on the engine thread: each piece is durable before the next is spoken.
             # A lost Redis is waited out (as the terminal write would be); StaleAttempt
             # (another attempt owns the task now) ends this one.
-            asyncio.run_coroutine_threadsafe(_until_stored(
+            asyncio.run_coroutine_threadsafe(self._until_stored(
                 lambda: self.store.append_chunk(task.id, attempt, chunk)), loop).result()
 
         return SpeechProgress(done, store)
@@ -211,8 +231,9 @@ class Consumer:
             reason = f"{task.last_error} (gave up after {deliveries - 1} deliveries)"
         log.error("%s", reason)
         await self.store.dead_letter(task.id, reason, deliveries)
-        await self.store.finish(task, TaskState.FAILED, attempt=None, entry_id=entry_id,
-                                error=reason, error_code=ErrorCode.DELIVERY_LIMIT.value)
+        with contextlib.suppress(NotReplicated):  # stored on the primary: not to be redone
+            await self.store.finish(task, TaskState.FAILED, attempt=None, entry_id=entry_id,
+                                    error=reason, error_code=ErrorCode.DELIVERY_LIMIT.value)
         with contextlib.suppress(RedisError):
             await self.store.record(("tasks_FAILED", "dead_lettered"))
 
@@ -226,6 +247,37 @@ class Consumer:
             except RedisError:
                 pass  # the janitor's visibility timeout is many heartbeats long
 
+    async def _until_stored(self, action: Callable[[], Awaitable[Any]]) -> Any:
+        """`action`'s result, retried while Redis is unreachable (up to
+        STORE_PATIENCE_SECONDS: a computed result is not thrown away lightly), and at most
+        REFUSAL_TRIES times when Redis answers with an error. Giving up is logged and
+        counted, and raises StoreRefused. NotReplicated passes through: the write is done."""
+        delay, refusals = 0.2, 0
+        give_up_at = time.monotonic() + STORE_PATIENCE_SECONDS
+        while True:
+            try:
+                return await action()
+            except NotReplicated:
+                raise
+            except RedisError as exc:
+                if transient(exc) and time.monotonic() < give_up_at:
+                    log.warning("redis unavailable (%s); retrying in %.1f s", exc, delay)
+                elif not transient(exc) and (refusals := refusals + 1) < REFUSAL_TRIES:
+                    log.warning("redis refused a write (%s); retrying in %.1f s", exc, delay)
+                else:
+                    log.error("giving up on a redis write after %s: %s",
+                              "repeated refusals" if refusals else "the outage lasted "
+                              f"{STORE_PATIENCE_SECONDS:.0f} s", exc)
+                    await self._count("store_refusals")
+                    raise StoreRefused(str(exc)) from exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def _count(self, counter: str) -> None:
+        """One more of a worker-side counter on /metrics; Redis may well refuse it too."""
+        with contextlib.suppress(RedisError):
+            await self.store.record((counter,))
+
     async def _loaded(self, task: Task, report: LoadReport) -> None:
         """The host's report of the model `task` asked for: a load's time goes into the
         task's metrics, and the breaker rules decide the rest."""
@@ -233,15 +285,3 @@ class Consumer:
             self.load_seconds = report.seconds  # for this task's metrics
             self.device_wait_seconds = report.device_wait_seconds
         await self.breakers.load_reported(task, report)
-
-
-async def _until_stored(action: Callable[[], Awaitable[Any]]) -> Any:
-    """Retry a Redis write until it lands: a computed result is not thrown away."""
-    delay = 0.2
-    while True:
-        try:
-            return await action()
-        except RedisError as exc:
-            log.warning("redis unavailable (%s); retrying in %.1f s", exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)

@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 
 from common import keys
 from common.store import webhooks
+from common.store.breakers import BreakerPolicy
 from common.store.devices import DeviceView, devices
 
 if TYPE_CHECKING:
@@ -73,9 +74,11 @@ class Snapshot:
     webhooks: dict[str, int] = field(default_factory=dict)  # delivery attempts by outcome
 
 
-async def snapshot(store: TaskStore, backends: list[str]) -> Snapshot:
-    """What every process recorded, the queues and the live workers (a StoreError when
-    Redis does not answer)."""
+async def snapshot(store: TaskStore, backends: dict[str, dict[str, str]]) -> Snapshot:
+    """What every process recorded, the queues, the live workers and the breakers of each
+    backend's configured models (backend -> {model -> source}), read by name: no SCAN, so a
+    scrape costs the same however many keys Redis holds (a StoreError when Redis does not
+    answer)."""
     redis = store.redis
     per_backend: dict[str, BackendMetrics] = {}
     for backend in backends:
@@ -90,9 +93,10 @@ async def snapshot(store: TaskStore, backends: list[str]) -> Snapshot:
                                          raw.get("count", 0.0), raw.get("sum", 0.0))
         per_backend[backend] = BackendMetrics(waiting, pending, counters, histograms)
     found = Snapshot(per_backend, await store.live.snapshots())
-    async for key in redis.scan_iter(match=keys.breaker_pattern(), count=200):
-        backend, model = keys.breaker_parts(key.decode())
-        found.breakers.append((backend, model, await redis.hget(key, "open") == b"1"))
+    for backend, sources in backends.items():
+        breakers = await store.breakers.read(backend, sources, BreakerPolicy())
+        found.breakers.extend((backend, model, breaker.state != "closed")
+                              for model, breaker in breakers.items())
     found.devices = await devices(redis)
     found.webhooks = await webhooks.counters(redis)
     return found

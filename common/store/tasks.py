@@ -7,12 +7,13 @@ state + ack, cancel + dequeue) is one Lua call, so no crash can leave half of it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from common import keys
 from common.blobs import BlobDir
@@ -28,6 +29,7 @@ from common.store.live import LiveWorkers
 from common.store.poll import PollReader
 from common.store.positions import Positions
 from common.store.record import Task
+from common.store.replicas import NotReplicated, ReplicaWait
 from common.store.usage import Charge, UsageStore
 from common.store.values import one_line, text
 
@@ -109,13 +111,20 @@ end
 # ARGV: task_id, ttl, blob ("" = none), idempotent ("1"/"0"), most queued tasks (0 = no
 #       limit), lane, audio seconds, deadline ("" = none), the 9 arguments of
 #       charge_usage (usage.LUA; all "" = not metered), field, value, ...
-# -> {1, entry id, its number} queued, {0, original task id} for a repeated idempotency key,
+# -> {1, entry id, its number} queued, {0, original task id} for a repeated idempotency key
+#    (or a repeated submit of the same task),
 #    {2, tasks queued} when the backend already has its most queued tasks, or {3, which
 #    limit, used} when the charge would pass a quota (nothing written for either).
 # Each entry carries its own number in the backend's add order (our counter, not Redis's
 # group "entries-read", which Redis 7.0 loses when it reloads the AOF): a queue position
 # is then one subtraction from the first entry not yet handed to a worker.
 _SUBMIT = _BACKLOG + usage.LUA + """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  -- this very submit, sent again after its reply was lost (ids are random): answer as the
+  -- first one did; the HSET (same value) makes a WAIT after it cover the stored record
+  redis.call('HSET', KEYS[1], 'id', ARGV[1])
+  return {0, ARGV[1]}
+end
 if ARGV[4] == '1' then
   local original = redis.call('GET', KEYS[5])
   if original then return {0, original} end
@@ -233,6 +242,11 @@ class Duplicate(Exception):
         self.task_id = task_id
 
 
+#: a terminal write waits up to this many `redis_wait_timeout_ms` for its replica: a worker
+#: has nothing better to do meanwhile, and a replica that reconnects catches up at once
+FINISH_WAITS = 10
+
+
 class TaskStore:
     """The gateway's whole side of Redis: the task lifecycle here (submit, start, finish,
     cancel, the sweeper's fenced fail), and the rest as sub-stores: `positions` (queue
@@ -241,10 +255,11 @@ class TaskStore:
     reads), `speech` (a TTS task's audio so far)."""
 
     def __init__(self, redis: Redis, retention_seconds: int,
-                 blob_dir: BlobDir | None = None) -> None:
+                 blob_dir: BlobDir | None = None, replicas: ReplicaWait | None = None) -> None:
         self.redis = redis
         self.retention = retention_seconds
         self.blobs = BlobStore(redis, retention_seconds, blob_dir)
+        self.replicas = replicas or ReplicaWait()  # submits and terminal writes wait for them
         self.positions = Positions(redis)
         self.poll = PollReader(redis)
         self.usage = UsageStore(redis)
@@ -263,7 +278,7 @@ class TaskStore:
         blob_dir = None
         if settings.blob_dir is not None:
             blob_dir = BlobDir(settings.blob_dir, int(settings.blob_dir_min_kib * 1024))
-        return cls(redis, settings.retention_seconds, blob_dir)
+        return cls(redis, settings.retention_seconds, blob_dir, ReplicaWait.of(settings))
 
     @classmethod
     def connect(cls, settings: Settings, client_name: str) -> TaskStore:
@@ -328,17 +343,25 @@ class TaskStore:
             await self.blobs.write_input_file(task.id, blob)
         stored = False
         try:
-            queued, value, *number = await self._submit(
-                keys=[keys.task(task.id), keys.queue(task.backend, task.lane),
-                      keys.input_blob(task.id), keys.queue_counter(task.backend, task.lane),
-                      keys.idempotency(task.owner, idempotency_key), keys.backlog(task.backend),
-                      keys.deadlines(task.backend), *hashes],
-                args=[task.id, self.retention, b"" if in_file else (blob or b""),
-                      "1" if idempotency_key else "0", max_queued_tasks, task.lane,
-                      repr(task.work_units),
-                      "" if task.deadline is None else repr(task.deadline), *usage_args,
-                      *flat],
-            )
+            try:
+                queued, value, *number = await self.replicas.call(
+                    self.redis, self._submit,
+                    keys=[keys.task(task.id), keys.queue(task.backend, task.lane),
+                          keys.input_blob(task.id), keys.queue_counter(task.backend, task.lane),
+                          keys.idempotency(task.owner, idempotency_key),
+                          keys.backlog(task.backend), keys.deadlines(task.backend), *hashes],
+                    args=[task.id, self.retention, b"" if in_file else (blob or b""),
+                          "1" if idempotency_key else "0", max_queued_tasks, task.lane,
+                          repr(task.work_units),
+                          "" if task.deadline is None else repr(task.deadline), *usage_args,
+                          *flat])
+            except NotReplicated as short:
+                # refused to the client: withdraw the task, unless a retry with its key is
+                # to find it (then it stays queued, and the retry is answered with it)
+                if short.result[0] == 1 and not idempotency_key:
+                    with contextlib.suppress(RedisError):
+                        await self.cancel(task.id, task.backend)
+                raise
             stored = queued == 1
         finally:
             if in_file and not stored:
@@ -390,23 +413,32 @@ class TaskStore:
         output: bytes | None = None,
     ) -> bool:
         """Store the terminal state (fenced by attempt) with its output, delete the input,
-        then ack; False if this write lost (its output is then discarded)."""
+        then ack; False if this write lost (its output is then discarded). NotReplicated
+        (its `result`: stored or not) when no replica confirmed it after FINISH_WAITS waits:
+        the input file then stays for a redelivery (the sweeper removes it later)."""
         assert state in TERMINAL_STATES
         output_file = ""
         if self.blobs.in_file(output):
             assert output is not None
             output_file = await self.blobs.write_output_file(task.id, attempt, output)
-        stored = bool(await self._finish(
-            keys=[keys.task(task.id), keys.queue(task.backend, task.lane), keys.events(task.id),
-                  keys.input_blob(task.id), keys.output_blob(task.id), keys.backlog(task.backend),
-                  keys.webhooks_due(), keys.speech_chunks(task.id)],
-            args=["" if attempt is None else attempt, entry_id, keys.WORKER_GROUP, state.value,
-                  repr(time.time()), self.retention,
-                  json.dumps(result) if result is not None else "", one_line(error),
-                  error_code, b"" if output_file or output is None else output, output_file,
-                  _measured_usage(task, state, result),
-                  json.dumps(result.get("usage") or {}) if result is not None else ""],
-        ))
+        try:
+            stored = bool(await self.replicas.call(
+                self.redis, self._finish,
+                keys=[keys.task(task.id), keys.queue(task.backend, task.lane),
+                      keys.events(task.id), keys.input_blob(task.id), keys.output_blob(task.id),
+                      keys.backlog(task.backend), keys.webhooks_due(),
+                      keys.speech_chunks(task.id)],
+                args=["" if attempt is None else attempt, entry_id, keys.WORKER_GROUP,
+                      state.value, repr(time.time()), self.retention,
+                      json.dumps(result) if result is not None else "", one_line(error),
+                      error_code, b"" if output_file or output is None else output,
+                      output_file, _measured_usage(task, state, result),
+                      json.dumps(result.get("usage") or {}) if result is not None else ""],
+                tries=FINISH_WAITS))
+        except NotReplicated as short:
+            if output_file and not short.result:
+                self.blobs.delete_output_file(output_file)
+            raise
         if stored:
             self.blobs.delete_input_file(task.id)
         else:

@@ -30,6 +30,8 @@ COUNTERS = {
     "worker_starts": "Worker processes started (a respawn counts again)",
     "load_failures": "Model loads that failed (each ended its worker)",
     "dead_lettered": "Tasks failed after exhausting their deliveries",
+    "store_refusals": "Redis writes a worker gave up on (refused, or Redis gone too long)",
+    "unreplicated_writes": "Terminal writes no replica confirmed in time (SPEECH_REDIS_WAIT_*)",
 }
 
 
@@ -45,7 +47,8 @@ class _Families:
             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 async def metrics(settings: SettingsDep, store: StoreDep) -> Response:
     try:
-        families = _families(await snapshot(store, enabled_backends(settings)))
+        families = _families(await snapshot(store, {name: settings.backend_models(name)
+                                                    for name in enabled_backends(settings)}))
         families += await _usage_families(settings, store)
     except StoreError:
         up = GaugeMetricFamily("speech_redis_up", "Whether the gateway reaches Redis")

@@ -20,7 +20,7 @@ from common.formats import fastwhisper_legacy
 from common.schemas import BATCH, TaskState
 from common.settings import Settings
 from common.store import StoreError, TaskStore
-from gateway.errors import RequestError, refusal_of
+from gateway.errors import STORE_NOTE, RequestError, refusal_of
 from gateway.policy.admission import Outlook, estimate_at
 from gateway.policy.signing import output_url
 from gateway.submit.enqueue import enqueue
@@ -71,7 +71,7 @@ async def status(request: Request, owner: str, settings: Settings,
         poll = await store.poll.read(task_id)
     except StoreError:
         return _reply({"task_id": task_id, "taskid": task_id, "status": "PENDING",
-                       "detail": "the task store is briefly unavailable; keep polling"})
+                       "detail": STORE_NOTE})
     if poll is None or poll.task.owner != owner:  # another key's task does not exist for you
         return _reply({"task_id": task_id, "taskid": task_id, "status": "FAILED",
                        "error": "unknown or expired task"})

@@ -19,7 +19,7 @@ from common.store import (
     TaskStore,
     new_task_id,
 )
-from gateway.errors import RequestError
+from gateway.errors import RequestError, store_unavailable
 from gateway.policy.admission import admit, queue_full
 from gateway.policy.quotas import charge_of, quota_exceeded
 from gateway.submit.audio import AudioInput
@@ -72,5 +72,4 @@ async def guard_store(awaitable: Awaitable[T], headers: dict[str, str] | None = 
     try:
         return await awaitable
     except StoreError as exc:
-        raise RequestError(503, f"the task store is unavailable ({type(exc).__name__})",
-                           code="store_unavailable", headers=headers) from None
+        raise store_unavailable(exc, headers) from None
