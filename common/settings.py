@@ -236,6 +236,16 @@ class Settings(BaseSettings):
     #: a diarized speaker takes a known speaker's name from this cosine similarity up
     diarization_name_threshold: float = Field(default=0.75, ge=0.0, le=1.0)
 
+    # --- cross-request batching (workers/batching.py; engines with a batch call) ---
+    #: most tasks one engine call takes together (1 = off)
+    batch_max_size: int = Field(default=8, ge=1)
+    #: once a burst is seen, a batch waits up to this long after its first task arrived
+    #: for more (a lone task never waits); 0 = off
+    batch_window_ms: float = Field(default=50.0, ge=0)
+    #: MiB each further clip of a batch needs (a batch is split to fit the memory cap and
+    #: the device reservation); 0 = learned from measured batch peaks
+    batch_item_mib: float = Field(default=0.0, ge=0)
+
     # --- breakers and liveness ---
     #: load failures of one model within the window that open its breaker
     breaker_failures: int = 3

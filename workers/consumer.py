@@ -18,7 +18,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from redis.exceptions import RedisError, ResponseError
 
@@ -30,9 +30,10 @@ from common.store import Task, WorkerStore
 from common.store.connection import transient
 from common.store.queue import Delivery
 from common.store.replicas import NotReplicated
+from workers import batching
 from workers.breakers import ModelBreakers
 from workers.engine_host import EngineHost
-from workers.execute import Outcome, SpeechProgress, TaskError
+from workers.execute import Outcome, Source, SpeechProgress, TaskError
 from workers.models import LoadReport
 
 log = logging.getLogger("worker")
@@ -63,6 +64,12 @@ class Consumer:
         self.tasks_done = 0
         self.load_seconds: float | None = None  # of the load the current task caused
         self.device_wait_seconds: float | None = None  # that load's wait for device memory
+        self.current_batch = 0  # tasks in the engine call under way, when they share one
+        #: observations for the next task's metrics (a batch's, recorded once)
+        self.observations: dict[str, float] = {}
+        self.batch_engine = batching.batch_engine(host.engine, settings)
+        self.gatherer = (batching.Gatherer(settings.batch_max_size, settings.batch_window_ms)
+                         if self.batch_engine is not None else None)
 
     def stop(self) -> None:
         """Take no new task; the one running finishes (see Worker.run for how long it may)."""
@@ -90,8 +97,13 @@ class Consumer:
                             self.settings.visibility_timeout_seconds)
                     if not deliveries:
                         deliveries = await self.store.read(block_ms=None if self.burst else 1000)
+                        if deliveries and self.gatherer is not None:
+                            deliveries = await self._gather(deliveries)
                     if not deliveries and self.burst:
                         return  # drained: nothing new, nothing abandoned
+                if self.gatherer is not None and len(deliveries) > 1:
+                    await self._handle_together(deliveries)
+                    continue
                 for delivery in deliveries:
                     await self._handle(delivery)
             except ResponseError as exc:
@@ -104,6 +116,14 @@ class Consumer:
                 log.warning("redis unavailable (%s); retrying", exc)
                 await asyncio.sleep(1.0)
 
+    async def _gather(self, first: list[Delivery]) -> list[Delivery]:
+        """The batch window (workers/batching.Gatherer); its wait goes into the metrics."""
+        assert self.gatherer is not None
+        taken, waited = await self.gatherer.gather(
+            first, lambda block_ms: self.store.read(block_ms=block_ms))
+        self.observations = {"batch_window_wait_seconds": waited, "batch_size": 1}
+        return taken
+
     async def _handle(self, delivery: Delivery) -> None:
         task = await self.store.get(delivery.task_id) if delivery.task_id else None
         if task is None or task.state.terminal:
@@ -113,37 +133,50 @@ class Consumer:
             await self._handle_task(task, delivery)
 
     async def _handle_task(self, task: Task, delivery: Delivery) -> None:
-        entry_id = delivery.entry_id
+        attempt = await self._open(task, delivery)
+        if attempt is None:
+            return
+        started = time.time()
+        self.current_task, self.load_seconds, self.device_wait_seconds = task.id, None, None
+        lease = asyncio.create_task(self._keep_lease([delivery]))
+        try:
+            outcome: Outcome | TaskError
+            try:
+                outcome = await self._run_task(task, attempt)
+            except TaskError as exc:
+                outcome = exc
+        finally:
+            lease.cancel()
+            self.current_task = None
+        await self._settle(task, attempt, delivery, outcome, started)
+
+    async def _open(self, task: Task, delivery: Delivery) -> int | None:
+        """Open the task's next attempt; None when it must not run (given up, finished,
+        cancelled or gone meanwhile, or its deadline passed while queued)."""
         deliveries = await self.store.deliveries(delivery)
         if deliveries > self.settings.max_deliveries:
-            await self._give_up(task, entry_id, deliveries)
-            return
+            await self._give_up(task, delivery.entry_id, deliveries)
+            return None
         attempt = await self.store.start(task.id, deliveries)
         if attempt <= 0:  # finished meanwhile, gone, or (-2) its deadline passed: FAILED
             if attempt == -2:
                 log.warning("deadline passed before it started: FAILED deadline_exceeded")
             await self.store.ack(delivery)
-            return
-        started = time.time()
+            return None
         log.info("attempt %d (delivery %d), model %s", attempt, deliveries, task.model)
-        self.current_task, self.load_seconds, self.device_wait_seconds = task.id, None, None
-        lease = asyncio.create_task(self._keep_lease(delivery))
-        try:
-            outcome: Outcome | None = None
-            error, code = "", ""
-            try:
-                outcome = await self._run_task(task, attempt)
-            except TaskError as exc:
-                error, code = str(exc), exc.code.value
-        finally:
-            lease.cancel()
-            self.current_task = None
-        state = TaskState.SUCCEEDED if outcome else TaskState.FAILED
+        return attempt
+
+    async def _settle(self, task: Task, attempt: int, delivery: Delivery,
+                      outcome: Outcome | TaskError, started: float, batch_size: int = 1) -> None:
+        """The terminal state, fenced by `attempt`, then the task's metrics."""
+        done = outcome if isinstance(outcome, Outcome) else None
+        state = TaskState.SUCCEEDED if done else TaskState.FAILED
+        error, code = ("", "") if done else (str(outcome), cast(TaskError, outcome).code.value)
         try:
             stored = await self._until_stored(lambda: self.store.finish(
-                task, state, attempt=attempt, entry_id=entry_id,
-                result=outcome.result if outcome else None, error=error, error_code=code,
-                output=outcome.output if outcome else None))
+                task, state, attempt=attempt, entry_id=delivery.entry_id,
+                result=done.result if done else None, error=error, error_code=code,
+                output=done.output if done else None))
         except NotReplicated as short:  # on the primary; lost only if it dies before a replica
             stored = bool(short.result)  # catches up, and then the entry is redelivered
             log.warning("terminal write not confirmed by a replica: %s", short)
@@ -154,16 +187,98 @@ class Consumer:
                  f" ({error})" if error else "")
         self.tasks_done += 1
         if stored:
-            await self._record(task, state, started)
+            await self._record(task, state, started, batch_size)
 
-    async def _record(self, task: Task, state: TaskState, started: float) -> None:
-        """Metrics for one finished task; never allowed to fail the task."""
+    # --- tasks that share engine calls (workers/batching.py) ------------------------------
+
+    async def _handle_together(self, deliveries: list[Delivery]) -> None:
+        """Gathered entries: each group that can share a call runs as one batch."""
+        engine = self.batch_engine
+        assert engine is not None
+        found: list[tuple[Task, Delivery]] = []
+        for delivery in deliveries:
+            task = await self.store.get(delivery.task_id) if delivery.task_id else None
+            if task is None or task.state.terminal:
+                await self.store.ack(delivery)
+            else:
+                found.append((task, delivery))
+        for members in batching.group(
+                found, lambda member: batching.batch_key(engine, member[0].model,
+                                                         member[0].params),
+                self.settings.batch_max_size):
+            if len(members) == 1:
+                self.observations["batch_size"] = 1
+                with logs.task_context(members[0][0].id):
+                    await self._handle_task(*members[0])
+            else:
+                await self._run_together(members)
+
+    async def _run_together(self, members: list[tuple[Task, Delivery]]) -> None:
+        """Each task opens its own attempt (a task cancelled or past its deadline while the
+        batch formed is not started, so never runs), keeps its own lease and gets its own
+        fenced terminal write; only the engine call is shared."""
+        opened: list[tuple[Task, Delivery, int]] = []
+        for task, delivery in members:
+            with logs.task_context(task.id):
+                attempt = await self._open(task, delivery)
+            if attempt is not None:
+                opened.append((task, delivery, attempt))
+        if not opened:
+            return
+        model = opened[0][0].model
+        log.info("batch of %d (%s), model %s", len(opened),
+                 ", ".join(task.id for task, _, _ in opened), model)
+        started = time.time()
+        self.current_task, self.load_seconds, self.device_wait_seconds = (
+            opened[0][0].id, None, None)
+        self.current_batch = len(opened)
+        held = [delivery for _, delivery, _ in opened]
+        lease = asyncio.create_task(self._keep_lease(held))
+        try:
+            results = await self._share_call(model, [task for task, _, _ in opened])
+        finally:
+            lease.cancel()
+            self.current_task, self.current_batch = None, 0
+        self.observations["batch_size"] = len(opened)
+        for (task, delivery, attempt), result in zip(opened, results, strict=True):
+            with logs.task_context(task.id):
+                await self._settle(task, attempt, delivery, result, started, len(opened))
+
+    async def _share_call(self, model: str, tasks: list[Task]) -> list[Outcome | TaskError]:
+        results: list[Outcome | TaskError | None] = [None] * len(tasks)
+        items: list[batching.BatchItem] = []
+        where: list[int] = []
+        try:
+            await self._admit(model)
+            for index, task in enumerate(tasks):
+                try:
+                    items.append(batching.BatchItem(task.params, *await self._input(task)))
+                    where.append(index)
+                except TaskError as exc:
+                    results[index] = exc
+            outcomes = await self.host.execute_batch(
+                model, items, on_load=functools.partial(self._loaded, tasks[where[0]])
+            ) if items else []
+        except TaskError as exc:  # the breaker, the load or the cap: every task's
+            outcomes = [exc] * len(where)
+            results = [exc if result is None else result for result in results]
+        for index, outcome in zip(where, outcomes, strict=True):
+            results[index] = outcome
+        return [result if result is not None else TaskError("no result") for result in results]
+
+    # --- one task's parts -----------------------------------------------------------------
+
+    async def _record(self, task: Task, state: TaskState, started: float,
+                      batch_size: int = 1) -> None:
+        """Metrics for one finished task (with the batch's, once); never allowed to fail
+        the task. Its processing rate counts its share of a shared call's time."""
         finished = time.time()
         inference = (finished - started - (self.load_seconds or 0.0)
                      - (self.device_wait_seconds or 0.0))
         observations = {"queue_wait_seconds": started - task.created_at,
                         "end_to_end_seconds": finished - task.created_at,
-                        "inference_seconds": inference}
+                        "inference_seconds": inference, **self.observations}
+        self.observations = {}
         if self.load_seconds is not None:
             observations["model_load_seconds"] = self.load_seconds
         if self.device_wait_seconds is not None:
@@ -176,12 +291,24 @@ class Consumer:
             if state == TaskState.SUCCEEDED and task.work_units:
                 # the processing rate a predicted wait divides by: work (audio-seconds, or
                 # characters) per second of wall time, less a load
-                await self.store.record_rate(task.model, task.work_units, inference)
+                await self.store.record_rate(task.model, task.work_units,
+                                             inference / batch_size)
 
     async def _run_task(self, task: Task, attempt: int) -> Outcome:
-        breaker_error = await self.breakers.admit(task.model)
+        await self._admit(task.model)
+        source, on_segment = await self._input(task)
+        speech = await self._speech(task, attempt) if self.host.kind == "tts" else None
+        return await self.host.execute(task.model, task.params, source, on_segment,
+                                       on_load=functools.partial(self._loaded, task),
+                                       speech=speech)
+
+    async def _admit(self, model: str) -> None:
+        breaker_error = await self.breakers.admit(model)
         if breaker_error:
             raise TaskError(breaker_error, ErrorCode.MODEL_UNAVAILABLE)
+
+    async def _input(self, task: Task) -> tuple[Source | None, Callable[[Segment], None]]:
+        """The task's input (TaskError when it has expired) and where its segments go."""
         source: bytes | AllowedFile | None
         roots = tuple(self.settings.allowed_roots)
         if task.input_path:  # checked again as it is opened: it may be a symlink by now
@@ -203,10 +330,7 @@ class Consumer:
             with contextlib.suppress(Exception):
                 future.result(timeout=1.0)
 
-        speech = await self._speech(task, attempt) if self.host.kind == "tts" else None
-        return await self.host.execute(task.model, task.params, source, on_segment,
-                                       on_load=functools.partial(self._loaded, task),
-                                       speech=speech)
+        return source, on_segment
 
     async def _speech(self, task: Task, attempt: int) -> SpeechProgress:
         """Where a TTS task's pieces go as they are spoken, after those an earlier attempt
@@ -237,15 +361,18 @@ class Consumer:
         with contextlib.suppress(RedisError):
             await self.store.record(("tasks_FAILED", "dead_lettered"))
 
-    async def _keep_lease(self, delivery: Delivery) -> None:
-        while True:
+    async def _keep_lease(self, deliveries: list[Delivery]) -> None:
+        """Extend each entry's lease (a batch's: each task keeps its own)."""
+        held = list(deliveries)
+        while held:
             await asyncio.sleep(self.settings.heartbeat_seconds)
-            try:
-                if not await self.store.extend_lease(delivery):
-                    log.warning("lost the lease on %s to another worker", delivery.entry_id)
-                    return
-            except RedisError:
-                pass  # the janitor's visibility timeout is many heartbeats long
+            for delivery in list(held):
+                try:
+                    if not await self.store.extend_lease(delivery):
+                        log.warning("lost the lease on %s to another worker", delivery.entry_id)
+                        held.remove(delivery)
+                except RedisError:
+                    pass  # the janitor's visibility timeout is many heartbeats long
 
     async def _until_stored(self, action: Callable[[], Awaitable[Any]]) -> Any:
         """`action`'s result, retried while Redis is unreachable (up to

@@ -32,6 +32,7 @@ class DeviceHolding:
         self.held: str | None = None  # the model whose reservation this worker holds
         self.reserved_mib = 0.0
         self._peak_from: float | None = None  # MiB in use before the load being measured
+        self.baseline_mib: float | None = None  # MiB in use before the held model loaded
         self._waited: float | None = None  # the last reservation's wait, for its LoadReport
 
     def take_wait(self) -> float | None:
@@ -59,6 +60,18 @@ class DeviceHolding:
         self._waited = self.budget.last_wait_seconds
         self._peak_from = await self.call(memory.reset_peak, self.uses_torch,
                                            self.device)
+        self.baseline_mib = self._peak_from
+
+    @property
+    def measuring(self) -> bool:
+        """A new load's peak is being measured (until its first call ends)."""
+        return self._peak_from is not None
+
+    def headroom_mib(self, used_mib: float) -> float | None:
+        """What the reservation leaves with `used_mib` in use (None: no reservation)."""
+        if self.held is None or self.reserved_mib <= 0 or self.baseline_mib is None:
+            return None
+        return self.reserved_mib - (used_mib - self.baseline_mib)
 
     async def check_peak(self, model: str, after_task: bool) -> None:
         """Measure the new load's peak (after the load, then after its first task): recorded,
@@ -95,6 +108,7 @@ class DeviceHolding:
         try:
             if self.slot.handle is None:
                 self.held, self.reserved_mib, self._peak_from = None, 0.0, None
+                self.baseline_mib = None
                 await self.budget.release()
             elif not await self.budget.mark(False):
                 log.warning("the reservation for %s lapsed", self.held)

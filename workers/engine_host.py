@@ -12,14 +12,14 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from common.catalog import BACKENDS
 from common.schemas import ErrorCode, Segment
 from common.settings import Settings
-from workers import memory
+from workers import batching, memory
 from workers.device_budget import NO_BUDGET, DeviceBudget
 from workers.device_holding import DeviceHolding
 from workers.diarize import Diarizer
@@ -59,6 +59,7 @@ class EngineHost:
         self.lock = asyncio.Lock()  # one engine call at a time: queue and direct HTTP
         self.running_calls = 0  # engine calls in progress (queue or direct HTTP): "busy"
         self.on_load = on_load  # for calls that bring none (direct HTTP, preload)
+        self.learned_item_mib = 0.0  # a batch's clip, as the last batch call measured it
         # the device memory broker: a reservation before every load, back after every unload
         self.holding = DeviceHolding(budget, self.slot, self._call, engine.uses_torch,
                                      self.device)
@@ -93,22 +94,49 @@ class EngineHost:
                       speech: SpeechProgress | None = None) -> Outcome:
         """Load `model` if needed and run one engine call, serialised with every other;
         a TaskError says why it failed. `speech`: see workers.execute.SpeechProgress."""
+
+        async def run(handle: Any) -> Outcome:
+            return await self._call(
+                run_engine, self.engine, handle, backend=self.backend, model=model,
+                params=params, source=source, on_segment=on_segment,
+                max_audio_seconds=self.settings.max_audio_seconds,
+                allowed_roots=tuple(self.settings.allowed_roots),
+                diarizer=self.slot.diarization(), speech=speech)
+
+        return await self._engine_call(model, on_load, params.get("diarization") is not None,
+                                       run)
+
+    async def execute_batch(self, model: str, items: list[batching.BatchItem],
+                            on_load: OnLoad | None = None) -> list[Outcome | TaskError]:
+        """`execute` for tasks that share calls (workers/batching.py): each one's outcome
+        or error. The batch is split into calls that fit the memory cap and the device
+        reservation; a TaskError raised here (a load, the cap) is every task's."""
+        engine = batching.batch_engine(self.engine, self.settings)
+        assert engine is not None
+
+        async def run(handle: Any) -> list[Outcome | TaskError]:
+            results: list[Outcome | TaskError] = []
+            sizes = batching.plan(len(items), self.batch_item_mib,
+                                  await self._call(self._batch_headroom))
+            for size in sizes:
+                chunk = items[len(results):len(results) + size]
+                results += await self._call(self._run_batch, engine, handle, model, chunk)
+            return results
+
+        return await self._engine_call(model, on_load, False, run)
+
+    async def _engine_call(self, model: str, on_load: OnLoad | None, diarize: bool,
+                           run: Callable[[Any], Awaitable[T]]) -> T:
         async with self.lock:
             self.running_calls += 1
-            outcome: Outcome | None = None
+            outcome: T | None = None
             failure: TaskError | None = None
             try:
                 await self.holding.reserve(model)
-                handle = await self._acquire(model, on_load or self.on_load,
-                                             diarize=params.get("diarization") is not None)
+                handle = await self._acquire(model, on_load or self.on_load, diarize=diarize)
                 await self.holding.check_peak(model, after_task=False)
                 await self._call(self._refuse_over_cap)
-                outcome = await self._call(
-                    run_engine, self.engine, handle, backend=self.backend, model=model,
-                    params=params, source=source, on_segment=on_segment,
-                    max_audio_seconds=self.settings.max_audio_seconds,
-                    allowed_roots=tuple(self.settings.allowed_roots),
-                    diarizer=self.slot.diarization(), speech=speech)
+                outcome = await run(handle)
             except Exception as exc:
                 failure = task_error(exc)
             # Past the except block the engine's exception is gone, and with its traceback
@@ -125,6 +153,35 @@ class EngineHost:
                 raise failure
             assert outcome is not None
             return outcome
+
+    def _batch_headroom(self) -> float | None:
+        """MiB a batch may add: what the memory cap and the device reservation leave."""
+        used = memory.used_mib(memory.snapshot(self.engine.uses_torch, self.device),
+                               self.device)
+        room = [self.settings.memory_cap_mib - used] if self.settings.memory_cap_mib > 0 else []
+        if (reserved := self.holding.headroom_mib(used)) is not None:
+            room.append(reserved)
+        return min(room) if room else None
+
+    def _run_batch(self, engine: Any, handle: Any, model: str,
+                   items: list[batching.BatchItem]) -> list[Outcome | TaskError]:
+        """One call of a batch (engine thread); its peak teaches `batch_item_mib`, except
+        on a new load's first call, whose peak the device holding is measuring."""
+        learn = len(items) > 1 and not self.holding.measuring
+        before = memory.reset_peak(self.engine.uses_torch, self.device) if learn else 0.0
+        results = batching.run_batch(
+            engine, handle, backend=self.backend, model=model, items=items,
+            max_audio_seconds=self.settings.max_audio_seconds,
+            allowed_roots=tuple(self.settings.allowed_roots))
+        if learn:
+            grown = memory.peak_mib(self.engine.uses_torch, self.device) - before
+            self.learned_item_mib = max(0.0, grown) / len(items)
+        return results
+
+    @property
+    def batch_item_mib(self) -> float:
+        """MiB a clip adds to a batch call: the setting, or the last batch's measure."""
+        return max(self.settings.batch_item_mib, self.learned_item_mib)
 
     async def _acquire(self, model: str, on_load: OnLoad, diarize: bool = False) -> Any:
         loads_before = self.slot.loads
@@ -221,6 +278,7 @@ class EngineHost:
             "idle_unload_seconds": self.settings.idle_unload_seconds,
             "device_id": self.holding.budget.device_id,
             "device_reserved_mib": self.holding.reserved_mib,
+            "batch": batching.describe(self.engine, self.settings),
         }
 
 

@@ -131,6 +131,15 @@ def run_engine(
     return Outcome(transcription.to_result(backend, model, with_words))
 
 
+def asr_audio(source: Source | None, params: dict[str, Any], sample_rate: int,
+              max_audio_seconds: float | None, allowed_roots: tuple[Path, ...]) -> np.ndarray:
+    """An ASR task's main clip, decoded as `run_engine` decodes it."""
+    sources = _asr_sources(source, params, allowed_roots)
+    if "file" not in sources:
+        raise ValueError("no input audio")
+    return _decode(sources["file"], sample_rate, max_audio_seconds)
+
+
 def _asr_sources(source: Source | None, params: dict[str, Any],
                  allowed_roots: tuple[Path, ...]) -> dict[str, Source]:
     """The main clip `file` and, for known speakers, their clips: uploads packed in the input

@@ -183,6 +183,7 @@ class Worker:
             **self.host.health(),
             "tasks_done": self.consumer.tasks_done,
             "current_task": self.consumer.current_task,
+            "current_batch": self.consumer.current_batch,
             "started_at": self.started_at,
         }
 

@@ -28,6 +28,11 @@ BUCKETS: dict[str, tuple[float, ...]] = {
     "inference_seconds": (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800),
     "end_to_end_seconds": (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800),
     "realtime_factor": (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
+    #: tasks per engine call, where the engine batches (workers/batching.py); 1 = alone
+    "batch_size": (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64),
+    #: how long a batch waited for company after its first task was read
+    "batch_window_wait_seconds": (0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+                                  5),
 }
 
 

@@ -31,7 +31,8 @@ async def ready(request: Request, settings: SettingsDep, store: StoreDep) -> JSO
     them up), and scripts/run_stack.sh waits for exactly that. Per backend, `ready` says
     whether a worker is live, and `breakers` how each model's breaker stands. Per device of
     the memory broker: its budget, what is reserved and free, the loads waiting in line
-    (first first) and the evictions so far."""
+    (first first) and the evictions so far. Per live worker: its batch settings (`batch`:
+    enabled, max_size, window_ms)."""
     private = is_authenticated(request, settings)
     backends: dict[str, Any] = {name: _backend() for name in enabled_backends(settings)}
     try:
@@ -53,7 +54,8 @@ async def ready(request: Request, settings: SettingsDep, store: StoreDep) -> JSO
         entry["workers"] += 1
         entry["consumers"].append(worker["consumer"])
         entry["live"].append({k: worker.get(k) for k in ("consumer", "url", "pid", "state",
-                                                          "loaded_models") if k not in hidden})
+                                                          "loaded_models", "batch")
+                               if k not in hidden})
     return JSONResponse({"ready": True, "redis": True, "backends": backends,
                          "devices": devices})
 

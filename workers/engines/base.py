@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -91,6 +91,27 @@ class TranscriptionEngine(Engine, Protocol):
         on_segment: Callable[[Segment], None],
     ) -> Transcription:
         """Transcribe mono float32 audio at `sample_rate`; call `on_segment` as segments appear."""
+        ...
+
+
+@runtime_checkable
+class BatchTranscriptionEngine(TranscriptionEngine, Protocol):
+    """An engine that transcribes several clips in one model call (workers/batching.py
+    decides when, and which tasks share one). An engine declares it only where each clip's
+    result is what `transcribe` gives it alone (greedy decoding)."""
+
+    def batch_key(self, options: TranscriptionOptions) -> Hashable | None:
+        """Tasks whose keys are equal may share a call; None: this task runs alone."""
+        ...
+
+    def transcribe_batch(
+        self,
+        handle: Any,
+        audios: list[np.ndarray],
+        options: list[TranscriptionOptions],
+        on_segments: list[Callable[[Segment], None]],
+    ) -> list[Transcription | Exception]:
+        """Each clip's transcription, or the exception that clip alone failed with."""
         ...
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,7 @@ from faster_whisper import WhisperModel
 
 from common.schemas import Segment, Transcription, TranscriptionOptions, Word
 from common.settings import Settings
+from workers.engines import ct2_batch
 from workers.engines.base import ModelRef
 
 BUNDLED = "bundled"
@@ -77,6 +78,19 @@ class FasterWhisperEngine:
         text = "".join(segment.text for segment in segments).strip()
         return Transcription(text=text, language=info.language, duration=info.duration,
                              segments=segments)
+
+    def batch_key(self, options: TranscriptionOptions) -> Hashable | None:
+        # what CTranslate2's generate kwargs follow; task and language only change prompts
+        return (options.beam_size, options.temperature)
+
+    def transcribe_batch(self, handle: WhisperModel, audios: list[np.ndarray],
+                         options: list[TranscriptionOptions],
+                         on_segments: list[Callable[[Segment], None]],
+                         ) -> list[Transcription | Exception]:
+        """Each clip through `transcribe`, their CTranslate2 calls batched (ct2_batch)."""
+        return ct2_batch.run_batched(handle, [
+            lambda model, a=audio, o=option, s=on_segment: self.transcribe(model, a, o, s)
+            for audio, option, on_segment in zip(audios, options, on_segments, strict=True)])
 
 
 def _segment(index: int, piece: Any) -> Segment:

@@ -96,3 +96,31 @@ def generate(handle: HfHandle, inputs: Any, max_new_tokens: int, **kwargs: Any) 
     finally:
         del inputs
     return handle.processor.decode(new_ids, skip_special_tokens=True)
+
+
+def generate_batch(handle: HfHandle, inputs: Any, max_new_tokens: list[int]) -> list[str]:
+    """Greedy decoding of a padded batch (the processor pads on the left): each row's new
+    text, cut where it would have stopped alone (its first end token, its own token limit),
+    so each equals `generate` of that request by itself."""
+    import torch
+
+    model = handle.model
+    ends = model.generation_config.eos_token_id
+    ends = set(ends if isinstance(ends, list) else [] if ends is None else [ends])
+    try:
+        inputs = inputs.to(model.device, model.dtype)
+        prompt_length = inputs["input_ids"].shape[1]
+        with torch.inference_mode():
+            output = model.generate(**inputs, max_new_tokens=max(max_new_tokens),
+                                    do_sample=False)
+        rows = output[:, prompt_length:].tolist()
+        del output
+    finally:
+        del inputs
+    texts = []
+    for row, limit in zip(rows, max_new_tokens, strict=True):
+        row = row[:limit]
+        stop = next((at for at, token in enumerate(row) if token in ends), None)
+        texts.append(handle.processor.decode(row if stop is None else row[:stop + 1],
+                                             skip_special_tokens=True))
+    return texts

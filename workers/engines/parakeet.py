@@ -11,7 +11,7 @@ import math
 import tarfile
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -124,15 +124,51 @@ class ParakeetEngine:
         if options.task != "transcribe":
             raise ValueError("parakeet only transcribes (no translation)")
         audio = np.ascontiguousarray(audio, dtype=np.float32)
+        windows = self._windows(audio)
+        hypotheses = [_forward(handle, audio[start:end]) for start, end in windows]
+        return self._assemble(audio, windows, hypotheses, options, on_segment)
+
+    def batch_key(self, options: TranscriptionOptions) -> Hashable | None:
+        return None if options.task != "transcribe" else "transcribe"
+
+    def transcribe_batch(self, handle: ParakeetHandle, audios: list[np.ndarray],
+                         options: list[TranscriptionOptions],
+                         on_segments: list[Callable[[Segment], None]],
+                         ) -> list[Transcription | Exception]:
+        """Every clip's windows through one padded forward (lengths mask the padding), at
+        most as many windows a call as there are clips."""
+        clips = [np.ascontiguousarray(audio, dtype=np.float32) for audio in audios]
+        windows = [self._windows(audio) for audio in clips]
+        flat = [(index, start, end) for index, found in enumerate(windows)
+                for start, end in found]
+        hypotheses: list[Any] = []
+        for at in range(0, len(flat), len(clips)):
+            hypotheses += _forward_batch(handle, [clips[i][start:end]
+                                                  for i, start, end in flat[at:at + len(clips)]])
+        results: list[Transcription | Exception] = []
+        for index, audio in enumerate(clips):
+            mine = [h for (i, _, _), h in zip(flat, hypotheses, strict=True) if i == index]
+            try:
+                results.append(self._assemble(audio, windows[index], mine, options[index],
+                                              on_segments[index]))
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    def _windows(self, audio: np.ndarray) -> list[tuple[int, int]]:
+        """Even windows of at most `window_seconds`, without any shorter than a frame."""
         total = len(audio)
-        windows = max(1, math.ceil(total / (self.window_seconds * self.sample_rate)))
-        bounds = [round(i * total / windows) for i in range(windows + 1)]  # even windows
+        count = max(1, math.ceil(total / (self.window_seconds * self.sample_rate)))
+        bounds = [round(i * total / count) for i in range(count + 1)]
+        return [(start, end) for start, end in pairwise(bounds)
+                if end - start >= self.sample_rate // 100]
+
+    def _assemble(self, audio: np.ndarray, windows: list[tuple[int, int]],
+                  hypotheses: list[Any], options: TranscriptionOptions,
+                  on_segment: Callable[[Segment], None]) -> Transcription:
         texts: list[str] = []
         segments: list[Segment] = []
-        for start, end in pairwise(bounds):
-            if end - start < self.sample_rate // 100:  # shorter than one feature frame
-                continue
-            hypothesis = _forward(handle, audio[start:end])
+        for (start, end), hypothesis in zip(windows, hypotheses, strict=True):
             offset, limit = start / self.sample_rate, end / self.sample_rate
             texts.append(hypothesis.text.strip())
             for segment in _segments(hypothesis, offset, limit, options.word_timestamps):
@@ -140,10 +176,14 @@ class ParakeetEngine:
                 segments.append(segment)
                 on_segment(segment)
         return Transcription(text=" ".join(t for t in texts if t), language=options.language,
-                             duration=total / self.sample_rate, segments=segments)
+                             duration=len(audio) / self.sample_rate, segments=segments)
 
 
 def _forward(handle: ParakeetHandle, audio: np.ndarray) -> Any:
+    return _forward_batch(handle, [audio])[0]
+
+
+def _forward_batch(handle: ParakeetHandle, audios: list[np.ndarray]) -> list[Any]:
     import torch
     from nemo.collections.asr.parts.utils.timestamp_utils import process_timestamp_outputs
 
@@ -153,8 +193,12 @@ def _forward(handle: ParakeetHandle, audio: np.ndarray) -> Any:
     # NeMo's transcribe() leaves the modules in training mode (dropout on): never trust it.
     asr.eval()
     with torch.inference_mode():
-        signal = torch.from_numpy(audio).unsqueeze(0).to(handle.device)
-        length = torch.tensor([signal.shape[1]], device=handle.device)
+        # zero padding to the longest; the lengths keep it out of every clip's result
+        padded = np.zeros((len(audios), max(len(a) for a in audios)), dtype=np.float32)
+        for row, audio in enumerate(audios):
+            padded[row, :len(audio)] = audio
+        signal = torch.from_numpy(padded).to(handle.device)
+        length = torch.tensor([len(a) for a in audios], device=handle.device)
         features, feature_length = asr.preprocessor(input_signal=signal, length=length)
         # A bf16 encoder needs bf16 features; the preprocessor runs in fp32.
         encoded, encoded_length = asr.encoder(audio_signal=features.to(handle.dtype),
@@ -162,7 +206,7 @@ def _forward(handle: ParakeetHandle, audio: np.ndarray) -> Any:
         hypotheses = asr.decoding.rnnt_decoder_predictions_tensor(
             encoder_output=encoded, encoded_lengths=encoded_length, return_hypotheses=True)
     stride = asr.cfg.preprocessor.window_stride
-    return process_timestamp_outputs(hypotheses, asr.encoder.subsampling_factor, stride)[0]
+    return list(process_timestamp_outputs(hypotheses, asr.encoder.subsampling_factor, stride))
 
 
 def _segments(hypothesis: Any, offset: float, limit: float, with_words: bool) -> list[Segment]:

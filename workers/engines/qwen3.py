@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import numpy as np
 
@@ -39,16 +39,42 @@ class Qwen3Engine(hf_common.HfAsrEngine):
         on_segment: Callable[[Segment], None],
     ) -> Transcription:
         self.check_task(options.task)
-        duration = len(audio) / self.sample_rate
         language = model_language(options.language)
-        max_new_tokens = max(MIN_NEW_TOKENS, int(duration * NEW_TOKENS_PER_SECOND))
         raw = hf_common.generate(
             handle,
             handle.processor.apply_transcription_request(
                 audio=audio, language=language, prompt=options.prompt or None
             ),
-            max_new_tokens,
+            _token_limit(len(audio) / self.sample_rate),
         )
+        return self._result(raw, language, len(audio) / self.sample_rate, on_segment)
+
+    def batch_key(self, options: TranscriptionOptions) -> Hashable | None:
+        # the processor takes one language for a batch (None: detect), prompts per clip
+        return None if options.task != "transcribe" else model_language(options.language)
+
+    def transcribe_batch(self, handle: hf_common.HfHandle, audios: list[np.ndarray],
+                         options: list[TranscriptionOptions],
+                         on_segments: list[Callable[[Segment], None]],
+                         ) -> list[Transcription | Exception]:
+        """One padded `generate` for every clip (one language, prompts per clip)."""
+        for option in options:
+            self.check_task(option.task)
+        languages = [model_language(option.language) for option in options]
+        if len(set(languages)) > 1:
+            raise ValueError("a batch has one language")
+        durations = [len(audio) / self.sample_rate for audio in audios]
+        raws = hf_common.generate_batch(
+            handle,
+            handle.processor.apply_transcription_request(
+                audio=list(audios), language=languages[0],
+                prompt=[option.prompt or None for option in options]),
+            [_token_limit(duration) for duration in durations])
+        return [self._result(raw, language, duration, on_segment) for raw, language, duration,
+                on_segment in zip(raws, languages, durations, on_segments, strict=True)]
+
+    def _result(self, raw: str, language: str | None, duration: float,
+                on_segment: Callable[[Segment], None]) -> Transcription:
         detected, text = parse_output(raw, language)
         segments: list[Segment] = []
         if text:
@@ -56,3 +82,7 @@ class Qwen3Engine(hf_common.HfAsrEngine):
             segments.append(Segment(id=0, start=0.0, end=round(duration, 3), text=text))
             on_segment(segments[0])
         return Transcription(text=text, language=detected, duration=duration, segments=segments)
+
+
+def _token_limit(duration: float) -> int:
+    return max(MIN_NEW_TOKENS, int(duration * NEW_TOKENS_PER_SECOND))

@@ -1,0 +1,229 @@
+"""Cross-request batching (issue 29), on real workers with the real tiny.en: tasks that share
+one engine call give the text they give alone, each keeps its own life (a bad clip fails
+alone, a cancelled task never runs, a killed batch is redelivered task by task), a lone
+task is not held by the window, and /metrics and /ready show it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from common import keys
+from common.audio import decode_audio, encode_wav
+from common.schemas import TaskState
+from common.settings import Settings
+from common.store import Task, TaskStore, new_task_id
+from harness import procs
+from harness.procs import TEST_AUDIO, wait_until
+from tests.helpers import JFK_TEXT, pending_count, wer
+from workers.engines.faster_whisper import FasterWhisperEngine
+from workers.runtime import Worker
+
+BACKEND = "faster-whisper"
+GREEDY = {"beam_size": 1, "language": "en"}
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[procs.RedisServer]:
+    server = procs.RedisServer(tmp_path / "redis").start()
+    yield server
+    server.stop()
+
+
+@cache
+def clips() -> list[bytes]:
+    """12 different clips: the test files, each from three starting points, at most 12 s."""
+    found = []
+    for name in ("jfk.flac", "hotwords.mp3", "multilingual.mp3", "stereo_16k.wav"):
+        audio = decode_audio((TEST_AUDIO / name).read_bytes(), 16000, None)
+        for offset in (0.0, 1.3, 2.7):
+            found.append(encode_wav(audio[int(offset * 16000):][:12 * 16000], 16000))
+    return found
+
+
+def settings_for(redis_url: str, **overrides: Any) -> Settings:
+    return Settings(redis_url=redis_url, models={BACKEND: {"tiny.en": "bundled"}},
+                    consumer="in-process", heartbeat_seconds=0.2, idle_unload_seconds=-1,
+                    min_uptime_seconds=0, cpu_threads=2, **overrides)
+
+
+async def submit(redis_url: str, audio: bytes, **params: Any) -> str:
+    client = Redis.from_url(redis_url)
+    task = Task(id=new_task_id(), backend=BACKEND, model="tiny.en", state=TaskState.PENDING,
+                params={**GREEDY, **params}, audio_seconds=len(audio) / 32000)
+    await TaskStore(client, 600).submit(task, audio)
+    await client.aclose()
+    return task.id
+
+
+async def tasks(redis_url: str, task_ids: list[str]) -> list[Task]:
+    client = Redis.from_url(redis_url)
+    store = TaskStore(client, 600)
+    found = [await store.get(task_id) for task_id in task_ids]
+    await client.aclose()
+    assert all(task is not None for task in found)
+    return [task for task in found if task is not None]
+
+
+async def drain(settings: Settings) -> Worker:
+    """One in-process worker in burst mode, until the queue is empty."""
+    client = Redis.from_url(settings.redis_url)
+    worker = Worker(settings, FasterWhisperEngine(settings), client, handle_signals=False,
+                    exit=lambda code: None, burst=True)
+    await worker.run()
+    await client.aclose()
+    return worker
+
+
+def histogram(redis: procs.RedisServer, name: str) -> dict[str, float]:
+    raw = redis.client().hgetall(keys.histogram(BACKEND, name))
+    return {k.decode(): float(v) for k, v in raw.items()}
+
+
+def test_twelve_clips_in_batches_give_the_text_they_give_alone(
+        redis: procs.RedisServer, tmp_path: Path) -> None:
+    async def run(window_ms: float) -> list[Task]:
+        ids = [await submit(redis.url, clip) for clip in clips()]
+        await drain(settings_for(redis.url, batch_window_ms=window_ms))
+        return await tasks(redis.url, ids)
+
+    alone = asyncio.run(run(0))  # batching off: one by one
+    assert histogram(redis, "batch_size") == {}
+    together = asyncio.run(run(50))
+    assert all(t.state == TaskState.SUCCEEDED for t in alone + together)
+    same = sum(a.result == b.result for a, b in zip(alone, together, strict=True))
+    assert same >= 11, [(a.result, b.result) for a, b in zip(alone, together, strict=True)]
+    assert wer(JFK_TEXT, together[0].result["text"]) <= 0.10  # type: ignore[index]
+    assert all(t.attempt == 1 for t in together)
+    sizes = histogram(redis, "batch_size")
+    assert sizes["count"] < 12 and sizes["sum"] == 12, sizes  # calls of several tasks
+    assert sizes.get("1.0", 0) < sizes["count"]
+    # /metrics shows it per backend
+    gateway = procs.gateway(redis.url, tmp_path).start()
+    try:
+        text = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+    finally:
+        gateway.stop()
+    assert f'speech_batch_size_count{{backend="{BACKEND}"}} {sizes["count"]}' in text
+    # every call within SPEECH_BATCH_MAX_SIZE (8)
+    assert f'speech_batch_size_bucket{{backend="{BACKEND}",le="8"}} {sizes["count"]}' in text
+    assert f'speech_batch_window_wait_seconds_count{{backend="{BACKEND}"}}' in text
+
+
+def test_a_clip_that_fails_to_decode_fails_alone(redis: procs.RedisServer) -> None:
+    async def scenario() -> list[Task]:
+        ids = [await submit(redis.url, clips()[0]), await submit(redis.url, b"not audio" * 100),
+               await submit(redis.url, clips()[3]), await submit(redis.url, clips()[6])]
+        await drain(settings_for(redis.url))
+        return await tasks(redis.url, ids)
+
+    good, bad, *rest = asyncio.run(scenario())
+    assert bad.state == TaskState.FAILED and bad.error_code == "invalid_audio", bad
+    assert all(t.state == TaskState.SUCCEEDED for t in (good, *rest))
+    assert wer(JFK_TEXT, good.result["text"]) <= 0.10  # type: ignore[index]
+    sizes = histogram(redis, "batch_size")
+    assert sizes == {**sizes, "count": 1.0, "sum": 4.0}  # the bad clip was in the batch
+    assert pending_count(redis.client()) == 0
+
+
+def test_a_task_cancelled_while_its_batch_forms_never_runs(redis: procs.RedisServer) -> None:
+    async def scenario() -> list[Task]:
+        client = Redis.from_url(redis.url)
+        ids = [await submit(redis.url, clip) for clip in clips()[:3]]
+        assert await TaskStore(client, 600).cancel(ids[1], BACKEND) == TaskState.CANCELLED
+        await client.aclose()
+        await drain(settings_for(redis.url))
+        return await tasks(redis.url, ids)
+
+    first, cancelled, last = asyncio.run(scenario())
+    assert cancelled.state == TaskState.CANCELLED
+    assert cancelled.attempt == 0 and cancelled.started_at is None and cancelled.result is None
+    assert first.state == last.state == TaskState.SUCCEEDED
+    assert histogram(redis, "batch_size")["sum"] == 2.0  # read with them, not run
+    assert pending_count(redis.client()) == 0
+
+
+def test_the_window_holds_no_lone_task_and_a_burst_only_that_long(
+        redis: procs.RedisServer) -> None:
+    """With a 2 s window: a lone task (no company yet) starts at once; after a batch, a task
+    arriving alone waits for company, but no longer than the window."""
+    window = 2.0
+    settings = settings_for(redis.url, batch_window_ms=window * 1000)
+
+    async def scenario() -> list[Task]:
+        client = Redis.from_url(redis.url)
+        worker = Worker(settings, FasterWhisperEngine(settings), client, handle_signals=False,
+                        exit=lambda code: None)
+        running = asyncio.create_task(worker.run())
+        ids = []
+
+        async def settle(task_id: str) -> None:
+            while (await tasks(redis.url, [task_id]))[0].state != TaskState.SUCCEEDED:
+                await asyncio.wait({running}, timeout=0.05)
+                assert not running.done()
+
+        ids.append(await submit(redis.url, clips()[0]))  # alone
+        await settle(ids[-1])
+        burst = [await submit(redis.url, clip) for clip in clips()[3:7]]
+        for task_id in burst:
+            await settle(task_id)
+        ids.append(await submit(redis.url, clips()[9]))  # alone, after a batch
+        await settle(ids[-1])
+        worker.stop()
+        await running
+        await client.aclose()
+        return await tasks(redis.url, ids)
+
+    lone, after_batch = asyncio.run(scenario())
+    assert lone.started_at is not None and after_batch.started_at is not None
+    assert lone.started_at - lone.created_at < window  # not held at all
+    assert after_batch.started_at - after_batch.created_at < window + 1.5
+    waits = histogram(redis, "batch_window_wait_seconds")
+    assert waits["count"] >= 3 and waits["sum"] <= waits["count"] * window
+
+
+def test_a_worker_killed_mid_batch_loses_nothing(redis: procs.RedisServer,
+                                                 tmp_path: Path) -> None:
+    """SIGKILL while a batch runs: its restart (same consumer) redelivers the tasks one by
+    one, and each ends SUCCEEDED exactly once."""
+    gateway = procs.gateway(redis.url, tmp_path).start()
+    settings = {"preload": "true", "idle_unload_seconds": "-1", "consumer": "batcher",
+                "cpu_threads": "2"}
+    worker = procs.worker(redis.url, tmp_path, **settings).start()
+    try:
+        ready = httpx.get(f"{gateway.url}/ready", timeout=10).json()
+        live = ready["backends"][BACKEND]["live"]
+        assert live and live[0]["batch"] == {"enabled": True, "max_size": 8, "window_ms": 50.0}
+        long_clip = (TEST_AUDIO / "multilingual.mp3").read_bytes()  # ~60 s: seconds of work
+        ids = asyncio.run(_submit_all(redis.url, [long_clip] * 4))
+        wait_until(lambda: sum(t.state == TaskState.RUNNING
+                               for t in asyncio.run(tasks(redis.url, ids))) >= 2,
+                   60, "a batch running", 0.05)
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.proc.wait(10)  # type: ignore[union-attr]
+        worker = procs.worker(redis.url, tmp_path, **settings).start()
+        wait_until(lambda: all(t.state.terminal for t in asyncio.run(tasks(redis.url, ids))),
+                   300, "every task finished", 0.2)
+    finally:
+        worker.stop()
+        gateway.stop()
+    done = asyncio.run(tasks(redis.url, ids))
+    assert all(t.state == TaskState.SUCCEEDED for t in done), done
+    assert max(t.attempt for t in done) == 2  # the killed batch's tasks ran again
+    client = redis.client()
+    counters = {k.decode(): int(v) for k, v in client.hgetall(keys.counters(BACKEND)).items()}
+    assert counters["tasks_SUCCEEDED"] == 4 and "tasks_FAILED" not in counters
+    assert pending_count(client) == 0 and client.xlen(keys.dead_letter(BACKEND)) == 0
+
+
+async def _submit_all(redis_url: str, audios: list[bytes]) -> list[str]:
+    return [await submit(redis_url, audio) for audio in audios]

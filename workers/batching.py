@@ -1,0 +1,192 @@
+"""Cross-request batching: the rule, written once for every engine that has a batch call.
+
+- **Gather** (`Gatherer`): after the first new entry, the queue is swept (no waiting) for
+  more, up to `SPEECH_BATCH_MAX_SIZE`. Only when company is seen (the sweep found some, or
+  the previous batch had several tasks: a burst is under way) does it wait for more, until
+  `SPEECH_BATCH_WINDOW_MS` after the first task arrived (its entry id is its add time),
+  and never longer than that window after the worker read it. A lone task, or one client's
+  request after request, is never held: batching costs it one empty read.
+- **Group** (`group`): only tasks of one model whose engine key (`batch_key`: the options
+  that must match) is equal share a call; a task without a key runs alone, as before.
+- **Fit** (`plan`): a batch is split so that each call's extra memory (`item_mib` a clip)
+  fits what the memory cap and the device reservation leave.
+- **Run** (`run_batch`, on the engine thread): each clip is decoded alone (a clip that
+  fails to decode fails alone), the rest go to the engine's batch call, and each clip gets
+  its own outcome. A batch call that fails as a whole is retried clip by clip, so one bad
+  clip never fails the others.
+
+Everything else about a task (its attempt, fence, lease, deadline, cancellation, streamed
+segments, result, usage and backlog) stays the consumer's, per task (workers/consumer.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from common.schemas import DiarizationOptions, Segment, TranscriptionOptions
+from common.settings import Settings
+from common.store.queue import Delivery
+from workers.engines.base import BatchTranscriptionEngine, Engine
+from workers.execute import Outcome, Source, TaskError, asr_audio, run_engine, task_error
+
+T = TypeVar("T")
+#: reads new entries, waiting up to the given ms (None: not at all)
+Read = Callable[[int | None], Awaitable[list[Delivery]]]
+
+
+def batch_engine(engine: Engine, settings: Settings) -> BatchTranscriptionEngine | None:
+    """The engine's batch call, when it has one and batching is on."""
+    if settings.batch_max_size < 2 or settings.batch_window_ms <= 0:
+        return None
+    return engine if isinstance(engine, BatchTranscriptionEngine) else None
+
+
+def describe(engine: Engine, settings: Settings) -> dict[str, Any]:
+    """The batch settings a worker shows in its health snapshot (and /ready)."""
+    return {"enabled": batch_engine(engine, settings) is not None,
+            "max_size": settings.batch_max_size, "window_ms": settings.batch_window_ms}
+
+
+def arrival(delivery: Delivery) -> float:
+    """When the entry was added (epoch seconds, Redis's clock): its id says."""
+    millis, _, _ = delivery.entry_id.partition("-")
+    return int(millis) / 1000 if millis.isdigit() else time.time()
+
+
+class Gatherer:
+    def __init__(self, max_size: int, window_ms: float) -> None:
+        self.max_size = max_size
+        self.window = window_ms / 1000
+        self.company = False  # the previous batch had several tasks
+
+    async def gather(self, first: list[Delivery], read: Read) -> tuple[list[Delivery], float]:
+        """`first` and what joins it; and the seconds spent waiting for company."""
+        taken = list(first)
+        read_at = time.monotonic()
+        deadline = read_at + max(0.0, min(self.window,
+                                          arrival(taken[0]) + self.window - time.time()))
+        while len(taken) < self.max_size:
+            more = await read(None)
+            if not more:
+                if not (self.company or len(taken) > 1):
+                    break  # alone: go at once
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if left_ms < 1:  # XREADGROUP's BLOCK 0 would wait for ever
+                    break
+                more = await read(left_ms)
+                if not more:
+                    break
+            taken.extend(more)
+        self.company = len(taken) > 1
+        waited = time.monotonic() - read_at
+        return taken, waited  # a read that waits may bring one more than asked (one a lane)
+
+
+def batch_key(engine: BatchTranscriptionEngine, model: str,
+              params: dict[str, Any]) -> Hashable | None:
+    """What tasks must share to share a call; None: this one runs alone (speakers, options
+    that do not parse: the single path says why)."""
+    if params.get("diarization") is not None or params.get("clips_packed"):
+        return None
+    try:
+        key = engine.batch_key(TranscriptionOptions.from_params(params))
+    except ValueError:
+        return None
+    return None if key is None else (model, key)
+
+
+def group(items: list[T], key: Callable[[T], Hashable | None],
+          max_size: int) -> list[list[T]]:
+    """Items with equal keys together (at most `max_size` a group), in order of their
+    first; a None key alone."""
+    groups: dict[Hashable, list[T]] = {}
+    alone: list[list[T]] = []
+    order: list[list[T]] = []
+    for item in items:
+        found = key(item)
+        if found is None:
+            alone.append([item])
+            order.append(alone[-1])
+        elif found in groups and len(groups[found]) < max_size:
+            groups[found].append(item)
+        else:
+            groups[found] = [item]
+            order.append(groups[found])
+    return order
+
+
+def plan(size: int, item_mib: float, headroom_mib: float | None) -> list[int]:
+    """The batch's calls: sizes adding up to `size`, each one's clips (`item_mib` each)
+    within `headroom_mib` (None: no bound); at least one clip a call."""
+    if headroom_mib is None or item_mib <= 0:
+        return [size]
+    fit = max(1, int(headroom_mib // item_mib))
+    return [min(fit, size - start) for start in range(0, size, fit)]
+
+
+@dataclass(slots=True)
+class BatchItem:
+    """One task's part of a batch: what `run_engine` takes for it alone."""
+
+    params: dict[str, Any]
+    source: Source | None
+    on_segment: Callable[[Segment], None]
+
+
+def run_batch(engine: BatchTranscriptionEngine, handle: Any, *, backend: str, model: str,
+              items: list[BatchItem], max_audio_seconds: float | None,
+              allowed_roots: tuple[Path, ...]) -> list[Outcome | TaskError]:
+    """One batch call on the engine thread: each item's outcome, or why it failed."""
+    if len(items) == 1:
+        alone = _alone(engine, handle, backend, model, items[0], max_audio_seconds,
+                       allowed_roots)
+        return [task_error(alone) if isinstance(alone, Exception) else alone]
+    results: list[Outcome | TaskError | None] = [None] * len(items)
+    audios: dict[int, np.ndarray] = {}
+    options: dict[int, TranscriptionOptions] = {}
+    for index, item in enumerate(items):
+        try:
+            options[index] = TranscriptionOptions.from_params(item.params)
+            if DiarizationOptions.from_params(item.params) is not None:
+                raise ValueError("a task with speakers cannot share a batch")
+            audios[index] = asr_audio(item.source, item.params, engine.sample_rate,
+                                      max_audio_seconds, allowed_roots)
+        except Exception as exc:
+            results[index] = task_error(exc)
+    ready = list(audios)
+    try:
+        answers: list[Any] = engine.transcribe_batch(
+            handle, [audios[i] for i in ready], [options[i] for i in ready],
+            [items[i].on_segment for i in ready]) if len(ready) > 1 else [None] * len(ready)
+    except Exception:  # the call as a whole: each clip again on its own
+        answers = [None] * len(ready)
+    audios.clear()
+    for index, answer in zip(ready, answers, strict=True):
+        if answer is None or (isinstance(answer, Exception) and len(ready) > 1):
+            # alone, or a failure that may be its neighbours' doing (memory, an engine
+            # error over the whole call): once more, alone
+            answer = _alone(engine, handle, backend, model, items[index], max_audio_seconds,
+                            allowed_roots)
+        if isinstance(answer, Exception):
+            answer = task_error(answer)
+        elif not isinstance(answer, Outcome):
+            answer = Outcome(answer.to_result(backend, model, options[index].word_timestamps))
+        results[index] = answer
+    return [result if result is not None else TaskError("no result") for result in results]
+
+
+def _alone(engine: Engine, handle: Any, backend: str, model: str, item: BatchItem,
+           max_audio_seconds: float | None,
+           allowed_roots: tuple[Path, ...]) -> Outcome | Exception:
+    try:
+        return run_engine(engine, handle, backend=backend, model=model, params=item.params,
+                          source=item.source, on_segment=item.on_segment,
+                          max_audio_seconds=max_audio_seconds, allowed_roots=allowed_roots)
+    except Exception as exc:
+        return exc
