@@ -71,7 +71,7 @@ def worker_deployment(row: Backend) -> dict[str, object]:
     container = {
         "name": "worker",
         "image": APP,
-        "command": [f".venvs/{row.env}/bin/python", "-m", "workers"],
+        "command": [f"/app/.venvs/{row.env}/bin/python", "-m", "workers"],
         "env": env,
         "envFrom": [{"configMapRef": {"name": f"{APP}-settings"}},
                     {"secretRef": {"name": f"{APP}-secrets"}}],

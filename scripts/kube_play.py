@@ -8,9 +8,10 @@ podman host lacks:
 - the StatefulSet becomes a Deployment with its claim as a PersistentVolumeClaim (a podman
   volume);
 - every pod shares the host's network on the given loopback ports (no Services, no pod IPs,
-  no cluster DNS): Redis and the gateway on theirs, workers on free ones;
-- probes, emptyDir volumes and a Secret's stringData become what podman 4 reads
-  (probes are dropped: the smoke test checks readiness itself; stringData is base64 data).
+  no cluster DNS): Redis and the gateway on theirs, workers on free ones, one pod each;
+- what podman 4 does not read is dropped or inlined: probes (the smoke test checks
+  readiness itself), emptyDir volumes (the image's own directory serves), Secrets (their
+  values become the containers' environment, as `envFrom` would make them).
 
     kubectl kustomize deploy/k8s/overlays/cpu | scripts/kube_play.py --port 8000 --redis-port 6379
 """
@@ -31,13 +32,12 @@ PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
 
 def for_podman(docs: list[dict[str, Any]], port: int, redis_port: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
+    secrets = {doc["metadata"]["name"]: secret_values(doc) for doc in docs
+               if doc["kind"] == "Secret"}
     for doc in docs:
         kind = doc["kind"]
-        if kind in DROPPED_KINDS:
+        if kind in DROPPED_KINDS or kind == "Secret":
             continue
-        if kind == "Secret" and "stringData" in doc:
-            doc["data"] = {key: base64.b64encode(str(value).encode()).decode()
-                           for key, value in doc.pop("stringData").items()}
         if kind == "ConfigMap" and "SPEECH_REDIS_URL" in doc.get("data", {}):
             doc["data"]["SPEECH_REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
         if kind == "StatefulSet":
@@ -46,9 +46,30 @@ def for_podman(docs: list[dict[str, Any]], port: int, redis_port: int) -> list[d
         if doc["kind"] == "Deployment":
             if doc["spec"].get("replicas", 1) == 0:
                 continue
-            on_host(doc["spec"]["template"]["spec"], doc["metadata"]["name"], port, redis_port)
+            doc["spec"]["replicas"] = 1  # one pod per Deployment: they share the host's ports
+            pod = doc["spec"]["template"]["spec"]
+            on_host(pod, doc["metadata"]["name"], port, redis_port)
+            for container in pod["containers"]:
+                inline_secrets(container, secrets)
         out.append(doc)
     return out
+
+
+def secret_values(doc: dict[str, Any]) -> dict[str, str]:
+    values = {key: base64.b64decode(value).decode() for key, value in doc.get("data", {}).items()}
+    return {**values, **{key: str(value) for key, value in doc.get("stringData", {}).items()}}
+
+
+def inline_secrets(container: dict[str, Any], secrets: dict[str, dict[str, str]]) -> None:
+    sources = container.get("envFrom", [])
+    container["envFrom"] = [source for source in sources if "secretRef" not in source]
+    given = {item["name"] for item in container.get("env", [])}
+    for source in sources:
+        if "secretRef" in source:
+            container["env"] = [*container.get("env", []), *(
+                {"name": key, "value": value}
+                for key, value in secrets[source["secretRef"]["name"]].items()
+                if key not in given)]
 
 
 def claim_of(template: dict[str, Any], statefulset: dict[str, Any]) -> dict[str, Any]:

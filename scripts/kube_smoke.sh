@@ -47,9 +47,9 @@ $keep || trap down EXIT
 
 "${podman[@]}" kube play "$work/play.yaml" >/dev/null
 url=http://127.0.0.1:$port
-secret=$("$python" -c 'import sys, yaml, base64
+secret=$("$python" -c 'import sys, yaml
 for d in yaml.safe_load_all(open(sys.argv[1])):
-    if d and d["kind"] == "Secret": print(base64.b64decode(d["data"]["SPEECH_WORKER_SECRET"]).decode())' "$work/play.yaml")
+    if d and d["kind"] == "Secret": print(d["stringData"]["SPEECH_WORKER_SECRET"])' "$work/rendered.yaml")
 # ready once the gateway answers and the CPU overlay's worker has a heartbeat
 for _ in $(seq 240); do
     if python3 -c "import json, sys, urllib.request

@@ -108,7 +108,7 @@ def test_a_worker_and_a_scaled_object_per_backend_on_both_lanes() -> None:
         worker = deployments[f"speech-gateway-worker-{name}"]
         main = container(worker)
         env = {item["name"]: item for item in main["env"]}
-        assert main["command"] == [f".venvs/{row.env}/bin/python", "-m", "workers"]
+        assert main["command"] == [f"/app/.venvs/{row.env}/bin/python", "-m", "workers"]
         assert env["SPEECH_BACKEND"]["value"] == name
         assert env["SPEECH_IDLE_UNLOAD_SECONDS"]["value"] == str(row.idle_unload_seconds)
         assert env["SPEECH_WORKER_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
@@ -166,6 +166,9 @@ def test_cpu_overlay_asks_for_no_gpu_and_external_redis_drops_the_bundled_one() 
         assert "nvidia.com/gpu" not in main["resources"].get("limits", {})
         assert {"name": "SPEECH_DEVICE", "value": "cpu"} in main["env"]
     assert "nvidia.com/gpu" not in yaml.safe_dump_all(cpu)
+    images = {c["image"] for doc in cpu if doc["kind"] in ("Deployment", "StatefulSet")
+              for c in doc["spec"]["template"]["spec"]["containers"]}
+    assert images == {"localhost/speech-gateway:core"}  # the image scripts/image.sh builds
     external = rendered("overlays/external-redis")
     assert not of_kind(external, "StatefulSet")
     assert "speech-gateway-redis" not in of_kind(external, "Service")
