@@ -5,7 +5,10 @@
   (the hand-written header, Redis and gateway programs above them stay as they are);
 - deploy/defaults.env: each environment's interpreter and each worker's defaults, between
   the two marker lines;
-- deploy/sage/llm_api_map.csv: one Sage llmage row per backend, the whole file.
+- deploy/sage/llm_api_map.csv: one Sage llmage row per backend, the whole file;
+- deploy/k8s/base/workers.yaml and deploy/k8s/overlays/cpu/workers-cpu.yaml: one worker
+  Deployment and KEDA ScaledObject per backend, and the CPU overlay's patch of each
+  (scripts/gen_k8s.py), whole files.
 
     scripts/gen_deploy.py           # rewrite them
     scripts/gen_deploy.py --check   # exit 1 naming each file that differs (a test runs this)
@@ -23,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the backend table, when run as a script
+import gen_k8s  # noqa: E402  (beside this file)
+
 from common.backends import BACKENDS, KINDS, Backend  # noqa: E402
 
 SUPERVISORD = ROOT / "deploy" / "supervisord.conf"
@@ -123,6 +128,7 @@ def generated() -> dict[Path, str]:
         DEFAULTS: between_markers(DEFAULTS.read_text(), ENV_BEGIN, ENV_END, defaults_lines(),
                                   DEFAULTS),
         SAGE_MAP: sage_map(),
+        **gen_k8s.generated(),
     }
 
 
@@ -138,6 +144,7 @@ def main() -> int:
             continue
         stale.append(path.relative_to(ROOT))
         if not args.check:
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
     if args.check and stale:
         print("out of date with common/backends.py (run scripts/gen_deploy.py): "

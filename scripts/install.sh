@@ -1,22 +1,37 @@
 #!/usr/bin/env bash
-# Installs what the service and its tests need on a fresh Debian machine with python3:
-# system packages (when missing) and one virtual environment per deploy/envs/NAME.txt,
-# created as .venvs/NAME. Re-running is cheap: an environment is rebuilt only when its
-# requirements file or the project's own dependencies (pyproject.toml) changed; the
-# project itself is installed editable, so code changes need no rebuild.
+# Installs what the service needs on a fresh Debian machine with python3: system packages
+# (when missing) and one virtual environment per deploy/envs/NAME.txt, created as .venvs/NAME
+# with uv from the committed lock deploy/envs/NAME.lock (scripts/lock.sh writes the locks).
+# uv's cache hardlinks each wheel into every environment that uses it, so torch and the other
+# shared packages are on disk once. Re-running is cheap: an environment is rebuilt only when
+# its lock or the project's own dependencies (pyproject.toml) changed; the project itself is
+# installed editable, so code changes need no rebuild.
 #
-#   scripts/install.sh            # the core environment (gateway + faster-whisper worker)
-#   scripts/install.sh core hf    # several environments
-#   scripts/install.sh all        # every environment in deploy/envs/
+#   scripts/install.sh                  # the core environment (gateway + faster-whisper worker)
+#   scripts/install.sh core hf          # several environments
+#   scripts/install.sh all              # every environment in deploy/envs/
+#   scripts/install.sh --tests all      # and the test tools (deploy/envs/tests.in) in core
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+tests=false
+envs=()
+for arg in "$@"; do
+    if [ "$arg" = --tests ]; then tests=true; else envs+=("$arg"); fi
+done
+[ ${#envs[@]} -eq 0 ] && envs=(core)
+if [ "${envs[0]}" = all ]; then
+    envs=()
+    for f in deploy/envs/*.txt; do envs+=("$(basename "$f" .txt)"); done
+fi
+$tests && [[ " ${envs[*]} " != *" core "* ]] && envs+=(core)
 
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v espeak-ng >/dev/null || missing+=(espeak-ng)
-# the headless browser tests/test_ui_browser.py drives: Debian's package (Ubuntu's, in the
-# container image, is a snap stub; the service itself needs no browser)
-if ! command -v chromium >/dev/null && grep -qx "ID=debian" /etc/os-release 2>/dev/null; then
+# the headless browser tests/test_ui_browser.py drives: Debian's package (Ubuntu's is a snap
+# stub; the service itself needs no browser)
+if $tests && ! command -v chromium >/dev/null && grep -qx "ID=debian" /etc/os-release 2>/dev/null; then
     missing+=(chromium)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
@@ -27,26 +42,40 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-envs=("$@")
-[ ${#envs[@]} -eq 0 ] && envs=(core)
-if [ "${envs[0]}" = all ]; then
-    envs=()
-    for f in deploy/envs/*.txt; do envs+=("$(basename "$f" .txt)"); done
-fi
+source scripts/uv.sh
+python=$(python3 -c 'import sys; print(sys.executable)')
+
+fresh_lock() {  # fresh_lock NAME: exit unless NAME.lock was made from its inputs as they are
+    local lock=deploy/envs/$1.lock
+    [ -f "$lock" ] && [ "$(head -1 "$lock")" = "# inputs: $(input_hash "$1")" ] && return
+    echo "install: $lock is missing or older than its inputs: run scripts/lock.sh $1" >&2
+    exit 2
+}
 
 for name in "${envs[@]}"; do
-    req="deploy/envs/$name.txt"
-    venv=".venvs/$name"
-    [ -f "$req" ] || { echo "install: no $req" >&2; exit 2; }
-    stamp=$( (cat "$req"; sed -n '/^dependencies/,/^]/p' pyproject.toml) | sha256sum | cut -c1-16)
+    venv=.venvs/$name
+    [ -f "deploy/envs/$name.txt" ] || { echo "install: no deploy/envs/$name.txt" >&2; exit 2; }
+    fresh_lock "$name"
+    stamp=$( (cat "deploy/envs/$name.lock"; sed -n '/^dependencies/,/^]/p' pyproject.toml) \
+        | sha256sum | cut -c1-16)
     if [ -f "$venv/.stamp" ] && [ "$(cat "$venv/.stamp")" = "$stamp" ]; then
         continue
     fi
-    echo "install: building $venv from $req (first time can take minutes)"
+    echo "install: building $venv from deploy/envs/$name.lock"
     rm -rf "$venv"
-    python3 -m venv "$venv"
-    # (sed drops this machine's notes about absent local package mirrors; pip's status stands)
-    "$venv/bin/pip" install -q --upgrade pip 2>&1 | sed '/^WARNING: Location .* is ignored/d'
-    "$venv/bin/pip" install -q -r "$req" -e . 2>&1 | sed '/^WARNING: Location .* is ignored/d'
+    "$UV" venv -q --python "$python" "$venv"
+    "$UV" pip install -q --python "$venv/bin/python" "${UV_OPTS[@]}" -r "deploy/envs/$name.lock"
+    "$UV" pip install -q --python "$venv/bin/python" "${UV_OPTS[@]}" --no-deps -e .
     echo "$stamp" > "$venv/.stamp"
 done
+
+if $tests; then
+    fresh_lock tests
+    stamp=$(cat deploy/envs/tests.lock .venvs/core/.stamp | sha256sum | cut -c1-16)
+    if [ ! -f .venvs/core/.stamp-tests ] || [ "$(cat .venvs/core/.stamp-tests)" != "$stamp" ]; then
+        echo "install: the test tools into .venvs/core from deploy/envs/tests.lock"
+        "$UV" pip install -q --python .venvs/core/bin/python "${UV_OPTS[@]}" \
+            -r deploy/envs/tests.lock
+        echo "$stamp" > .venvs/core/.stamp-tests
+    fi
+fi

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import configparser
+import hashlib
 import os
 import re
 import subprocess
@@ -32,7 +33,8 @@ def test_containerfile_copies_existing_paths_and_uses_the_installer() -> None:
     assert user and user[-1] not in ("root", "0")
     assert "HEALTHCHECK" in text and "/health" in text
     assert 'CMD ["scripts/run_stack.sh"]' in text
-    for script in ("install.sh", "run_stack.sh", "serve.sh", "test.sh", "smoke_test.sh"):
+    for script in ("install.sh", "run_stack.sh", "serve.sh", "test.sh", "smoke_test.sh",
+                   "lock.sh", "image.sh", "kube_smoke.sh"):
         assert os.access(ROOT / "scripts" / script, os.X_OK), script
 
 
@@ -71,3 +73,35 @@ def test_every_backend_names_an_existing_engine_module_and_environment() -> None
         assert (ROOT / "deploy" / "envs" / f"{row.env}.txt").is_file(), (name, row.env)
         if row.fixture.builder:
             assert (ROOT / "scripts" / "tiny_models" / row.fixture.builder).is_file(), name
+
+
+def lock_inputs_hash(name: str) -> str:
+    """What scripts/uv.sh's input_hash prints: the lock's inputs, hashed."""
+    envs = ROOT / "deploy" / "envs"
+    if name == "tests":
+        data = (envs / "tests.in").read_bytes() + (envs / "core.lock").read_bytes()
+    else:
+        lines = (ROOT / "pyproject.toml").read_text().splitlines(keepends=True)
+        start = next(i for i, line in enumerate(lines) if line.startswith("dependencies"))
+        stop = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("]"))
+        data = (envs / f"{name}.txt").read_bytes() + "".join(lines[start:stop + 1]).encode()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def test_every_environment_has_a_lock_made_from_its_inputs_as_they_are() -> None:
+    """A requirements file (or pyproject's dependencies) changed without rerunning
+    scripts/lock.sh fails here, as scripts/install.sh would refuse the stale lock."""
+    envs = ROOT / "deploy" / "envs"
+    names = [path.stem for path in envs.glob("*.txt")] + ["tests"]
+    assert "core" in names
+    stale = [name for name in names if not (envs / f"{name}.lock").is_file()
+             or (envs / f"{name}.lock").read_text().splitlines()[0]
+             != f"# inputs: {lock_inputs_hash(name)}"]
+    assert not stale, f"run scripts/lock.sh {' '.join(stale)}"
+    for name in names:
+        pins = [line for line in (envs / f"{name}.lock").read_text().splitlines()
+                if line and not line.startswith("#")]
+        assert pins and all("==" in pin and "+" not in pin for pin in pins), name
+    service = (envs / "core.lock").read_text()
+    for tool in ("pytest", "ruff", "playwright"):  # the service install carries no test tool
+        assert f"\n{tool}==" not in service, tool

