@@ -179,7 +179,8 @@ class Consumer:
             # streaming is best effort, so a slow or absent Redis only skips the event.
             event = {"type": "segment", "id": segment.id, "start": segment.start,
                      "end": segment.end, "text": segment.text}
-            future = asyncio.run_coroutine_threadsafe(self.store.publish(task.id, event), loop)
+            future = asyncio.run_coroutine_threadsafe(
+                self.store.publish_segment(task.id, attempt, segment.end, event), loop)
             with contextlib.suppress(Exception):
                 future.result(timeout=1.0)
 

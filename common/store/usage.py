@@ -6,8 +6,12 @@ the same call, so concurrent submits cannot overshoot and a refused submit write
 The task records its charge (`charge`: JSON of the amount, unit, backend and the keys it went
 to); a SUCCEEDED task's charge is settled to the usage its result measured (`settle_usage`,
 in the finish script: a container cannot claim less audio than it holds) and added to the
-owner's all-time totals, a FAILED or CANCELLED task's is given back (`close_usage`, in
-`close()`). The policy (which limits, the 429, `/v1/usage`) is gateway/policy/quotas.py's.
+owner's all-time totals; a FAILED or CANCELLED task keeps the part of its charge it had
+delivered (its `delivered` field: the end of the last segment it published, the characters
+of the pieces it spoke; common/store/segments.py and chunks.py keep it) and the rest is given
+back (`close_usage`, in `close()`), so a failure after the output reached its client refunds
+only what it did not deliver. The policy (which limits, the 429, `/v1/usage`) is
+gateway/policy/quotas.py's.
 """
 
 from __future__ import annotations
@@ -72,10 +76,14 @@ local function close_usage(task, state)
   local raw = redis.call('HGET', task, 'charge')
   if not raw or raw == '' then return end
   local charge = cjson.decode(raw)
-  if state == 'SUCCEEDED' then
+  if state ~= 'SUCCEEDED' then
+    local kept = tonumber(redis.call('HGET', task, 'delivered') or '') or 0
+    usage_add(charge, kept - charge.amount)
+    charge.amount = kept
+    redis.call('HSET', task, 'charge', cjson.encode(charge))
+  end
+  if charge.amount > 0 then
     redis.call('HINCRBYFLOAT', charge.total, charge.unit .. ':' .. charge.backend, charge.amount)
-  else
-    usage_add(charge, -charge.amount)
   end
 end
 """

@@ -1,0 +1,182 @@
+"""Charged for what was delivered (issue 30, finding 1), on a real redis-server, gateway and
+faster-whisper worker (tiny.en, with the bundled diarizer): a task that fails after its
+segments reached the client keeps exactly that part of its charge, a known-speaker clip is
+decoded and checked before the engine runs (so nothing streams and nothing is charged), and
+text XTTS cannot speak is refused at submit, never a 500."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from common.audio import decode_audio, encode_wav
+from gateway.auth import digest
+from harness import conversation, procs
+from harness.procs import TEST_AUDIO, wait_until
+from tests.audio_fakes import decoded_seconds, lying_matroska
+from tests.helpers import wait_task
+
+pytestmark = pytest.mark.timeout(300)
+KEY = "key-fair-charges-secret"
+AUTH = {"authorization": f"Bearer {KEY}"}
+XTTS_MODEL = procs.ROOT / "models" / "tiny" / "xtts"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    workdir = tmp_path_factory.mktemp("fair-charges")
+    server = procs.RedisServer(workdir / "redis").start()
+    models = {"faster-whisper": {"tiny.en": "bundled"}, "xtts": {"tiny": str(XTTS_MODEL)}}
+    keys = [{"key": "sha256:" + digest(KEY), "name": "payer",
+             "quotas": {"audio_seconds_per_day": 10000}}]
+    roots = [str(TEST_AUDIO), str(workdir)]
+    gateway = procs.gateway(server.url, workdir, api_keys=keys, models=models,
+                            allowed_roots=roots).start()
+    yield {"redis": server, "client": server.client(), "gateway": gateway.url,
+           "workdir": workdir, "roots": roots}
+    gateway.stop()
+    server.stop()
+
+
+def used_today(env: dict[str, Any]) -> float:
+    reply = httpx.get(f"{env['gateway']}/v1/usage", headers=AUTH, timeout=30)
+    assert reply.status_code == 200, reply.text
+    return float(reply.json()["day"]["audio_seconds"]["used"])
+
+
+def long_clip(workdir: Path, times: int) -> Path:
+    """jfk.flac `times` over: several 30 s windows, so segments go out before the end."""
+    audio = decode_audio(TEST_AUDIO / "jfk.flac", 16000)
+    path = workdir / f"jfk-x{times}.wav"
+    path.write_bytes(encode_wav(np.concatenate([audio] * times), 16000))
+    return path
+
+
+def test_a_task_killed_after_its_segments_went_out_keeps_their_charge(env: dict[str, Any]
+                                                                      ) -> None:
+    clip = long_clip(env["workdir"], 6)  # 66 s
+    worker = procs.worker(env["redis"].url, env["workdir"], idle_unload_seconds="-1",
+                          max_deliveries="1", consumer="fair-killed",
+                          allowed_roots=env["roots"]).start()
+    before = used_today(env)
+    ends: list[float] = []
+    subscribed = threading.Event()
+
+    def watch(task_id_box: dict[str, str]) -> None:
+        pubsub = env["client"].pubsub()
+        pubsub.psubscribe("sg:events:*")
+        subscribed.set()
+        for message in pubsub.listen():
+            if message["type"] != "pmessage":
+                continue
+            event = json.loads(message["data"])
+            if event.get("type") == "segment":
+                ends.append(float(event["end"]))
+                if len(ends) == 1:
+                    os.kill(worker.pid, signal.SIGSTOP)  # at once: the rest is not delivered
+                    task_id_box["id"] = message["channel"].decode().rsplit(":", 1)[-1]
+                    break
+        pubsub.close()
+
+    box: dict[str, str] = {}
+    watcher = threading.Thread(target=watch, args=(box,))
+    watcher.start()
+    subscribed.wait(10)
+    try:
+        with clip.open("rb") as handle:
+            reply = httpx.post(f"{env['gateway']}/api/faster-whisper-submit", headers=AUTH,
+                               files={"file": ("long.wav", handle)}, timeout=60)
+        assert reply.status_code == 200, reply.text
+        task_id = reply.json()["task_id"]
+        assert used_today(env) == pytest.approx(before + 66, abs=0.1)  # charged at submit
+        watcher.join(120)
+        assert ends, "no segment was published"
+    finally:
+        os.kill(worker.pid, signal.SIGKILL)
+        os.kill(worker.pid, signal.SIGCONT)
+        worker.stop()
+    # the same consumer comes back, finds its entry past the delivery limit and gives up
+    again = procs.worker(env["redis"].url, env["workdir"], idle_unload_seconds="-1",
+                         max_deliveries="1", consumer="fair-killed",
+                         allowed_roots=env["roots"]).start()
+    try:
+        task = wait_task(env["gateway"], task_id, headers=AUTH, timeout=60)
+    finally:
+        again.stop()
+    assert task["status"] == "FAILED", task
+    delivered = max(ends)
+    assert 0 < delivered < 66
+    # usage equals delivered work: the published part stays charged, the rest went back
+    assert used_today(env) - before == pytest.approx(delivered, abs=0.01)
+
+
+def test_a_lying_known_speaker_clip_fails_before_anything_streams_and_costs_nothing(
+        env: dict[str, Any]) -> None:
+    root = env["workdir"]
+    talk = root / "talk.wav"
+    conversation.build(talk)
+    reference = conversation.reference_clip(root / "alice.wav", "alice")
+    # the container claims 5 s, the packets hold ~33 s (past the 10 s a reference may last)
+    loops = max(2, round(33 / decoded_seconds(reference.read_bytes())))
+    lying = lying_matroska(reference, loops, 5.0)
+    assert decoded_seconds(lying) > 25
+    url = "data:audio/x-matroska;base64," + base64.b64encode(lying).decode()
+    worker = procs.worker(env["redis"].url, env["workdir"], idle_unload_seconds="-1",
+                          allowed_roots=env["roots"]).start()
+    try:
+        before = used_today(env)
+        events: list[dict[str, Any]] = []
+        with talk.open("rb") as handle, httpx.stream(
+                "POST", f"{env['gateway']}/v1/audio/transcriptions", headers=AUTH,
+                files={"file": ("talk.wav", handle)}, timeout=120,
+                data={"model": "whisper-1", "stream": "true", "diarize": "true",
+                      "known_speaker_names[]": ["alice"],
+                      "known_speaker_references[]": [url]}) as reply:
+            body = reply.read().decode()
+        if reply.status_code == 200:
+            events = [json.loads(line[6:]) for line in body.splitlines()
+                      if line.startswith("data: ") and line[6:].strip().startswith("{")]
+            assert events and events[-1]["type"] == "error", body
+            assert all(event["type"] != "transcript.text.delta" for event in events), body
+        else:
+            assert 400 <= reply.status_code < 500, body
+        wait_until(lambda: used_today(env) == pytest.approx(before, abs=0.01), 30,
+                   "the refund")
+    finally:
+        worker.stop()
+
+
+@pytest.mark.parametrize("text", [
+    "Hello there. The code is " + "9" * 200 + ".",
+    "Pay " + ",".join(["999"] * 8) + " dollars.",
+    "Numbers " + " ".join(["12345678"] * 12) + " end",
+    "1" * 5000,  # past Python's int() limit of 4300 digits too
+])
+def test_text_xtts_cannot_speak_is_refused_at_submit(env: dict[str, Any], text: str) -> None:
+    base = env["gateway"]
+    openai = httpx.post(f"{base}/v1/audio/speech", headers=AUTH, timeout=30,
+                        json={"model": "tts-1", "input": text, "voice": "alloy"})
+    assert openai.status_code == 400, openai.text
+    assert openai.json()["error"]["code"] == "unspeakable_text"
+    sage = httpx.post(f"{base}/api/xtts-submit", headers=AUTH, timeout=30,
+                      data={"text": text, "voice": "alloy"})
+    assert sage.status_code == 400 and sage.json()["status"] == "FAILED", sage.text
+
+
+def test_text_with_ordinary_numbers_is_taken(env: dict[str, Any]) -> None:
+    reply = httpx.post(f"{env['gateway']}/api/xtts-submit", headers=AUTH, timeout=30,
+                       data={"text": "Call 555 0142 on 12 March 2024 at 10:30, or pay "
+                                     "$1,250,000.50 by 9 April.", "voice": "alloy"})
+    assert reply.status_code == 200 and reply.json()["status"] == "PENDING", reply.text
+    task_id = reply.json()["task_id"]
+    httpx.delete(f"{env['gateway']}/v1/tasks/{task_id}", headers=AUTH, timeout=30)
