@@ -152,6 +152,12 @@ def usage(owner: str, period: str) -> str:
     return f"{PREFIX}usage:{owner or '-'}:{period}"
 
 
+def in_flight(owner: str) -> str:
+    """String: how many of an owner's tasks are queued or running (counted by the submit,
+    uncounted by the terminal write: its `in_flight` field names this key)."""
+    return f"{PREFIX}in-flight:{owner or '-'}"
+
+
 def usage_total(owner: str) -> str:
     """Hash: an owner's all-time usage of SUCCEEDED tasks, "<unit>:<backend>" -> amount (what
     the per-key Prometheus counters report)."""

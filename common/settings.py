@@ -88,9 +88,18 @@ class ApiKey(BaseModel):
     key: str
     #: its label on /metrics and /v1/usage (default: its owner id, 16 hex of the digest)
     name: str = ""
-    #: the lane of its submits that name no `priority`
+    #: the lane of its submits that name no `priority`; "interactive" also allows that lane
     priority: Lane | None = None
+    #: whether its work may take the interactive lane (else all of it is queued as batch,
+    #: also live turns and an explicit `priority=interactive`)
+    interactive: bool = False
+    #: its most tasks queued or running at once (None: `max_in_flight_per_key`; 0: no limit)
+    max_in_flight: int | None = Field(default=None, ge=0)
     quotas: KeyQuotas = Field(default_factory=KeyQuotas)
+
+    @property
+    def may_use_interactive(self) -> bool:
+        return self.interactive or self.priority == "interactive"
 
     @field_validator("key")
     @classmethod
@@ -241,6 +250,12 @@ class Settings(BaseSettings):
     #: a batch task not yet handed to a worker this long is taken before new interactive
     #: work (batch is never starved); 0 = interactive always first
     batch_promotion_seconds: float = Field(default=60.0, ge=0)
+    #: … but only once a worker has taken this many interactive entries since its last batch
+    #: one: an aged backlog gets one entry in (this + 1), never all of it first
+    batch_promotion_every: int = Field(default=4, ge=1)
+    #: tasks one API key may have queued or running at once (0 = no limit); per key:
+    #: `max_in_flight` in its entry
+    max_in_flight_per_key: int = Field(default=64, ge=0)
     #: backend -> most tasks queued (both lanes) before a submit is refused with 429
     max_queued_tasks: dict[str, int] = Field(default_factory=dict)
     #: backend -> longest predicted wait (seconds) before a submit is refused with 429
@@ -367,6 +382,22 @@ class Settings(BaseSettings):
     def api_key(self, owner: str) -> ApiKey | None:
         """The configured key whose tasks are recorded under `owner` (None: keys are off)."""
         return next((entry for entry in self.api_keys if entry.owner == owner), None)
+
+    def in_flight_limit(self, owner: str) -> int | None:
+        """The most tasks `owner` may have queued or running (0: no limit; None: keys are
+        off, nothing is counted)."""
+        key = self.api_key(owner)
+        if key is None:
+            return None
+        return self.max_in_flight_per_key if key.max_in_flight is None else key.max_in_flight
+
+    def lane_for(self, owner: str, lane: str) -> str:
+        """`lane`, unless it is interactive and `owner`'s key may not use it (then batch);
+        with keys off every caller may."""
+        key = self.api_key(owner)
+        if lane == "interactive" and key is not None and not key.may_use_interactive:
+            return "batch"
+        return lane
 
     def backend_models(self, backend: str) -> dict[str, str]:
         return self.models.get(backend, {})

@@ -16,11 +16,12 @@ from common.store.tasks import (
     QueueFull,
     Task,
     TaskStore,
+    TooManyInFlight,
     new_task_id,
 )
 from common.store.usage import Charge, QuotaExceeded
 from common.store.worker import WorkerStore
 
 __all__ = ["Admission", "Breaker", "BreakerPolicy", "Charge", "Duplicate", "QueueFull",
-           "QuotaExceeded", "StoreError", "Task", "TaskStore", "WorkerStore",
+           "QuotaExceeded", "StoreError", "Task", "TaskStore", "TooManyInFlight", "WorkerStore",
            "new_task_id"]
