@@ -79,8 +79,8 @@ def resolve(settings: Settings, transcription: Transcription,
     except (UnknownModel, UnknownBackend) as exc:
         raise ProtocolError("invalid_value", f"{exc}; GET /v1/models lists them",
                             f"{MODEL_PARAM}.model", event_id) from None
-    params = Params({"language": transcription.language or "", "prompt": transcription.prompt},
-                    {}, {})
+    params = Params.of({"language": transcription.language or "",
+                        "prompt": transcription.prompt})
     try:
         options = asr_params(params, settings, backend)
     except RequestError as exc:

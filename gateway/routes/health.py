@@ -16,7 +16,7 @@ from gateway.dependencies import SettingsDep, StoreDep
 public = APIRouter(tags=["Health"])
 router = APIRouter(tags=["Health"])
 #: what /ready shows of a live worker only to a caller with a valid key (or with keys off);
-#: a breaker's load error likewise
+#: a breaker's load error, its loaded models and the broker's holders likewise
 PRIVATE_LIVE_FIELDS = frozenset({"url", "pid"})
 
 
@@ -37,7 +37,8 @@ async def ready(request: Request, settings: SettingsDep, store: StoreDep) -> JSO
     try:
         await store.ping()
         workers = await store.live_workers()
-        devices = {view.device: view.public() for view in await store.devices()}
+        devices = {view.device: _device_view(view.public(), private)
+                   for view in await store.devices()}
         policy = BreakerPolicy.of(settings)
         for name, entry in backends.items():
             breakers = await store.breakers(name, settings.backend_models(name), policy)
@@ -46,7 +47,7 @@ async def ready(request: Request, settings: SettingsDep, store: StoreDep) -> JSO
     except StoreError as exc:
         return JSONResponse({"ready": False, "redis": False, "error": type(exc).__name__,
                              "backends": backends}, status_code=503)
-    hidden = frozenset() if private else PRIVATE_LIVE_FIELDS
+    hidden = frozenset() if private else PRIVATE_LIVE_FIELDS | {"loaded_models"}
     for worker in workers:
         entry = backends.setdefault(worker["backend"], _backend())
         entry["ready"] = True
@@ -56,6 +57,13 @@ async def ready(request: Request, settings: SettingsDep, store: StoreDep) -> JSO
                                                           "loaded_models") if k not in hidden})
     return JSONResponse({"ready": True, "redis": True, "backends": backends,
                          "devices": devices})
+
+
+def _device_view(device: dict[str, Any], private: bool) -> dict[str, Any]:
+    """Who holds or waits for a device's memory (consumers, models) is for a key holder;
+    the totals are for anyone."""
+    return device if private else {k: v for k, v in device.items()
+                                   if k not in ("holders", "waiting")}
 
 
 def _breaker_view(breaker: dict[str, Any], private: bool) -> dict[str, Any]:

@@ -35,6 +35,13 @@ class Params:
     #: every upload under each name, in order (`files` keeps the last)
     file_lists: dict[str, list[UploadFile]] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, values: dict[str, str]) -> Params:
+        """Plain values (a live session's config), checked like a form's: NUL, bad Unicode."""
+        params = cls({}, {}, {})
+        _add_pairs(params, list(values.items()))
+        return params
+
     def get(self, *names: str) -> str | None:
         for name in names:
             self.check(name)
