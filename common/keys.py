@@ -175,6 +175,11 @@ def webhook_attempts(task_id: str) -> str:
     return f"{PREFIX}webhooks:attempts:{task_id}"
 
 
+def webhook_redeliveries(owner: str) -> str:
+    """String: an owner's redeliver calls in the current minute (it expires with it)."""
+    return f"{PREFIX}webhooks:redeliveries:{owner or '-'}"
+
+
 def webhook_counters() -> str:
     """Hash: webhook delivery attempts by outcome (delivered, failed, gave_up)."""
     return f"{PREFIX}webhooks:stats"

@@ -7,8 +7,6 @@ The README's settings table documents each field.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import os
 import re
@@ -22,6 +20,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.backends import BACKENDS
 from common.schemas import Lane
+from common.webhook_keys import check_webhook_secrets, webhook_key
+
+__all__ = ["ApiKey", "KeyQuotas", "Quotas", "Settings", "get_settings", "webhook_key"]
 
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 
@@ -95,6 +96,9 @@ class ApiKey(BaseModel):
     interactive: bool = False
     #: its most tasks queued or running at once (None: `max_in_flight_per_key`; 0: no limit)
     max_in_flight: int | None = Field(default=None, ge=0)
+    #: key id -> "whsec_<base64>": its tasks' webhooks are signed with these instead of
+    #: `webhook_secrets` (a tenant verifies only its own)
+    webhook_secrets: dict[str, str] = Field(default_factory=dict)
     quotas: KeyQuotas = Field(default_factory=KeyQuotas)
 
     @property
@@ -109,6 +113,11 @@ class ApiKey(BaseModel):
             raise ValueError("an API key entry must be a SHA-256 digest, 'sha256:' and 64 hex "
                              "characters (python -m gateway.auth KEY prints it)")
         return "sha256:" + hex_digest
+
+    @field_validator("webhook_secrets")
+    @classmethod
+    def _check_secrets(cls, secrets: dict[str, str]) -> dict[str, str]:
+        return check_webhook_secrets(secrets)
 
     @field_validator("name")
     @classmethod
@@ -129,10 +138,6 @@ class ApiKey(BaseModel):
     @property
     def label(self) -> str:
         return self.name or self.owner
-#: a webhook key id travels in a space-separated header (`webhook-key-id`)
-WEBHOOK_KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
-#: shortest webhook secret (decoded); Standard Webhooks asks for 24 to 64 bytes
-WEBHOOK_SECRET_MIN_BYTES = 24
 
 
 class Settings(BaseSettings):
@@ -294,6 +299,12 @@ class Settings(BaseSettings):
     webhook_give_up_seconds: float = Field(default=8 * 3600.0, gt=0)
     #: how often each gateway process looks for due deliveries
     webhook_poll_seconds: float = Field(default=1.0, gt=0)
+    #: deliveries one gateway process sends at once (each on its own: none waits for another)
+    webhook_concurrency: int = Field(default=64, ge=1)
+    #: … of which one key's at most (its other due ones wait their turn)
+    webhook_concurrency_per_key: int = Field(default=4, ge=1)
+    #: redeliver calls one key may make per minute (0 = no limit); past it a 429
+    webhook_redeliveries_per_minute: int = Field(default=30, ge=0)
 
     # --- device memory broker ---
     #: device ("cpu", "cuda:0") -> MiB the models of every worker on it may reserve together.
@@ -342,17 +353,14 @@ class Settings(BaseSettings):
     @field_validator("webhook_secrets")
     @classmethod
     def _check_webhook_secrets(cls, secrets: dict[str, str]) -> dict[str, str]:
-        for key_id, secret in secrets.items():
-            if not WEBHOOK_KEY_ID.fullmatch(key_id):
-                raise ValueError(f"webhook key id {key_id!r}: use 1 to 64 of A-Z a-z 0-9 . _ -")
-            try:
-                size = len(webhook_key(secret))
-            except (ValueError, binascii.Error):
-                size = 0
-            if size < WEBHOOK_SECRET_MIN_BYTES:
-                raise ValueError(f"webhook secret {key_id!r} must be 'whsec_' and the base64 of "
-                                 f"at least {WEBHOOK_SECRET_MIN_BYTES} random bytes")
-        return secrets
+        return check_webhook_secrets(secrets)
+
+    def webhook_secrets_of(self, owner: str) -> dict[str, str]:
+        """What the webhooks of `owner`'s tasks are signed with: its key's own secrets if it
+        has any, else `webhook_secrets`."""
+        key = self.api_key(owner)
+        return key.webhook_secrets if key is not None and key.webhook_secrets else \
+            self.webhook_secrets
 
     def voice(self, name: str | None) -> tuple[str, str]:
         """("speaker", built-in name) or ("file", clip path) of a configured voice (the first
@@ -416,13 +424,6 @@ class Settings(BaseSettings):
             return self.consumer
         slot = os.environ.get("SUPERVISOR_PROCESS_NAME") or f"pid{os.getpid()}"
         return f"{socket.gethostname()}:{slot}"
-
-
-def webhook_key(secret: str) -> bytes:
-    """The HMAC key of a `whsec_<base64>` webhook secret (Standard Webhooks)."""
-    if not secret.startswith("whsec_"):
-        raise ValueError("not a whsec_ secret")
-    return base64.b64decode(secret.removeprefix("whsec_"), validate=True)
 
 
 @lru_cache(maxsize=1)
