@@ -319,6 +319,9 @@ class Settings(BaseSettings):
     device_lease_seconds: float = Field(default=10.0, gt=0)
     #: how often a worker renews its lease, looks for a request to yield, and (waiting) retries
     device_poll_seconds: float = Field(default=0.2, gt=0)
+    #: a recorded peak (per model and class: plain or diarized) is measured again after this
+    #: long (0 = kept); one past the whole budget after one lease
+    device_peak_max_age_seconds: float = Field(default=3600.0, ge=0)
 
     @field_validator("api_keys", mode="before")
     @classmethod

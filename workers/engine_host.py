@@ -98,9 +98,9 @@ class EngineHost:
             outcome: Outcome | None = None
             failure: TaskError | None = None
             try:
-                await self.holding.reserve(model)
-                handle = await self._acquire(model, on_load or self.on_load,
-                                             diarize=params.get("diarization") is not None)
+                diarized = params.get("diarization") is not None
+                await self.holding.reserve(model, "diarized" if diarized else "")
+                handle = await self._acquire(model, on_load or self.on_load, diarize=diarized)
                 await self.holding.check_peak(model, after_task=False)
                 await self._call(self._refuse_over_cap)
                 outcome = await self._call(

@@ -31,7 +31,8 @@ async def ready(request: Request, settings: SettingsDep, store: StoreDep) -> JSO
     them up), and scripts/run_stack.sh waits for exactly that. Per backend, `ready` says
     whether a worker is live, and `breakers` how each model's breaker stands. Per device of
     the memory broker: its budget, what is reserved and free, the loads waiting in line
-    (first first) and the evictions so far."""
+    (first first), the evictions so far, and the loads refused as larger than the whole
+    budget (until one fits again)."""
     private = is_authenticated(request, settings)
     backends: dict[str, Any] = {name: _backend() for name in enabled_backends(settings)}
     try:
@@ -63,7 +64,7 @@ def _device_view(device: dict[str, Any], private: bool) -> dict[str, Any]:
     """Who holds or waits for a device's memory (consumers, models) is for a key holder;
     the totals are for anyone."""
     return device if private else {k: v for k, v in device.items()
-                                   if k not in ("holders", "waiting")}
+                                   if k not in ("holders", "waiting", "refused")}
 
 
 def _breaker_view(breaker: dict[str, Any], private: bool) -> dict[str, Any]:
