@@ -647,6 +647,10 @@ class TaskStore:
                 removed += 1
         return removed
 
+    async def charge_now(self, charge: Charge) -> None:
+        """Charge work that is no task (a live session's audio), final; QuotaExceeded."""
+        await usage.charge_now(self.redis, charge, time.time())
+
     async def usage(self, owner: str) -> list[PeriodUsage]:
         """The owner's usage in the current UTC day and month."""
         return await usage.usage(self.redis, owner, time.time())

@@ -89,6 +89,18 @@ end
 """
 
 
+# KEYS: the day and month hashes, the all-time hash | ARGV: charge_usage's 9 arguments
+# -> nil charged (and counted in the all-time totals at once), or charge_usage's refusal.
+# For work that is no task (a live session's audio with transcription off): nothing is
+# settled later, so it is final here.
+CHARGE_NOW = LUA + """
+local refused = charge_usage({KEYS[1], KEYS[2]}, ARGV)
+if refused then return refused end
+redis.call('HINCRBYFLOAT', KEYS[3], ARGV[2] .. ':' .. ARGV[3], tonumber(ARGV[1]))
+return nil
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class Period:
     """One UTC day or month."""
@@ -206,3 +218,11 @@ async def totals(redis: Redis, owners: list[str]) -> dict[str, dict[tuple[str, s
             per_field[(unit, backend)] = float(value)
         found[owner] = per_field
     return found
+
+
+async def charge_now(redis: Redis, charge: Charge, now: float) -> None:
+    """Charge `charge` at once, final (no task settles it); QuotaExceeded past a quota."""
+    hashes, args, _ = charge.script_args(now)
+    refused = await redis.eval(CHARGE_NOW, 3, *hashes, keys.usage_total(charge.owner), *args)
+    if refused:
+        raise charge.refusal(int(refused[1]), float(refused[2]), now)

@@ -284,6 +284,11 @@ class Session:
                                        f"within {self.settings.request_timeout_seconds:.0f} s "
                                        f"(task {call.task_id})", "server_error")
                     return
+        except asyncio.CancelledError:
+            # the session closed: a turn no worker has started yet is dropped, not run
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.calls.store.cancel(call.task_id, target.backend))
+            raise
         finally:
             await call.events.aclose()
 
