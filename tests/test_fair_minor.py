@@ -76,7 +76,7 @@ def test_a_nul_prompt_on_the_socket_is_an_error_event(env: dict[str, Any]) -> No
 
     event = asyncio.run(scenario())
     assert event["type"] == "error", event
-    assert event["error"]["param"].endswith("prompt") and event["event_id"] == "p1"
+    assert event["error"]["param"].endswith("prompt") and event["error"]["event_id"] == "p1"
 
 
 def test_an_idempotency_key_reused_for_another_kind_is_a_409(env: dict[str, Any]) -> None:
