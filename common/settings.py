@@ -281,7 +281,8 @@ class Settings(BaseSettings):
     #: turns of one session being transcribed at once; a turn committed past it fails
     #: (`too_many_pending_turns`)
     realtime_max_pending_turns: int = Field(default=8, ge=1)
-    #: one key may hold at most this share of a process's sessions (keys on)
+    #: one key may hold at most this share of a process's sessions and of its waiting calls
+    #: (`max_waiting_requests`; keys on)
     realtime_key_share: float = Field(default=0.5, gt=0, le=1)
     #: audio faster than this x real time (after one buffer's burst) ends the session
     realtime_max_speed: float = Field(default=2.0, gt=0)

@@ -1,8 +1,8 @@
 """Live sessions held to a fair share (issue 30, finding 7), on a real redis-server and
 gateway (no worker: what is checked happens before or instead of a transcription): one key
-holds at most its share of the session slots, audio faster than 2x real time ends the
-session, audio of a session with transcription off is charged to the key's quota, and a
-closed session's queued turns are dropped, not run."""
+holds at most its share of the session slots and of the waiting calls, audio faster than
+2x real time ends the session, audio of a session with transcription off is charged to the
+key's quota, and a closed session's queued turns are dropped, not run."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import contextlib
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -40,7 +41,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                {"key": "sha256:" + digest(KEYS["metered"]), "name": "metered",
                 "quotas": {"audio_seconds_per_day": 4}}]
     gateway = procs.gateway(server.url, workdir, api_keys=entries, realtime_max_sessions="4",
-                            realtime_key_share="0.5", realtime_max_buffer_seconds="2").start()
+                            realtime_key_share="0.5", realtime_max_buffer_seconds="2",
+                            max_waiting_requests="4").start()
     yield {"gateway": gateway.url, "ws": gateway.url.replace("http://", "ws://")
            + "/v1/realtime?intent=transcription", "client": server.client()}
     gateway.stop()
@@ -155,3 +157,25 @@ def test_a_closed_sessions_queued_turns_are_dropped(env: dict[str, Any]) -> None
 
     procs.wait_until(lambda: states() and all(s == b"CANCELLED" for s in states()), 10,
                      "the turn cancelled")
+
+
+def test_one_key_holds_at_most_its_share_of_waiting_calls(env: dict[str, Any]) -> None:
+    url = f"{env['gateway']}/v1/audio/transcriptions"
+
+    def call(key: str, timeout: float) -> httpx.Response | None:
+        with procs.TEST_AUDIO.joinpath("jfk.flac").open("rb") as handle:
+            try:
+                return httpx.post(url, headers=auth(key), files={"file": ("a.flac", handle)},
+                                  data={"model": "whisper-1"}, timeout=timeout)
+            except httpx.ReadTimeout:
+                return None  # still waiting for its task (no worker here)
+
+    with ThreadPoolExecutor(2) as pool:
+        waiting = [pool.submit(call, "a", 6.0) for _ in range(2)]
+        time.sleep(2.0)
+        refused = call("a", 10.0)
+        assert refused is not None and refused.status_code == 503, refused
+        assert refused.json()["error"]["code"] == "overloaded"
+        assert "its share" in refused.json()["error"]["message"]
+        assert call("b", 2.0) is None  # another key's call is taken and waits
+        assert [future.result() for future in waiting] == [None, None]
