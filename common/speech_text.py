@@ -4,7 +4,8 @@ would fail on half-way, after the first sentences were streamed and charged).
 
 XTTS spells numbers out before tokenizing (coqui-tts `expand_numbers_multilingual`, through
 num2words): past num2words' largest number for the language (10^20 in Turkish, 10^27 in
-Spanish) it raises OverflowError, and a spelled-out number takes ~13 characters per digit,
+Spanish) it raises OverflowError (in Hindi, NotImplementedError for any number), and a
+spelled-out number takes up to ~15 characters per digit,
 so a sentence with many digits passes the GPT's 400 text tokens and fails an assertion.
 """
 
@@ -24,8 +25,10 @@ CHAR_LIMITS = {"en": 250, "de": 253, "fr": 273, "es": 239, "it": 213, "pt": 203,
                "hu": 224, "ko": 95, "hi": 150}
 #: the longest number (in digits) spoken in every language num2words knows
 MAX_NUMBER_DIGITS = 15
-#: characters one spelled-out digit takes at most (num2words, every language: <= 13.3)
-CHARS_PER_DIGIT = 14
+#: characters one spelled-out digit takes at most (num2words 0.5.14: 15.2 in Polish)
+CHARS_PER_DIGIT = 16
+#: languages whose numbers num2words cannot spell at all (NotImplementedError in XTTS)
+NO_NUMBERS = frozenset({"hi"})
 #: a piece's length once its numbers are spelled out, kept under XTTS's 400 text tokens (its
 #: BPE averages well over 2.5 characters a token on spelled-out numbers)
 MAX_EXPANDED_CHARACTERS = 1000
@@ -47,6 +50,8 @@ def unspeakable(text: str, language: str) -> str | None:
     """Why XTTS cannot speak `text` in `language` (None: it can)."""
     for piece in split_sentences(text, char_limit(language)):
         numbers = [sum(ch.isdigit() for ch in found) for found in _NUMBER.findall(piece)]
+        if numbers and language.split("-")[0] in NO_NUMBERS:
+            return (f"XTTS cannot spell out numbers in {language!r}: write them in words")
         if numbers and max(numbers) > MAX_NUMBER_DIGITS:
             return (f"the text holds a {max(numbers)}-digit number; XTTS speaks numbers of at "
                     f"most {MAX_NUMBER_DIGITS} digits (write it in words or split it)")

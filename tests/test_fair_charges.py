@@ -11,6 +11,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import httpx
 import numpy as np
 import pytest
 
+from common import speech_text
 from common.audio import decode_audio, encode_wav
 from common.speech_text import unspeakable
 from gateway.auth import digest
@@ -27,6 +29,7 @@ from harness import conversation, procs
 from harness.procs import TEST_AUDIO, wait_until
 from tests.audio_fakes import decoded_seconds, lying_matroska
 from tests.helpers import wait_task
+from tests.tiny import env_python
 
 pytestmark = pytest.mark.timeout(300)
 KEY = "key-fair-charges-secret"
@@ -206,3 +209,29 @@ def test_speech_text_fuzz_gives_no_5xx(env: dict[str, Any]) -> None:
             if expected is not None else None
         if openai is not None:
             assert openai.status_code == 400, (text, openai.text)
+
+
+def test_the_digit_rule_matches_num2words_in_the_xtts_environment() -> None:
+    """The constants of common/speech_text.py against the num2words XTTS runs: every number
+    of MAX_NUMBER_DIGITS digits spells out within CHARS_PER_DIGIT a digit, and NO_NUMBERS
+    languages spell none."""
+    python = env_python("xtts")
+    if not python.exists():
+        pytest.skip("no .venvs/xtts")
+    langs = sorted(set(speech_text.CHAR_LIMITS) - {"zh"})  # XTTS spells Chinese itself
+    script = (
+        "import json, sys\nfrom num2words import num2words\nout = {}\n"
+        f"for lang in {langs!r}:\n"
+        "    try:\n"
+        f"        out[lang] = max(len(num2words(int('9' * k), lang=lang)) / k "
+        f"for k in range(1, {speech_text.MAX_NUMBER_DIGITS + 1}))\n"
+        "    except Exception as exc:\n"
+        "        out[lang] = type(exc).__name__\n"
+        "print(json.dumps(out))\n")
+    found = json.loads(subprocess.run([str(python), "-c", script], check=True,
+                                      capture_output=True, text=True, timeout=120).stdout)
+    for lang, value in found.items():
+        if lang in speech_text.NO_NUMBERS:
+            assert isinstance(value, str), (lang, value)
+        else:
+            assert isinstance(value, float) and value <= speech_text.CHARS_PER_DIGIT, (lang, value)
