@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 import pytest
 
-from common import speech_text
+from common import keys, speech_text
 from common.audio import decode_audio, encode_wav
 from common.speech_text import unspeakable
 from gateway.auth import digest
@@ -79,7 +79,7 @@ def test_a_task_killed_after_its_segments_went_out_keeps_their_charge(env: dict[
 
     def watch(task_id_box: dict[str, str]) -> None:
         pubsub = env["client"].pubsub()
-        pubsub.psubscribe("sg:events:*")
+        pubsub.psubscribe(keys.events("*"))
         subscribed.set()
         for message in pubsub.listen():
             if message["type"] != "pmessage":
