@@ -42,10 +42,10 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     workdir = tmp_path_factory.mktemp("fair-charges")
     server = procs.RedisServer(workdir / "redis").start()
     models = {"faster-whisper": {"tiny.en": "bundled"}, "xtts": {"tiny": str(XTTS_MODEL)}}
-    keys = [{"key": "sha256:" + digest(KEY), "name": "payer",
-             "quotas": {"audio_seconds_per_day": 10000}}]
+    entries = [{"key": "sha256:" + digest(KEY), "name": "payer",
+                "quotas": {"audio_seconds_per_day": 10000}}]
     roots = [str(TEST_AUDIO), str(workdir)]
-    gateway = procs.gateway(server.url, workdir, api_keys=keys, models=models,
+    gateway = procs.gateway(server.url, workdir, api_keys=entries, models=models,
                             allowed_roots=roots).start()
     yield {"redis": server, "client": server.client(), "gateway": gateway.url,
            "workdir": workdir, "roots": roots}
