@@ -13,6 +13,7 @@ import random
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,16 +82,19 @@ def test_a_task_killed_after_its_segments_went_out_keeps_their_charge(env: dict[
         pubsub = env["client"].pubsub()
         pubsub.psubscribe(keys.events("*"))
         subscribed.set()
-        for message in pubsub.listen():
-            if message["type"] != "pmessage":
+        stopped_at: float | None = None
+        # after the stop, what was published before it still arrives: read it all
+        while stopped_at is None or time.monotonic() - stopped_at < 2.0:
+            message = pubsub.get_message(timeout=0.2)
+            if message is None or message["type"] != "pmessage":
                 continue
             event = json.loads(message["data"])
             if event.get("type") == "segment":
                 ends.append(float(event["end"]))
-                if len(ends) == 1:
-                    os.kill(worker.pid, signal.SIGSTOP)  # at once: the rest is not delivered
+                if stopped_at is None:
+                    os.kill(worker.pid, signal.SIGSTOP)  # the rest is never delivered
+                    stopped_at = time.monotonic()
                     task_id_box["id"] = message["channel"].decode().rsplit(":", 1)[-1]
-                    break
         pubsub.close()
 
     box: dict[str, str] = {}
@@ -106,6 +110,7 @@ def test_a_task_killed_after_its_segments_went_out_keeps_their_charge(env: dict[
         assert used_today(env) == pytest.approx(before + 66, abs=0.1)  # charged at submit
         watcher.join(120)
         assert ends, "no segment was published"
+        assert env["client"].hget(keys.task(task_id), "state") == b"RUNNING"
     finally:
         os.kill(worker.pid, signal.SIGKILL)
         os.kill(worker.pid, signal.SIGCONT)
