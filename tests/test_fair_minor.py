@@ -141,8 +141,8 @@ def test_ready_shows_holders_and_models_only_with_a_key(env: dict[str, Any]) -> 
     client.sadd(keys.devices(), "cuda:0")
     client.hset(keys.device("cuda:0"), mapping={"budget": 1000, "evictions": 0})
     client.hset(keys.device_holders("cuda:0"), "w1", json.dumps(
-        {"mib": 300, "model": "faster-whisper/secret-model", "busy": 1, "evict": 0,
-         "last_used": 0, "expires": 10 ** 10}))
+        {"backend": "faster-whisper", "model": "secret-model", "mib": 300, "busy": 1,
+         "evict": 0, "last_used": 0, "expires": 10 ** 10}))
     anonymous = httpx.get(f"{env['gateway']}/ready", timeout=30).json()
     keyed = httpx.get(f"{env['gateway']}/ready", headers=AUTH, timeout=30).json()
     assert "secret-model" not in json.dumps(anonymous) and "tiny.en" not in json.dumps(
