@@ -100,7 +100,7 @@ def test_audio_past_twice_real_time_ends_the_session(env: dict[str, Any]) -> Non
     async def scenario() -> dict:
         socket = await opened(env, "b")
         await configure(socket, {"model": "whisper-1"})
-        for _ in range(8):  # 8 s of audio at once: past 2 s of burst + 2x the wall time
+        for _ in range(16):  # 16 s of audio at once: past the 10 s burst + 2x the wall time
             await socket.send(json.dumps({"type": "input_audio_buffer.append",
                                           "audio": silence(1.0)}))
         error = await until_error(socket)

@@ -1,6 +1,7 @@
 """A live session's fair use (issue 30): audio no faster than `realtime_max_speed` x real time
-(after a burst of one buffer), audio that becomes no task (transcription off) charged to the
-key's quota as it arrives, and one key at most `realtime_key_share` of a process's sessions.
+(after a burst of one buffer, at least 10 s), audio that becomes no task (transcription off)
+charged to the key's quota as it arrives, and one key at most `realtime_key_share` of a
+process's sessions.
 
 A committed turn is a task and is charged like any (gateway/submit/enqueue.py); what the meter
 charges is the audio a session with transcription off is sent, which would otherwise cost
@@ -22,6 +23,9 @@ from gateway.realtime.vad import SAMPLE_RATE
 
 #: audio (seconds) a session with transcription off is charged in, at least
 CHARGE_STEP_SECONDS = 1.0
+#: the smallest burst a session may send ahead of the clock (a client's first seconds, a
+#: reconnect's backlog), whatever the buffer
+MIN_BURST_SECONDS = 10.0
 
 
 class SessionMeter:
@@ -33,11 +37,11 @@ class SessionMeter:
 
     def check_speed(self, session: Session) -> SessionEnded | None:
         """The session's audio against the wall clock: past `realtime_max_speed` x real time
-        plus a burst of one buffer, it ends."""
+        plus a burst of one buffer (at least MIN_BURST_SECONDS), it ends."""
         received = session.buffer.received / SAMPLE_RATE
         elapsed = time.monotonic() - session.opened
         allowed = (self.settings.realtime_max_speed * elapsed
-                   + self.settings.realtime_max_buffer_seconds)
+                   + max(MIN_BURST_SECONDS, self.settings.realtime_max_buffer_seconds))
         if received > allowed:
             return SessionEnded("rate_limited", f"audio arrived at {received:.0f} s in "
                                 f"{elapsed:.1f} s of wall time; a session takes at most "
