@@ -170,7 +170,7 @@ def test_a_lying_known_speaker_clip_fails_before_anything_streams_and_costs_noth
     "Hello there. The code is " + "9" * 200 + ".",
     "Pay " + ",".join(["999"] * 8) + " dollars.",
     "Numbers " + " ".join(["12345678"] * 12) + " end",
-    "1" * 5000,  # past Python's int() limit of 4300 digits too
+    "1" * 3000,  # one run the length of a whole text
 ])
 def test_text_xtts_cannot_speak_is_refused_at_submit(env: dict[str, Any], text: str) -> None:
     base = env["gateway"]
