@@ -35,6 +35,8 @@ NAME = "red_team"
 KEYS = {"small": "red-team-small-key", "batch": "red-team-batch-key",
         "live": "red-team-live-key"}
 LEASE = 2.0
+#: a wait this short is within target whatever its ratio (a tenth of a second is scheduling)
+ABSOLUTE_SLACK = 0.1
 
 
 def auth(name: str) -> dict[str, str]:
@@ -99,17 +101,17 @@ def lanes(stack: bc.Stack, client: httpx.Client, reps: int) -> dict:
         task = wait(client, stack.url, reply.headers["x-task-id"], "live")
         waited = task["started_at"] - task["created_at"]
         estimate = float(reply.headers.get("x-estimated-wait", "nan"))
-        rows.append([round(waited, 2), round(estimate, 2),
-                     round(abs(estimate - waited) / max(waited, 1e-3), 2)])
+        error = abs(estimate - waited)
+        rows.append([round(waited, 2), round(estimate, 2), round(error / max(waited, 1e-3), 2),
+                     error <= max(0.3 * waited, ABSOLUTE_SLACK)])
         for task_id in batch:  # drain: the next rep starts from an idle worker
             client.delete(f"{stack.url}/v1/tasks/{task_id}", headers=auth("batch"), timeout=30)
         for task_id in batch:
             wait(client, stack.url, task_id, "batch")
     bc.table("2. lanes: an interactive call behind 25 aged batch tasks (s)",
-             ["waited", "estimated", "error ratio"], rows)
-    errors = [row[2] for row in rows]
-    return {"reps": rows, "median_error_ratio": bc.median(errors),
-            "within_30_percent": sum(e <= 0.3 for e in errors)}
+             ["waited", "estimated", "error ratio", "within 30 % (or 0.1 s)"], rows)
+    return {"reps": rows, "median_error_ratio": bc.median([row[2] for row in rows]),
+            "within_target": sum(bool(row[3]) for row in rows)}
 
 
 async def broker(redis_url: str) -> dict:
