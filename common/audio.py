@@ -68,31 +68,43 @@ def _reason(exc: Exception) -> str:
 def probe_audio(source: SourceType) -> AudioInfo:
     """Check that `source` decodes and measure its duration, demuxing without a full decode.
 
-    The duration comes from packet timestamps, which a crafted file can fake: it is a cheap
-    first filter only. `decode_audio(…, max_seconds=…)` counts the samples themselves.
+    The duration comes from packet timestamps, which a crafted file can fake, with a floor
+    the timestamps cannot move: the number of packets times the fewest samples a decoded
+    packet held (codecs put a fixed or bounded number of samples in a packet), so a container
+    that understates its length is still measured near it. It is a first filter only:
+    `decode_audio(…, max_seconds=…)` counts the samples themselves.
     """
     container = _open(source)
     try:
         stream = container.streams.audio[0]
-        decoded_any = False
-        decode_tries = 0
+        decode_tries = packets = 0
+        decoded: list[int] = []  # samples of each decoded packet that gave any
         last_end = 0.0
         for packet in container.demux(stream):
             if packet.pts is not None and packet.time_base is not None:
                 end = float((packet.pts + (packet.duration or 0)) * packet.time_base)
                 last_end = max(last_end, end)
-            if not decoded_any and packet.size and decode_tries < PROBE_DECODE_PACKETS:
+            if not packet.size:
+                continue
+            packets += 1
+            if decode_tries < PROBE_DECODE_PACKETS and (not decoded or decode_tries < 8):
                 decode_tries += 1
-                decoded_any = bool(packet.decode())
-        if not decoded_any and decode_tries:
-            decoded_any = bool(stream.codec_context.decode(None))  # frames held back (delay)
-        if not decoded_any:
+                if samples := sum(frame.samples for frame in packet.decode()):
+                    decoded.append(samples)
+        if not decoded and decode_tries and stream.codec_context.decode(None):
+            decoded.append(0)  # frames held back (codec delay): decodable, no floor
+        if not decoded:
             raise AudioError("the file holds no decodable audio")
+        # the first decoded packet may be short (a codec's priming samples are dropped)
+        fewest = min(decoded[1:] or decoded)
         start = float(stream.start_time * stream.time_base) if stream.start_time else 0.0
         duration = max(0.0, last_end - start)
         if duration <= 0 and container.duration:
             duration = container.duration / av.time_base
-        return AudioInfo(duration, stream.rate or 0, stream.channels or 0,
+        rate = stream.codec_context.sample_rate or stream.rate or 0
+        # the last packet may be short, and a codec's first ones may hold nothing (delay)
+        floor = (packets - 2) * fewest / rate if rate and packets > 2 else 0.0
+        return AudioInfo(max(duration, floor), stream.rate or 0, stream.channels or 0,
                          stream.codec_context.name)
     except av.FFmpegError as exc:
         raise AudioError(f"not a readable audio file ({_reason(exc)})") from None

@@ -41,13 +41,18 @@ def srt(segments: list[dict[str, Any]]) -> str:
     return "\n".join(cues)
 
 
+def _vtt_escaped(text: str) -> str:
+    """Cue text as WebVTT reads it: `&`, `<` and `>` are markup there ("I <3 AT&T")."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def vtt(segments: list[dict[str, Any]]) -> str:
     """A diarized segment's cue carries its speaker in a voice tag: `<v SPEAKER_00>text`."""
     cues = ["WEBVTT\n"]
     for segment in segments:
-        text = _cue_text(segment["text"]).replace("-->", "->")
+        text = _vtt_escaped(_cue_text(segment["text"]))
         if speaker := segment.get("speaker"):
-            text = f"<v {_cue_text(speaker).replace('>', '')}>{text}"
+            text = f"<v {_vtt_escaped(_cue_text(speaker))}>{text}"
         cues.append(f"{_timestamp(segment['start'], '.')} --> "
                     f"{_timestamp(segment['end'], '.')}\n{text}\n")
     return "\n".join(cues)

@@ -145,6 +145,12 @@ def usage(owner: str, period: str) -> str:
     return f"{PREFIX}usage:{owner or '-'}:{period}"
 
 
+def in_flight(owner: str) -> str:
+    """String: how many of an owner's tasks are queued or running (counted by the submit,
+    uncounted by the terminal write: its `in_flight` field names this key)."""
+    return f"{PREFIX}in-flight:{owner or '-'}"
+
+
 def usage_total(owner: str) -> str:
     """Hash: an owner's all-time usage of SUCCEEDED tasks, "<unit>:<backend>" -> amount (what
     the per-key Prometheus counters report)."""
@@ -160,6 +166,11 @@ def webhooks_due() -> str:
 def webhook_attempts(task_id: str) -> str:
     """List: one JSON record per webhook delivery attempt of a task (kept as long as it)."""
     return f"{PREFIX}webhooks:attempts:{task_id}"
+
+
+def webhook_redeliveries(owner: str) -> str:
+    """String: an owner's redeliver calls in the current minute (it expires with it)."""
+    return f"{PREFIX}webhooks:redeliveries:{owner or '-'}"
 
 
 def webhook_counters() -> str:

@@ -225,6 +225,7 @@ class Transcription:
 class Synthesis:
     audio: Any  # 1-D float32 numpy array
     sample_rate: int
+    characters: int = 0  # of the text, this piece speaks (what it is charged for)
 
     @property
     def duration(self) -> float:
@@ -239,3 +240,4 @@ class SpeechChunk:
     index: int  # from 0, in the text's order
     pcm: bytes  # 16-bit little-endian mono samples
     sample_rate: int
+    characters: int = 0  # of the text, it speaks

@@ -7,8 +7,6 @@ The docs/configuration.md's settings table documents each field.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import os
 import re
@@ -22,6 +20,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.backends import BACKENDS
 from common.schemas import Lane
+from common.webhook_keys import check_webhook_secrets, webhook_key
+
+__all__ = ["ApiKey", "KeyQuotas", "Quotas", "Settings", "get_settings", "webhook_key"]
 
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 
@@ -88,9 +89,21 @@ class ApiKey(BaseModel):
     key: str
     #: its label on /metrics and /v1/usage (default: its owner id, 16 hex of the digest)
     name: str = ""
-    #: the lane of its submits that name no `priority`
+    #: the lane of its submits that name no `priority`; "interactive" also allows that lane
     priority: Lane | None = None
+    #: whether its work may take the interactive lane (else all of it is queued as batch,
+    #: also live turns and an explicit `priority=interactive`)
+    interactive: bool = False
+    #: its most tasks queued or running at once (None: `max_in_flight_per_key`; 0: no limit)
+    max_in_flight: int | None = Field(default=None, ge=0)
+    #: key id -> "whsec_<base64>": its tasks' webhooks are signed with these instead of
+    #: `webhook_secrets` (a tenant verifies only its own)
+    webhook_secrets: dict[str, str] = Field(default_factory=dict)
     quotas: KeyQuotas = Field(default_factory=KeyQuotas)
+
+    @property
+    def may_use_interactive(self) -> bool:
+        return self.interactive or self.priority == "interactive"
 
     @field_validator("key")
     @classmethod
@@ -100,6 +113,11 @@ class ApiKey(BaseModel):
             raise ValueError("an API key entry must be a SHA-256 digest, 'sha256:' and 64 hex "
                              "characters (python -m gateway.auth KEY prints it)")
         return "sha256:" + hex_digest
+
+    @field_validator("webhook_secrets")
+    @classmethod
+    def _check_secrets(cls, secrets: dict[str, str]) -> dict[str, str]:
+        return check_webhook_secrets(secrets)
 
     @field_validator("name")
     @classmethod
@@ -120,10 +138,6 @@ class ApiKey(BaseModel):
     @property
     def label(self) -> str:
         return self.name or self.owner
-#: a webhook key id travels in a space-separated header (`webhook-key-id`)
-WEBHOOK_KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
-#: shortest webhook secret (decoded); Standard Webhooks asks for 24 to 64 bytes
-WEBHOOK_SECRET_MIN_BYTES = 24
 
 
 class Settings(BaseSettings):
@@ -265,6 +279,12 @@ class Settings(BaseSettings):
     #: a batch task not yet handed to a worker this long is taken before new interactive
     #: work (batch is never starved); 0 = interactive always first
     batch_promotion_seconds: float = Field(default=60.0, ge=0)
+    #: … but only once a worker has taken this many interactive entries since its last batch
+    #: one: an aged backlog gets one entry in (this + 1), never all of it first
+    batch_promotion_every: int = Field(default=4, ge=1)
+    #: tasks one API key may have queued or running at once (0 = no limit); per key:
+    #: `max_in_flight` in its entry
+    max_in_flight_per_key: int = Field(default=64, ge=0)
     #: backend -> most tasks queued (both lanes) before a submit is refused with 429
     max_queued_tasks: dict[str, int] = Field(default_factory=dict)
     #: backend -> longest predicted wait (seconds) before a submit is refused with 429
@@ -285,6 +305,11 @@ class Settings(BaseSettings):
     #: turns of one session being transcribed at once; a turn committed past it fails
     #: (`too_many_pending_turns`)
     realtime_max_pending_turns: int = Field(default=8, ge=1)
+    #: one key may hold at most this share of a process's sessions and of its waiting calls
+    #: (`max_waiting_requests`; keys on)
+    realtime_key_share: float = Field(default=0.5, gt=0, le=1)
+    #: audio faster than this x real time (after one buffer's burst) ends the session
+    realtime_max_speed: float = Field(default=2.0, gt=0)
 
     # --- webhooks (`callback_url`, gateway/policy/webhooks.py and gateway/jobs/deliverer.py) ---
     #: hosts a `callback_url` may point at, as `audio_url_hosts`; empty = callback_url refused
@@ -303,6 +328,12 @@ class Settings(BaseSettings):
     webhook_give_up_seconds: float = Field(default=8 * 3600.0, gt=0)
     #: how often each gateway process looks for due deliveries
     webhook_poll_seconds: float = Field(default=1.0, gt=0)
+    #: deliveries one gateway process sends at once (each on its own: none waits for another)
+    webhook_concurrency: int = Field(default=64, ge=1)
+    #: … of which one key's at most (its other due ones wait their turn)
+    webhook_concurrency_per_key: int = Field(default=4, ge=1)
+    #: redeliver calls one key may make per minute (0 = no limit); past it a 429
+    webhook_redeliveries_per_minute: int = Field(default=30, ge=0)
 
     # --- device memory broker ---
     #: device ("cpu", "cuda:0") -> MiB the models of every worker on it may reserve together.
@@ -317,6 +348,9 @@ class Settings(BaseSettings):
     device_lease_seconds: float = Field(default=10.0, gt=0)
     #: how often a worker renews its lease, looks for a request to yield, and (waiting) retries
     device_poll_seconds: float = Field(default=0.2, gt=0)
+    #: a recorded peak (per model and class: plain or diarized) is measured again after this
+    #: long (0 = kept); one past the whole budget after one lease
+    device_peak_max_age_seconds: float = Field(default=3600.0, ge=0)
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -367,17 +401,14 @@ class Settings(BaseSettings):
     @field_validator("webhook_secrets")
     @classmethod
     def _check_webhook_secrets(cls, secrets: dict[str, str]) -> dict[str, str]:
-        for key_id, secret in secrets.items():
-            if not WEBHOOK_KEY_ID.fullmatch(key_id):
-                raise ValueError(f"webhook key id {key_id!r}: use 1 to 64 of A-Z a-z 0-9 . _ -")
-            try:
-                size = len(webhook_key(secret))
-            except (ValueError, binascii.Error):
-                size = 0
-            if size < WEBHOOK_SECRET_MIN_BYTES:
-                raise ValueError(f"webhook secret {key_id!r} must be 'whsec_' and the base64 of "
-                                 f"at least {WEBHOOK_SECRET_MIN_BYTES} random bytes")
-        return secrets
+        return check_webhook_secrets(secrets)
+
+    def webhook_secrets_of(self, owner: str) -> dict[str, str]:
+        """What the webhooks of `owner`'s tasks are signed with: its key's own secrets if it
+        has any, else `webhook_secrets`."""
+        key = self.api_key(owner)
+        return key.webhook_secrets if key is not None and key.webhook_secrets else \
+            self.webhook_secrets
 
     def voice(self, name: str | None) -> tuple[str, str]:
         """("speaker", built-in name) or ("file", clip path) of a configured voice (the first
@@ -408,6 +439,22 @@ class Settings(BaseSettings):
         """The configured key whose tasks are recorded under `owner` (None: keys are off)."""
         return next((entry for entry in self.api_keys if entry.owner == owner), None)
 
+    def in_flight_limit(self, owner: str) -> int | None:
+        """The most tasks `owner` may have queued or running (0: no limit; None: keys are
+        off, nothing is counted)."""
+        key = self.api_key(owner)
+        if key is None:
+            return None
+        return self.max_in_flight_per_key if key.max_in_flight is None else key.max_in_flight
+
+    def lane_for(self, owner: str, lane: str) -> str:
+        """`lane`, unless it is interactive and `owner`'s key may not use it (then batch);
+        with keys off every caller may."""
+        key = self.api_key(owner)
+        if lane == "interactive" and key is not None and not key.may_use_interactive:
+            return "batch"
+        return lane
+
     def backend_models(self, backend: str) -> dict[str, str]:
         return self.models.get(backend, {})
 
@@ -425,13 +472,6 @@ class Settings(BaseSettings):
             return self.consumer
         slot = os.environ.get("SUPERVISOR_PROCESS_NAME") or f"pid{os.getpid()}"
         return f"{socket.gethostname()}:{slot}"
-
-
-def webhook_key(secret: str) -> bytes:
-    """The HMAC key of a `whsec_<base64>` webhook secret (Standard Webhooks)."""
-    if not secret.startswith("whsec_"):
-        raise ValueError("not a whsec_ secret")
-    return base64.b64decode(secret.removeprefix("whsec_"), validate=True)
 
 
 @lru_cache(maxsize=1)

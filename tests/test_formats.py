@@ -24,7 +24,7 @@ def test_vtt_header_dots_and_no_cue_breaks() -> None:
     rendered = vtt(SEGMENTS)
     assert rendered.startswith("WEBVTT\n\n")
     assert "00:59:59.999 --> 01:02:03.457\nLine one, line two three" in rendered
-    assert "after -> ten hours" in rendered  # an arrow inside text would start a new cue
+    assert "after --&gt; ten hours" in rendered  # an arrow inside text would start a new cue
     assert len(rendered.strip().split("\n\n")) == 4
 
 

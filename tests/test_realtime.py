@@ -63,13 +63,17 @@ def chunks(data: bytes, rate: int = 24000) -> list[str]:
     return [base64.b64encode(data[i:i + size]).decode() for i in range(0, len(data), size)]
 
 
+#: live turns take the interactive lane only for a key allowed it
+LIVE_KEY = {"key": f"sha256:{digest(KEY)}", "interactive": True}
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """A Redis, a keyed gateway and a preloaded worker with a short visibility timeout (a
     test may replace the worker: the one in `live["worker"]` is stopped at the end)."""
     workdir = tmp_path_factory.mktemp("realtime")
     server = procs.RedisServer(workdir / "redis").start()
-    gateway = procs.gateway(server.url, workdir, api_keys=[f"sha256:{digest(KEY)}"]).start()
+    gateway = procs.gateway(server.url, workdir, api_keys=[LIVE_KEY]).start()
     env: dict[str, Any] = {"redis": server, "gateway": gateway.url, "workdir": workdir,
                            "ws": gateway.url.replace("http://", "ws://") + "/v1/realtime"}
     env["worker"] = start_worker(env)
@@ -431,7 +435,7 @@ def test_bad_events_get_error_events_and_the_session_survives(live: dict[str, An
 def limited(live: dict[str, Any]) -> Iterator[str]:
     """A second gateway on the same Redis and worker, with small session limits."""
     gateway = procs.gateway(live["redis"].url, live["workdir"],
-                            api_keys=[f"sha256:{digest(KEY)}"],
+                            api_keys=[LIVE_KEY],
                             realtime_max_buffer_seconds="1.5", realtime_max_session_seconds="5",
                             realtime_idle_timeout_seconds="1.5",
                             realtime_max_sessions="2", send_timeout_seconds="2").start()

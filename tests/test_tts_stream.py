@@ -242,6 +242,9 @@ def test_a_task_failing_mid_stream_ends_sse_with_an_error_event(
     view = httpx.get(f"{stack['url']}/v1/tasks/{task_id}", timeout=10).json()
     assert view["status"] == "FAILED" and view["error_code"] == "delivery_limit"
     assert 0 < client.pttl(keys.speech_chunks(task_id)) <= 60_000
+    # charged for what was delivered (issue 30): the characters of the pieces it spoke
+    charge = json.loads(client.hget(keys.task(task_id), "charge"))
+    assert charge["amount"] == sum(len(s) for s in SENTENCES[:failed["pieces"]]) > 0, charge
 
 
 def test_clients_that_hang_up_or_read_nothing_leave_no_waiter_behind(

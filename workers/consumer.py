@@ -235,7 +235,8 @@ class Consumer:
         held = [delivery for _, delivery, _ in opened]
         lease = asyncio.create_task(self._keep_lease(held))
         try:
-            results = await self._share_call(model, [task for task, _, _ in opened])
+            results = await self._share_call(
+                model, [(task, attempt) for task, _, attempt in opened])
         finally:
             lease.cancel()
             self.current_task, self.current_batch = None, 0
@@ -244,20 +245,22 @@ class Consumer:
             with logs.task_context(task.id):
                 await self._settle(task, attempt, delivery, result, started, len(opened))
 
-    async def _share_call(self, model: str, tasks: list[Task]) -> list[Outcome | TaskError]:
+    async def _share_call(self, model: str,
+                          tasks: list[tuple[Task, int]]) -> list[Outcome | TaskError]:
         results: list[Outcome | TaskError | None] = [None] * len(tasks)
         items: list[batching.BatchItem] = []
         where: list[int] = []
         try:
             await self._admit(model)
-            for index, task in enumerate(tasks):
+            for index, (task, attempt) in enumerate(tasks):
                 try:
-                    items.append(batching.BatchItem(task.params, *await self._input(task)))
+                    items.append(batching.BatchItem(task.params,
+                                                    *await self._input(task, attempt)))
                     where.append(index)
                 except TaskError as exc:
                     results[index] = exc
             outcomes = await self.host.execute_batch(
-                model, items, on_load=functools.partial(self._loaded, tasks[where[0]])
+                model, items, on_load=functools.partial(self._loaded, tasks[where[0]][0])
             ) if items else []
         except TaskError as exc:  # the breaker, the load or the cap: every task's
             outcomes = [exc] * len(where)
@@ -296,7 +299,7 @@ class Consumer:
 
     async def _run_task(self, task: Task, attempt: int) -> Outcome:
         await self._admit(task.model)
-        source, on_segment = await self._input(task)
+        source, on_segment = await self._input(task, attempt)
         speech = await self._speech(task, attempt) if self.host.kind == "tts" else None
         return await self.host.execute(task.model, task.params, source, on_segment,
                                        on_load=functools.partial(self._loaded, task),
@@ -307,7 +310,8 @@ class Consumer:
         if breaker_error:
             raise TaskError(breaker_error, ErrorCode.MODEL_UNAVAILABLE)
 
-    async def _input(self, task: Task) -> tuple[Source | None, Callable[[Segment], None]]:
+    async def _input(self, task: Task,
+                     attempt: int) -> tuple[Source | None, Callable[[Segment], None]]:
         """The task's input (TaskError when it has expired) and where its segments go."""
         source: bytes | AllowedFile | None
         roots = tuple(self.settings.allowed_roots)
@@ -326,7 +330,8 @@ class Consumer:
             # streaming is best effort, so a slow or absent Redis only skips the event.
             event = {"type": "segment", "id": segment.id, "start": segment.start,
                      "end": segment.end, "text": segment.text}
-            future = asyncio.run_coroutine_threadsafe(self.store.publish(task.id, event), loop)
+            future = asyncio.run_coroutine_threadsafe(
+                self.store.publish_segment(task.id, attempt, segment.end, event), loop)
             with contextlib.suppress(Exception):
                 future.result(timeout=1.0)
 

@@ -37,10 +37,13 @@ class DeviceBudget:
     async def register(self) -> None:
         return None
 
-    async def reserve(self, model: str) -> float:
-        """Wait for `model`'s need to fit; its MiB. TaskError: device_busy after waiting
-        `device_wait_seconds`, out_of_memory when it can never fit."""
-        del model
+    last_measured = True  # the last reservation knew its class's peak (else it measures one)
+
+    async def reserve(self, model: str, peak_class: str = "") -> float:
+        """Wait for `model`'s need (for tasks of `peak_class`: "" plain, "diarized") to fit;
+        its MiB. TaskError: device_busy after waiting `device_wait_seconds`, out_of_memory
+        when it can never fit."""
+        del model, peak_class
         return 0.0
 
     async def mark(self, busy: bool) -> bool:
@@ -55,8 +58,8 @@ class DeviceBudget:
         """2: holding and asked to yield; 1: holding; 0: holding nothing."""
         return 1
 
-    async def record_peak(self, model: str, mib: float) -> None:
-        del model, mib
+    async def record_peak(self, model: str, mib: float, peak_class: str = "") -> None:
+        del model, mib, peak_class
 
 
 NO_BUDGET = DeviceBudget()
@@ -77,7 +80,7 @@ class BrokeredBudget(DeviceBudget):
     async def register(self) -> None:
         await self.ledger.register(self.budget_mib)
 
-    async def reserve(self, model: str) -> float:
+    async def reserve(self, model: str, peak_class: str = "") -> float:
         settings = self.settings
         need = settings.model_memory(self.backend, model)
         deadline = time.monotonic() + settings.device_wait_seconds
@@ -86,7 +89,9 @@ class BrokeredBudget(DeviceBudget):
         try:
             while True:
                 answer = await self.ledger.reserve(self.backend, model, need, self.budget_mib,
-                                                   settings.device_lease_seconds)
+                                                   settings.device_lease_seconds, peak_class,
+                                                   settings.device_peak_max_age_seconds)
+                self.last_measured = answer.measured
                 if answer.reserved:
                     reserved = True
                     waited = self.last_wait_seconds = time.monotonic() - started
@@ -98,8 +103,9 @@ class BrokeredBudget(DeviceBudget):
                     raise TaskError(
                         f"model {model!r} needs {answer.need:.0f} MiB, more than the whole "
                         f"{answer.value:.0f} MiB budget of device {self.device_id}: raise "
-                        "SPEECH_DEVICE_MEMORY_MIB or lower its SPEECH_MODEL_MEMORY_MIB",
-                        ErrorCode.OUT_OF_MEMORY)
+                        "SPEECH_DEVICE_MEMORY_MIB or lower its SPEECH_MODEL_MEMORY_MIB (a "
+                        "measured peak past the budget is measured again after "
+                        "SPEECH_DEVICE_LEASE_SECONDS)", ErrorCode.OUT_OF_MEMORY)
                 if answer.value != place:
                     place = answer.value
                     log.info("waiting for %.0f MiB of %s for %s (place %d in line)",
@@ -124,8 +130,9 @@ class BrokeredBudget(DeviceBudget):
     async def renew(self) -> int:
         return await self.ledger.renew(self.settings.device_lease_seconds)
 
-    async def record_peak(self, model: str, mib: float) -> None:
-        await self.ledger.record_peak(self.backend, model, mib)
+    async def record_peak(self, model: str, mib: float, peak_class: str = "") -> None:
+        await self.ledger.record_peak(self.backend, model, mib, peak_class,
+                                      self.settings.device_peak_max_age_seconds)
 
 
 def device_label(device: str) -> str:

@@ -30,7 +30,9 @@ class DeviceHolding:
         self.uses_torch = uses_torch
         self.device = device
         self.held: str | None = None  # the model whose reservation this worker holds
+        self.held_class = ""  # … for tasks of this peak class ("" plain, "diarized")
         self.reserved_mib = 0.0
+        self._measuring = False  # the reservation knew no peak of its class: it measures
         self._peak_from: float | None = None  # MiB in use before the load being measured
         self.baseline_mib: float | None = None  # MiB in use before the held model loaded
         self._waited: float | None = None  # the last reservation's wait, for its LoadReport
@@ -40,12 +42,23 @@ class DeviceHolding:
         waited, self._waited = self._waited, None
         return waited
 
-    async def reserve(self, model: str) -> None:
+    async def reserve(self, model: str, peak_class: str = "") -> None:
         """Before `model` may load: hold a reservation for it on the device (waiting in line
-        if need be). A resident model only marks its reservation busy."""
+        if need be), sized for tasks of `peak_class` (a diarized task also loads the
+        diarizer). A resident model only marks its reservation busy, or grows it in place
+        for a heavier class."""
         if not self.budget.enabled or model not in self.slot.sources:
             return
         if self.held == model and self.slot.name == model and self.slot.handle is not None:
+            if peak_class and peak_class != self.held_class:
+                # the same model for a heavier class: reserve again in place (our own
+                # reservation is replaced), measured from the model's own load
+                base = self.baseline_mib
+                self.reserved_mib = await self.budget.reserve(model, peak_class)
+                self.held_class, self._measuring = peak_class, not self.budget.last_measured
+                await self.call(memory.reset_peak, self.uses_torch, self.device)
+                self._peak_from = base
+                return
             if await self.budget.mark(True):
                 return
             # the lease lapsed (a long stall, Redis lost it): its memory is no longer counted
@@ -55,8 +68,9 @@ class DeviceHolding:
         if self.held is not None:
             await self.budget.release()
             self.held, self.reserved_mib = None, 0.0
-        self.reserved_mib = await self.budget.reserve(model)
-        self.held = model
+        self.reserved_mib = await self.budget.reserve(model, peak_class)
+        self.held, self.held_class = model, peak_class
+        self._measuring = bool(peak_class) and not self.budget.last_measured
         self._waited = self.budget.last_wait_seconds
         self._peak_from = await self.call(memory.reset_peak, self.uses_torch,
                                            self.device)
@@ -84,11 +98,13 @@ class DeviceHolding:
             self._peak_from = None
             log.info("model %s peaked at %.0f MiB (reserved %.0f)", model, peak,
                      self.reserved_mib)
-        # a reservation of 0 (no size known yet) is a measuring load: recorded, not refused
-        over = self.reserved_mib > 0 and peak_over(peak, self.reserved_mib)
+        # a reservation of 0 (no size known yet), or one for a class not measured yet, is a
+        # measuring load: recorded, not refused
+        over = (self.reserved_mib > 0 and not self._measuring
+                and peak_over(peak, self.reserved_mib))
         if after_task or over:
             try:
-                await self.budget.record_peak(model, peak)
+                await self.budget.record_peak(model, peak, self.held_class)
             except Exception as exc:
                 log.warning("could not record the peak of %s: %s", model, exc)
         if over:

@@ -132,7 +132,7 @@ class EngineHost:
             outcome: T | None = None
             failure: TaskError | None = None
             try:
-                await self.holding.reserve(model)
+                await self.holding.reserve(model, "diarized" if diarize else "")
                 handle = await self._acquire(model, on_load or self.on_load, diarize=diarize)
                 await self.holding.check_peak(model, after_task=False)
                 await self._call(self._refuse_over_cap)

@@ -114,15 +114,19 @@ def run_engine(
     if speakers is not None and row.word_timestamps and not row.speakers:
         options.word_timestamps = True  # a segment that changes speaker splits between words
     audio = _decode(sources["file"], transcriber.sample_rate, max_audio_seconds)
-    transcription = transcriber.transcribe(handle, audio, options, on_segment)
-    if speakers is not None and row.speakers:  # its own speakers, in the diarizer's labels
-        diarize.own_speakers(transcription)
-    elif speakers is not None:
+    references: dict[str, np.ndarray] = {}
+    if speakers is not None and not row.speakers:
         if diarizer is None:
             raise ValueError(f"{backend} has no diarizer loaded")
+        # every clip is decoded and checked before the engine runs: a bad reference found
+        # after the transcript was streamed would fail a task whose output was delivered
         references = {name: _decode(sources[clip], diarize.SAMPLE_RATE,
                                     MAX_REFERENCE_SECONDS)
                       for name, clip in zip(speakers.names, speakers.references, strict=True)}
+    transcription = transcriber.transcribe(handle, audio, options, on_segment)
+    if speakers is not None and row.speakers:  # its own speakers, in the diarizer's labels
+        diarize.own_speakers(transcription)
+    elif speakers is not None and diarizer is not None:
         found = diarizer[0].diarize(diarizer[1],
                                     diarize.to_16k(audio, transcriber.sample_rate),
                                     speakers, references)
@@ -181,7 +185,7 @@ def _synthesize(engine: SpeechEngine, handle: Any, backend: str, model: str,
         if rate and piece.sample_rate != rate:
             raise TaskError(f"the engine spoke at {piece.sample_rate} Hz after {rate} Hz")
         rate = piece.sample_rate
-        chunk = SpeechChunk(index, pcm16(piece.audio), rate)
+        chunk = SpeechChunk(index, pcm16(piece.audio), rate, piece.characters)
         if speech is not None:
             speech.store(chunk)
         pieces.append(chunk.pcm)

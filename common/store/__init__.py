@@ -13,10 +13,10 @@ from redis.exceptions import RedisError as StoreError
 
 from common.store.breakers import Admission, Breaker, BreakerPolicy
 from common.store.record import Task, new_task_id
-from common.store.tasks import Duplicate, QueueFull, TaskStore
+from common.store.tasks import Duplicate, QueueFull, TaskStore, TooManyInFlight
 from common.store.usage import Charge, QuotaExceeded
 from common.store.worker import WorkerStore
 
 __all__ = ["Admission", "Breaker", "BreakerPolicy", "Charge", "Duplicate", "QueueFull",
-           "QuotaExceeded", "StoreError", "Task", "TaskStore", "WorkerStore",
+           "QuotaExceeded", "StoreError", "Task", "TaskStore", "TooManyInFlight", "WorkerStore",
            "new_task_id"]

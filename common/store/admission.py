@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
@@ -43,6 +43,8 @@ class Backlog:
     #: lane (or RUNNING) -> model -> audio-seconds; "" holds what no model is known for
     #: (tasks queued before per-model sums)
     models: dict[str, dict[str, float]]
+    #: model -> (running tasks whose start is counted, the sum of their starts, epoch s)
+    started: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def lanes_ahead(self, lane: str) -> tuple[str, ...]:
         """`lane` and the lanes read before it."""
@@ -94,7 +96,11 @@ def backlog_of(raw: dict[str, str]) -> Backlog:
                  if field.startswith(prefix)}
         models[name] = _split(number(f"{name}:seconds"),
                               {model: seconds for model, seconds in found.items() if seconds})
-    return Backlog({lane: int(number(f"{lane}:tasks")) for lane in keys.LANES}, models)
+    started = {name.removeprefix("running:count:"): int(number(name)) for name in raw
+               if name.startswith("running:count:")}
+    return Backlog({lane: int(number(f"{lane}:tasks")) for lane in keys.LANES}, models,
+                   {model: (count, number(f"running:since:{model}"))
+                    for model, count in started.items() if count > 0})
 
 
 def rates_of(raw: dict[str, str]) -> Rates:

@@ -20,7 +20,9 @@ from common.schemas import SpeechChunk
 #: pieces one read returns at most (a reader asks again for the rest)
 READ_COUNT = 16
 
-# KEYS: task, chunks, events | ARGV: attempt, index (from 0), pcm, sample rate, retention
+# KEYS: task, chunks, events | ARGV: attempt, index (from 0), pcm, sample rate, retention,
+#       the piece's characters (added to the task's `delivered`: what it is charged for if
+#       it fails later)
 # -> pieces stored after the call (index + 1 when this one is stored, also when this attempt
 #    already had stored it: a retry after a lost reply), -1 when the attempt is stale or the
 #    task is not RUNNING, -2 when another attempt stored that piece.
@@ -39,6 +41,7 @@ if stored ~= index then return stored end
 redis.call('XADD', KEYS[2], '0-' .. (stored + 1), 'pcm', ARGV[3], 'rate', ARGV[4],
            'attempt', ARGV[1])
 redis.call('EXPIRE', KEYS[2], ARGV[5])
+redis.call('HINCRBYFLOAT', KEYS[1], 'delivered', tonumber(ARGV[6]) or 0)
 redis.call('PUBLISH', KEYS[3], cjson.encode({type='chunk', index=stored}))
 return stored + 1
 """
@@ -58,7 +61,8 @@ class SpeechChunks:
         """Store piece `chunk.index` for `attempt`; StaleAttempt when the attempt lost."""
         stored = int(await self._append(
             keys=[keys.task(task_id), keys.speech_chunks(task_id), keys.events(task_id)],
-            args=[attempt, chunk.index, chunk.pcm, chunk.sample_rate, self.retention]))
+            args=[attempt, chunk.index, chunk.pcm, chunk.sample_rate, self.retention,
+                  chunk.characters]))
         if stored == -1:
             raise StaleAttempt(task_id)
         if stored != chunk.index + 1:  # an attempt appends after what is stored, in order

@@ -53,21 +53,47 @@ local function live(key)
 end
 """
 
+# A recorded peak (KEYS peaks, field "<backend>/<model>[:<class>]", its time in "…@at") ages
+# out after its max age, and one above the whole budget (while the configured need fits)
+# after one lease: it is measured again rather than refusing every later load for ever.
+_PEAK = """
+local function peak_of(peaks, name, configured, budget, lease, max_age)
+  local peak = tonumber(redis.call('HGET', peaks, name) or '') or 0
+  local at = tonumber(redis.call('HGET', peaks, name .. '@at') or '') or now
+  if peak > 0 and ((max_age > 0 and now - at > max_age)
+                   or (peak > budget and configured <= budget and now - at > lease)) then
+    redis.call('HDEL', peaks, name, name .. '@at')
+    return 0
+  end
+  return peak
+end
+"""
+
 # KEYS: device, holders, waiting, peaks, devices
-# ARGV: consumer, backend, model, need (MiB, from settings), budget, lease seconds, device id
-# -> {1, need, reserved after} taken | {0, need, place in line} waiting |
-#    {-1, need, budget} never fits
-_RESERVE = LUA_NOW_S + _PURGE + """
+# ARGV: consumer, backend, model, need (MiB, from settings), budget, lease seconds, device id,
+#       the peak's field, the peaks' max age (seconds, 0 = never), the model's plain peak
+#       field ("" = the peak is the plain one)
+# -> {1, need, reserved after, measured} taken | {0, need, place in line, measured} waiting |
+#    {-1, need, budget, measured} never fits (the device's `refused:<field>` says so until a
+#    reservation of it succeeds); measured: 1 when a recorded peak was known
+_RESERVE = LUA_NOW_S + _PURGE + _PEAK + """
 redis.call('SADD', KEYS[5], ARGV[7])
 redis.call('HSET', KEYS[1], 'budget', ARGV[5])
 local me, lease, budget = ARGV[1], tonumber(ARGV[6]), tonumber(ARGV[5])
 local holders, waiting = live(KEYS[2]), live(KEYS[3])
 local need = tonumber(ARGV[4])
-local peak = tonumber(redis.call('HGET', KEYS[4], ARGV[2] .. '/' .. ARGV[3]) or '0')
+local peak = peak_of(KEYS[4], ARGV[8], need, budget, lease, tonumber(ARGV[9]))
+local measured = 0
+if peak > 0 then measured = 1
+elseif ARGV[10] ~= '' then  -- a class not measured yet starts from its model's plain peak
+  peak = peak_of(KEYS[4], ARGV[10], need, budget, lease, tonumber(ARGV[9]))
+end
 if peak > need then need = peak end
 if need > budget then
   redis.call('HDEL', KEYS[3], me)
-  return {-1, need, budget}
+  redis.call('HSET', KEYS[1], 'refused:' .. ARGV[8],
+             cjson.encode({need = need, budget = budget, at = now}))
+  return {-1, need, budget, measured}
 end
 holders[me] = nil  -- a reservation of our own is replaced by this one
 local reserved = 0
@@ -81,9 +107,10 @@ for name, w in pairs(waiting) do
 end
 if ahead == 0 and reserved + need <= budget then
   redis.call('HDEL', KEYS[3], me)
+  redis.call('HDEL', KEYS[1], 'refused:' .. ARGV[8])
   redis.call('HSET', KEYS[2], me, cjson.encode({backend = ARGV[2], model = ARGV[3], mib = need,
              busy = 1, evict = 0, last_used = now, expires = now + lease}))
-  return {1, need, reserved + need}
+  return {1, need, reserved + need, measured}
 end
 redis.call('HSET', KEYS[3], me, cjson.encode({backend = ARGV[2], model = ARGV[3], need = need,
            since = since, expires = now + lease}))
@@ -103,7 +130,19 @@ if ahead == 0 then
     free = free + pair[2].mib
   end
 end
-return {0, need, ahead + 1}
+return {0, need, ahead + 1, measured}
+"""
+
+# KEYS: peaks | ARGV: the peak's field, MiB, max age (seconds, 0 = never) -> the peak kept
+# A lighter measurement never lowers a live peak (a light first task would leave heavier
+# ones over their reservation); the peak is replaced once it has aged out.
+_RECORD_PEAK = LUA_NOW_S + """
+local old = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '') or 0
+local at = tonumber(redis.call('HGET', KEYS[1], ARGV[1] .. '@at') or '') or 0
+local max_age, mib = tonumber(ARGV[3]), tonumber(ARGV[2])
+if old >= mib and (max_age <= 0 or now - at <= max_age) then return tostring(old) end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], ARGV[1] .. '@at', now)
+return ARGV[2]
 """
 
 # KEYS: device, holders, waiting | ARGV: consumer -> 1 if it held a reservation
@@ -153,6 +192,7 @@ class Reservation:
     status: int  # 1 reserved, 0 waiting in line, -1 can never fit
     need: float  # MiB asked for: the configured need or the recorded peak, whichever is more
     value: float  # reserved after (1), place in line (0), the budget (-1)
+    measured: bool = True  # a recorded peak was known (else this load measures one)
 
     @property
     def reserved(self) -> bool:
@@ -176,6 +216,7 @@ class DeviceLedger:
         self._release = redis.register_script(_RELEASE)
         self._mark = redis.register_script(_MARK)
         self._renew = redis.register_script(_RENEW)
+        self._record_peak = redis.register_script(_RECORD_PEAK)
 
     async def register(self, budget_mib: int) -> None:
         """Make the device and its budget visible before any load."""
@@ -185,12 +226,14 @@ class DeviceLedger:
         await pipe.execute()
 
     async def reserve(self, backend: str, model: str, need_mib: float, budget_mib: int,
-                      lease_seconds: float) -> Reservation:
-        status, need, value = await self._reserve(
+                      lease_seconds: float, peak_class: str = "",
+                      peak_max_age: float = 0.0) -> Reservation:
+        status, need, value, measured = await self._reserve(
             keys=[*self._keys, keys.model_peaks(), keys.devices()],
             args=[self.consumer, backend, model, need_mib, budget_mib, lease_seconds,
-                  self.device_id])
-        return Reservation(int(status), float(need), float(value))
+                  self.device_id, peak_field(backend, model, peak_class), peak_max_age,
+                  peak_field(backend, model) if peak_class else ""])
+        return Reservation(int(status), float(need), float(value), bool(measured))
 
     async def release(self) -> bool:
         return bool(await self._release(keys=list(self._keys), args=[self.consumer]))
@@ -208,12 +251,21 @@ class DeviceLedger:
     async def leave_line(self) -> None:
         await self._redis.hdel(self._keys[2], self.consumer)
 
-    async def record_peak(self, backend: str, model: str, mib: float) -> None:
-        await self._redis.hset(keys.model_peaks(), f"{backend}/{model}", round(mib, 1))
+    async def record_peak(self, backend: str, model: str, mib: float, peak_class: str = "",
+                          max_age: float = 0.0) -> float:
+        """Record a measured peak (kept if a live one is higher); the peak kept."""
+        return float(await self._record_peak(
+            keys=[keys.model_peaks()],
+            args=[peak_field(backend, model, peak_class), round(mib, 1), max_age]))
 
-    async def peak(self, backend: str, model: str) -> float | None:
-        raw = await self._redis.hget(keys.model_peaks(), f"{backend}/{model}")
+    async def peak(self, backend: str, model: str, peak_class: str = "") -> float | None:
+        raw = await self._redis.hget(keys.model_peaks(), peak_field(backend, model, peak_class))
         return float(raw) if raw is not None else None
+
+
+def peak_field(backend: str, model: str, peak_class: str = "") -> str:
+    """A peak's name: per model and class (a diarized task's peak is not a plain one's)."""
+    return f"{backend}/{model}" + (f":{peak_class}" if peak_class else "")
 
 
 # --- the gateway's side: what /ready and /metrics show --------------------------------------
@@ -226,6 +278,8 @@ class DeviceView:
     evictions: int
     holders: dict[str, dict[str, Any]] = field(default_factory=dict)
     waiting: list[dict[str, Any]] = field(default_factory=list)  # first in line first
+    #: loads refused as larger than the whole budget, until one of them fits again
+    refused: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def free_mib(self) -> float:
@@ -234,7 +288,8 @@ class DeviceView:
     def public(self) -> dict[str, Any]:
         return {"budget_mib": self.budget_mib, "reserved_mib": self.reserved_mib,
                 "free_mib": self.free_mib, "waiting_loads": len(self.waiting),
-                "evictions": self.evictions, "holders": self.holders, "waiting": self.waiting}
+                "evictions": self.evictions, "holders": self.holders, "waiting": self.waiting,
+                "refused_loads": len(self.refused), "refused": self.refused}
 
 
 async def devices(redis: Redis) -> list[DeviceView]:
@@ -260,5 +315,17 @@ async def devices(redis: Redis) -> list[DeviceView]:
             {k: {f: v[f] for f in ("backend", "model", "mib", "busy", "evict")}
              for k, v in live.items()},
             [{f: w[f] for f in ("consumer", "backend", "model", "need")}
-             | {"waiting_seconds": round(now - w["since"], 3)} for w in queued]))
+             | {"waiting_seconds": round(now - w["since"], 3)} for w in queued],
+            _refused(info, now)))
     return views
+
+
+def _refused(info: dict[bytes, bytes], now: float) -> list[dict[str, Any]]:
+    found = []
+    for name, raw in info.items():
+        if name.startswith(b"refused:"):
+            entry = json.loads(raw)
+            found.append({"model": name.decode().removeprefix("refused:"),
+                          "need_mib": entry["need"], "budget_mib": entry["budget"],
+                          "seconds_ago": round(now - entry["at"], 1)})
+    return sorted(found, key=lambda entry: entry["model"])

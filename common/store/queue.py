@@ -32,16 +32,22 @@ class Delivery:
 
 
 class Queue:
-    """Both lanes of one backend. New work: an undelivered batch entry older than
-    `promotion_seconds` first (batch is never starved), then interactive, then batch."""
+    """Both lanes of one backend. New work: interactive, then batch; but an undelivered batch
+    entry older than `promotion_seconds` goes first once this worker has taken
+    `promotion_every` interactive entries since its last batch one, so an aged backlog gets
+    a bounded share (one entry in promotion_every + 1) and never all of it ahead of
+    interactive work, while batch is never starved."""
 
     def __init__(self, redis: Redis, backend: str, consumer: str,
-                 promotion_seconds: float = 0.0) -> None:
+                 promotion_seconds: float = 0.0, promotion_every: int = 4) -> None:
         self.redis = redis
         self.backend = backend
         self.streams = {lane: keys.queue(backend, lane) for lane in keys.LANES}
         self.consumer = consumer
         self.promotion_seconds = promotion_seconds
+        self.promotion_every = max(1, promotion_every)
+        #: interactive entries taken since the last batch one (a new worker owes batch one)
+        self.interactive_run = self.promotion_every
         self._extend = redis.register_script(_EXTEND_LEASE)
 
     async def read(self, *, after: str | None = None, lane: str = keys.BATCH,
@@ -51,19 +57,28 @@ class Queue:
         `block_ms` (None: not at all) when both are empty."""
         if after:
             return await self._read({self.streams[lane]: after}, None)
-        if self.promotion_seconds > 0 and await self._batch_overdue():
-            found = await self._read({self.streams[keys.BATCH]: ">"}, None)
+        if (self.promotion_seconds > 0 and self.interactive_run >= self.promotion_every
+                and await self._batch_overdue()):
+            found = self._counted(await self._read({self.streams[keys.BATCH]: ">"}, None))
             if found:
                 return found
         for lane_read in keys.LANES:
-            found = await self._read({self.streams[lane_read]: ">"}, None)
+            found = self._counted(await self._read({self.streams[lane_read]: ">"}, None))
             if found:
                 return found
         if block_ms is None:
             return []
         # Both empty: wait on both. Redis answers with what arrived (one entry per stream);
         # the consumer handles them interactive first.
-        return await self._read({self.streams[lane]: ">" for lane in keys.LANES}, block_ms)
+        return self._counted(
+            await self._read({self.streams[lane]: ">" for lane in keys.LANES}, block_ms))
+
+    def _counted(self, found: list[Delivery]) -> list[Delivery]:
+        """`found`, counted into the run of interactive entries since the last batch one."""
+        for delivery in found:
+            interactive = delivery.lane == keys.INTERACTIVE
+            self.interactive_run = self.interactive_run + 1 if interactive else 0
+        return found
 
     async def _read(self, streams: dict[str, str], block_ms: int | None) -> list[Delivery]:
         lanes = {stream: lane for lane, stream in self.streams.items()}

@@ -39,7 +39,9 @@ from common.store.values import one_line, text
 # that moves a task out of PENDING or out of RUNNING. A task's 'queued' and 'running_counted'
 # fields say it is counted, so nothing is subtracted twice; its 'backlog_model' says under
 # which model its work is counted (absent on a task queued before per-model sums: only the
-# lane totals hold it).
+# lane totals hold it). Per model also how many run and the sum of their start times
+# ('running:count:<model>', 'running:since:<model>'; the task's 'running_since'): what is
+# left of the running work is its processing time less the time it has run.
 _BACKLOG = """
 local function enqueue(task, backlog, lane, seconds)
   local model = redis.call('HGET', task, 'model') or ''
@@ -63,7 +65,21 @@ local function unqueue(task, backlog, running)
     end
   end
 end
+local function run_since(task, backlog, now)
+  local model = redis.call('HGET', task, 'backlog_model')
+  if model and redis.call('HEXISTS', task, 'running_counted') == 1
+      and redis.call('HSETNX', task, 'running_since', now) == 1 then
+    redis.call('HINCRBYFLOAT', backlog, 'running:since:' .. model, now)
+    redis.call('HINCRBY', backlog, 'running:count:' .. model, 1)
+  end
+end
 local function unrun(task, backlog)
+  local since = redis.call('HGET', task, 'running_since')
+  if since and redis.call('HDEL', task, 'running_since') == 1 then
+    local model = redis.call('HGET', task, 'backlog_model') or ''
+    redis.call('HINCRBYFLOAT', backlog, 'running:since:' .. model, -tonumber(since))
+    redis.call('HINCRBY', backlog, 'running:count:' .. model, -1)
+  end
   if redis.call('HDEL', task, 'running_counted') == 1 then
     local f = redis.call('HMGET', task, 'work', 'audio_seconds', 'backlog_model')
     local seconds, model = tonumber(f[1] or f[2] or '') or 0, f[3]
@@ -92,6 +108,10 @@ end
 # atomically with its terminal state, belongs here.
 _CLOSE = _BACKLOG + usage.LUA + _WEBHOOK_DUE + """
 local function close(task, backlog, input, speech, events, state, now, retention, webhooks)
+  local counted = redis.call('HGET', task, 'in_flight')
+  if counted and redis.call('HDEL', task, 'in_flight') == 1 then
+    if redis.call('DECR', counted) <= 0 then redis.call('DEL', counted) end
+  end
   unqueue(task, backlog, false)
   unrun(task, backlog)
   close_usage(task, state)
@@ -107,14 +127,16 @@ end
 """
 
 # KEYS: task, queue, input blob, queue counter, idempotency key, backlog, deadlines, the
-#       owner's day and month usage hashes
+#       owner's day and month usage hashes, the owner's in-flight count
 # ARGV: task_id, ttl, blob ("" = none), idempotent ("1"/"0"), most queued tasks (0 = no
 #       limit), lane, audio seconds, deadline ("" = none), the 9 arguments of
-#       charge_usage (usage.LUA; all "" = not metered), field, value, ...
+#       charge_usage (usage.LUA; all "" = not metered), the owner's most tasks in flight
+#       (0 = no limit, "" = not counted), field, value, ...
 # -> {1, entry id, its number} queued, {0, original task id} for a repeated idempotency key
 #    (or a repeated submit of the same task),
-#    {2, tasks queued} when the backend already has its most queued tasks, or {3, which
-#    limit, used} when the charge would pass a quota (nothing written for either).
+#    {2, tasks queued} when the backend already has its most queued tasks, {3, which
+#    limit, used} when the charge would pass a quota, or {4, in flight} when the owner has
+#    its most tasks queued or running (nothing written for any of those).
 # Each entry carries its own number in the backend's add order (our counter, not Redis's
 # group "entries-read", which Redis 7.0 loses when it reloads the AOF): a queue position
 # is then one subtraction from the first entry not yet handed to a worker.
@@ -135,13 +157,22 @@ if most > 0 then
   local queued = (tonumber(b[1] or '') or 0) + (tonumber(b[2] or '') or 0)
   if queued >= most then return {2, tostring(queued)} end
 end
+local cap = tonumber(ARGV[18])
+if cap and cap > 0 then
+  local flying = tonumber(redis.call('GET', KEYS[10]) or '0')
+  if flying >= cap then return {4, tostring(flying)} end
+end
 if ARGV[9] ~= '' then
   local refused = charge_usage({KEYS[8], KEYS[9]}, {unpack(ARGV, 9, 17)})
   if refused then return refused end
 end
 local seq = redis.call('INCR', KEYS[4])
 local entry = redis.call('XADD', KEYS[2], '*', 'task_id', ARGV[1], 'seq', seq)
-redis.call('HSET', KEYS[1], 'entry_id', entry, 'queue_seq', seq, unpack(ARGV, 18))
+redis.call('HSET', KEYS[1], 'entry_id', entry, 'queue_seq', seq, unpack(ARGV, 19))
+if cap then
+  redis.call('INCR', KEYS[10])
+  redis.call('HSET', KEYS[1], 'in_flight', KEYS[10])
+end
 enqueue(KEYS[1], KEYS[6], ARGV[6], ARGV[7])
 if ARGV[8] ~= '' then redis.call('ZADD', KEYS[7], ARGV[8], ARGV[1]) end
 if ARGV[3] ~= '' then redis.call('SET', KEYS[3], ARGV[3], 'EX', ARGV[2]) end
@@ -165,6 +196,7 @@ if state == 'PENDING' and deadline and tonumber(ARGV[2]) > deadline then
   return -2
 end
 unqueue(KEYS[1], KEYS[3], true)
+run_since(KEYS[1], KEYS[3], ARGV[2])
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 redis.call('HSET', KEYS[1], 'state', 'RUNNING', 'worker', ARGV[1], 'started_at', ARGV[2],
            'deliveries', ARGV[3])
@@ -232,6 +264,14 @@ class QueueFull(Exception):
     def __init__(self, queued: int) -> None:
         super().__init__(queued)
         self.queued = queued
+
+
+class TooManyInFlight(Exception):
+    """A submit whose owner already has its most tasks queued or running (`in_flight`)."""
+
+    def __init__(self, in_flight: int) -> None:
+        super().__init__(in_flight)
+        self.in_flight = in_flight
 
 
 class Duplicate(Exception):
@@ -307,14 +347,16 @@ class TaskStore:
                     raise
 
     async def submit(self, task: Task, blob: bytes | None, idempotency_key: str = "",
-                     max_queued_tasks: int = 0, charge: Charge | None = None) -> None:
+                     max_queued_tasks: int = 0, charge: Charge | None = None,
+                     max_in_flight: int | None = None) -> None:
         """Write the task record, its queue entry and its input blob in one atomic step, and
         charge its owner's usage (`charge`; None: unmetered).
 
         Raises Duplicate when `idempotency_key` was already used by the same owner within
         the retention, QueueFull when the backend already has `max_queued_tasks` queued
-        (0: no limit), QuotaExceeded when the charge would pass one of its quotas: nothing is
-        written then."""
+        (0: no limit), QuotaExceeded when the charge would pass one of its quotas,
+        TooManyInFlight when its owner already has `max_in_flight` tasks queued or running
+        (0: no limit; None: not counted): nothing is written then."""
         now = time.time()
         hashes, usage_args, charged = [keys.task(task.id)] * 2, [""] * 9, ""
         if charge is not None:
@@ -349,12 +391,13 @@ class TaskStore:
                     keys=[keys.task(task.id), keys.queue(task.backend, task.lane),
                           keys.input_blob(task.id), keys.queue_counter(task.backend, task.lane),
                           keys.idempotency(task.owner, idempotency_key),
-                          keys.backlog(task.backend), keys.deadlines(task.backend), *hashes],
+                          keys.backlog(task.backend), keys.deadlines(task.backend), *hashes,
+                          keys.in_flight(task.owner)],
                     args=[task.id, self.retention, b"" if in_file else (blob or b""),
                           "1" if idempotency_key else "0", max_queued_tasks, task.lane,
                           repr(task.work_units),
                           "" if task.deadline is None else repr(task.deadline), *usage_args,
-                          *flat])
+                          "" if max_in_flight is None else max_in_flight, *flat])
             except NotReplicated as short:
                 # refused to the client: withdraw the task, unless a retry with its key is
                 # to find it (then it stays queued, and the retry is answered with it)
@@ -371,6 +414,8 @@ class TaskStore:
         if queued == 3:
             assert charge is not None
             raise charge.refusal(int(value), float(number[0]), now)
+        if queued == 4:
+            raise TooManyInFlight(int(value))
         if stored:  # the record as written, so its queue position can be read at once
             task.entry_id, task.queue_seq = text(value), int(number[0])
             task.created_at = float(record["created_at"])

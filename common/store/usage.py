@@ -6,8 +6,12 @@ the same call, so concurrent submits cannot overshoot and a refused submit write
 The task records its charge (`charge`: JSON of the amount, unit, backend and the keys it went
 to); a SUCCEEDED task's charge is settled to the usage its result measured (`settle_usage`,
 in the finish script: a container cannot claim less audio than it holds) and added to the
-owner's all-time totals, a FAILED or CANCELLED task's is given back (`close_usage`, in
-`close()`). The policy (which limits, the 429, `/v1/usage`) is gateway/policy/quotas.py's.
+owner's all-time totals; a FAILED or CANCELLED task keeps the part of its charge it had
+delivered (its `delivered` field: the end of the last segment it published, the characters
+of the pieces it spoke; common/store/segments.py and chunks.py keep it) and the rest is given
+back (`close_usage`, in `close()`), so a failure after the output reached its client refunds
+only what it did not deliver. The policy (which limits, the 429, `/v1/usage`) is
+gateway/policy/quotas.py's.
 """
 
 from __future__ import annotations
@@ -73,12 +77,28 @@ local function close_usage(task, state)
   local raw = redis.call('HGET', task, 'charge')
   if not raw or raw == '' then return end
   local charge = cjson.decode(raw)
-  if state == 'SUCCEEDED' then
+  if state ~= 'SUCCEEDED' then
+    local kept = tonumber(redis.call('HGET', task, 'delivered') or '') or 0
+    usage_add(charge, kept - charge.amount)
+    charge.amount = kept
+    redis.call('HSET', task, 'charge', cjson.encode(charge))
+  end
+  if charge.amount > 0 then
     redis.call('HINCRBYFLOAT', charge.total, charge.unit .. ':' .. charge.backend, charge.amount)
-  else
-    usage_add(charge, -charge.amount)
   end
 end
+"""
+
+
+# KEYS: the day and month hashes, the all-time hash | ARGV: charge_usage's 9 arguments
+# -> nil charged (and counted in the all-time totals at once), or charge_usage's refusal.
+# For work that is no task (a live session's audio with transcription off): nothing is
+# settled later, so it is final here.
+CHARGE_NOW = LUA + """
+local refused = charge_usage({KEYS[1], KEYS[2]}, ARGV)
+if refused then return refused end
+redis.call('HINCRBYFLOAT', KEYS[3], ARGV[2] .. ':' .. ARGV[3], tonumber(ARGV[1]))
+return nil
 """
 
 
@@ -178,6 +198,7 @@ class UsageStore:
 
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
+        self._charge_now = redis.register_script(CHARGE_NOW)
 
     async def periods(self, owner: str, now: float | None = None) -> list[PeriodUsage]:
         """The owner's usage in the current UTC day and month, in one round trip."""
@@ -205,3 +226,12 @@ class UsageStore:
                 per_field[(unit, backend)] = float(value)
             found[owner] = per_field
         return found
+
+    async def charge_now(self, charge: Charge, now: float | None = None) -> None:
+        """Charge `charge` at once, final (no task settles it); QuotaExceeded past a quota."""
+        now = time.time() if now is None else now
+        hashes, args, _ = charge.script_args(now)
+        refused = await self._charge_now(keys=[*hashes, keys.usage_total(charge.owner)],
+                                         args=args)
+        if refused:
+            raise charge.refusal(int(refused[1]), float(refused[2]), now)

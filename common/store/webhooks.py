@@ -72,12 +72,27 @@ if not score or tonumber(score) ~= tonumber(ARGV[2]) then return 0 end
 return redis.call('ZREM', KEYS[1], ARGV[1])
 """
 
-# KEYS: task, due | ARGV: task id, now (ms) -> 1 due now, 0 not a finished task with a callback
+# KEYS: due | ARGV: task id, claimed score, due (ms) -> 1 put off, 0 not ours any more
+_DEFER = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) ~= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+return 1
+"""
+
+# KEYS: task, due, the owner's redeliveries this minute | ARGV: task id, now (ms), most per
+# minute (0 = no limit) -> 1 due now, 0 not a finished task with a callback, -1 past the
+# owner's redeliveries this minute
 # A redelivery starts a new series of attempts (its own backoff and give-up clock).
 _REDELIVER = """
 local f = redis.call('HMGET', KEYS[1], 'state', 'callback_url')
 if not f[1] or f[1] == 'PENDING' or f[1] == 'RUNNING' or not f[2] or f[2] == '' then
   return 0
+end
+local most = tonumber(ARGV[3])
+if most > 0 then
+  if tonumber(redis.call('GET', KEYS[3]) or '0') >= most then return -1 end
+  if redis.call('INCR', KEYS[3]) == 1 then redis.call('EXPIRE', KEYS[3], 60) end
 end
 redis.call('HDEL', KEYS[1], 'webhook_failures', 'webhook_since')
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
@@ -122,6 +137,7 @@ class WebhookStore:
         self._record = redis.register_script(_RECORD)
         self._drop = redis.register_script(_DROP)
         self._redeliver = redis.register_script(_REDELIVER)
+        self._defer = redis.register_script(_DEFER)
 
     @classmethod
     def of(cls, store: TaskStore) -> WebhookStore:
@@ -158,10 +174,17 @@ class WebhookStore:
         return bool(await self._drop(keys=[keys.webhooks_due()],
                                      args=[claim.task_id, claim.until_ms]))
 
-    async def redeliver(self, task_id: str) -> bool:
-        """Make a finished task's webhook due now; False if it is not finished or has none."""
-        return bool(await self._redeliver(keys=[keys.task(task_id), keys.webhooks_due()],
-                                          args=[task_id, _ms(time.time())]))
+    async def defer(self, claim: Claim, due: float) -> bool:
+        """Put a claimed delivery off until `due` (epoch seconds), unsent and unrecorded."""
+        return bool(await self._defer(keys=[keys.webhooks_due()],
+                                      args=[claim.task_id, claim.until_ms, _ms(due)]))
+
+    async def redeliver(self, task_id: str, owner: str = "", per_minute: int = 0) -> int:
+        """Make a finished task's webhook due now: 1; 0 if it is not finished or has none;
+        -1 when `owner` already asked `per_minute` redeliveries this minute (0: no limit)."""
+        return int(await self._redeliver(
+            keys=[keys.task(task_id), keys.webhooks_due(), keys.webhook_redeliveries(owner)],
+            args=[task_id, _ms(time.time()), per_minute]))
 
     async def deliveries(self, task_id: str) -> tuple[list[dict[str, Any]], float | None]:
         """(the task's attempts, oldest first; when its next attempt is due, None if none)."""

@@ -21,6 +21,7 @@ from common.store.breakers import Admission, Breaker, BreakerPolicy, BreakerStor
 from common.store.devices import DeviceLedger
 from common.store.queue import Delivery, Queue
 from common.store.record import Task
+from common.store.segments import SegmentPublisher
 from common.store.tasks import TaskStore
 from common.store.values import LUA_NOW_MS
 
@@ -46,8 +47,9 @@ class WorkerStore:
         self._beat = redis.register_script(_HEARTBEAT)
         self._tasks = TaskStore.for_settings(redis, settings)
         self._breakers = BreakerStore(redis)
+        self._segments = SegmentPublisher(redis)
         self._queue = Queue(redis, self.backend, consumer,
-                            settings.batch_promotion_seconds)
+                            settings.batch_promotion_seconds, settings.batch_promotion_every)
 
     # --- the stream ---
     #: the backend's priority lanes (one stream each), in reading order
@@ -115,6 +117,11 @@ class WorkerStore:
 
     async def publish(self, task_id: str, event: dict[str, Any]) -> None:
         await self._tasks.publish(task_id, event)
+
+    async def publish_segment(self, task_id: str, attempt: int, end: float,
+                              event: dict[str, Any]) -> None:
+        """Publish a segment of `attempt` and count it delivered up to `end` seconds."""
+        await self._segments.publish(task_id, attempt, end, event)
 
     # --- breakers ---
     async def admit(self, model: str, source: str) -> Admission:

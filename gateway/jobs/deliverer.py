@@ -5,7 +5,8 @@ killed between (or during) attempts, or a restart loses no webhook: whichever ga
 claims the entry next sends it. Delivery is at-least-once (a gateway killed after the
 receiver answered but before the record sends it again); receivers dedupe on `webhook-id`.
 
-Each attempt POSTs the task's status reply (the JSON of `GET /v1/tasks/{id}`), signed
+Each attempt POSTs the task's status reply (the JSON of `GET /v1/tasks/{id}`, plus `owner`:
+its key's name), signed with its key's own secrets or the global ones
 (gateway/policy/webhooks.py), within `webhook_timeout_seconds` for the whole exchange, following no
 redirect. A failure (non-2xx, no answer, timeout) is retried after `webhook_retry_seconds`,
 multiplied by `webhook_retry_factor` per further failure up to `webhook_retry_max_seconds`;
@@ -18,6 +19,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import Counter
 from urllib.parse import urlsplit
 
 import httpx
@@ -30,8 +32,6 @@ from gateway.policy.webhooks import event_id, signature_headers
 from gateway.serving.tasks import public_view
 
 log = logging.getLogger("gateway.deliverer")
-#: deliveries one gateway process sends at once (one claim's worth)
-BATCH = 16
 USER_AGENT = "speech-gateway-webhooks/1"
 NO_LONGER_ALLOWED = "its host is no longer in SPEECH_CALLBACK_URL_HOSTS"
 
@@ -41,19 +41,21 @@ async def deliver_forever(webhooks: WebhookStore, settings: Settings) -> None:
     try:
         while True:
             try:
-                busy = await deliverer.deliver_due() == BATCH
+                await deliverer.deliver_due()
             except StoreError:
-                busy = False  # Redis is away: the entries wait in it
+                pass  # Redis is away: the entries wait in it
             except Exception:  # a dead deliverer would stop every webhook of this process
                 log.exception("webhook delivery pass failed")
-                busy = False
-            if not busy:
-                await asyncio.sleep(settings.webhook_poll_seconds)
+            await asyncio.sleep(settings.webhook_poll_seconds)
     finally:
         await deliverer.close()
 
 
 class Deliverer:
+    """Each claimed delivery runs on its own (a pass never waits for its slowest), up to
+    `webhook_concurrency` at once, of which one key's at most `webhook_concurrency_per_key`:
+    a key whose receiver hangs holds its own slots, not everyone's."""
+
     def __init__(self, webhooks: WebhookStore, settings: Settings) -> None:
         self.webhooks = webhooks
         self.settings = settings
@@ -63,22 +65,39 @@ class Deliverer:
         self.client = httpx.AsyncClient(follow_redirects=False,
                                         timeout=settings.webhook_timeout_seconds,
                                         headers={"user-agent": USER_AGENT})
+        self.running: set[asyncio.Task[None]] = set()
+        self.per_owner: Counter[str] = Counter()
 
     async def close(self) -> None:
+        for task in self.running:
+            task.cancel()
+        await asyncio.gather(*self.running, return_exceptions=True)
         await self.client.aclose()
 
     async def deliver_due(self) -> int:
-        """Claim what is due and send it; how many were claimed."""
-        claims = await self.webhooks.claim(BATCH, self.lease)
-        await asyncio.gather(*(self.deliver(claim) for claim in claims))
+        """Claim what is due, as many as there are free slots, and start each; how many
+        were claimed."""
+        free = self.settings.webhook_concurrency - len(self.running)
+        claims = await self.webhooks.claim(free, self.lease) if free > 0 else []
+        for claim in claims:
+            task = asyncio.create_task(self.deliver(claim))
+            self.running.add(task)
+            task.add_done_callback(self.running.discard)
         return len(claims)
 
     async def deliver(self, claim: Claim) -> None:
+        owner: str | None = None
         try:
             owed = await self.webhooks.owed(claim.task_id)
             if owed is None or not owed.task.callback_url or not owed.task.state.terminal:
                 await self.webhooks.drop(claim)  # expired meanwhile: nothing left to send
                 return
+            if self.per_owner[owed.task.owner] >= self.settings.webhook_concurrency_per_key:
+                # its key has its most on the way: its turn comes at the next pass
+                await self.webhooks.defer(claim, time.time() + self.settings.webhook_poll_seconds)
+                return
+            owner = owed.task.owner
+            self.per_owner[owner] += 1
             started = time.time()
             if allowed(urlsplit(owed.task.callback_url), self.settings.callback_url_hosts):
                 status, error = await self.post(owed)
@@ -90,12 +109,20 @@ class Deliverer:
             pass  # the claim lapses and another pass (of any gateway) tries again
         except Exception:
             log.exception("webhook of task %s failed", claim.task_id)
+        finally:
+            if owner is not None:
+                self.per_owner[owner] -= 1
+                if self.per_owner[owner] <= 0:
+                    del self.per_owner[owner]
 
     async def post(self, owed: Owed) -> tuple[int | None, str | None]:
         """(the receiver's HTTP status or None, why the attempt failed or None)."""
         task = owed.task
-        body = json.dumps(public_view(task)).encode()
-        headers = signature_headers(self.settings.webhook_secrets,
+        key = self.settings.api_key(task.owner)
+        # the owner named, so a receiver shared by several keys knows whose task it was
+        body = json.dumps({**public_view(task),
+                           "owner": key.label if key is not None else None}).encode()
+        headers = signature_headers(self.settings.webhook_secrets_of(task.owner),
                                     event_id(task.id, task.state), int(time.time()), body)
         headers["content-type"] = "application/json"
         limit = self.settings.webhook_timeout_seconds

@@ -74,12 +74,28 @@ class Outlook:
         work = self.processing(self.backlog.ahead_by_model(lane))
         return None if work is None else (self.backlog.tasks_ahead(lane), work)
 
+    def running_left(self, now: float) -> float | None:
+        """Processing seconds left of the running tasks: per model, its running work less
+        the time it has run (what started before start times were counted: half of it)."""
+        fallback = self.fallback_rate
+        if fallback is None:
+            return None
+        left = 0.0
+        for model, seconds in self.backlog.running_by_model().items():
+            total = seconds / (self.rates.models.get(model) or fallback)
+            count, since = self.backlog.started.get(model, (0, 0.0))
+            if count:
+                left += min(total, max(0.0, total - (count * now - since)))
+            else:
+                left += total / 2
+        return left
+
     def start_after(self, work_ahead: float) -> float | None:
         """Seconds until a task with `work_ahead` processing seconds queued ahead starts."""
-        running = self.processing(self.backlog.running_by_model())
+        running = self.running_left(time.time())
         if running is None:
             return None
-        return (work_ahead + running / 2) / max(1, self.workers)
+        return (work_ahead + running) / max(1, self.workers)
 
     def estimate(self, work_ahead: float, model: str, own_seconds: float) -> Estimate | None:
         start, rate = self.start_after(work_ahead), self.rate_of(model)
@@ -169,4 +185,8 @@ def deadline_of(raw_deadline: str | None, raw_wait: str | None) -> float | None:
         value, name = math.nan, "deadline" if raw_deadline else "max_wait_seconds"
     if not math.isfinite(value):
         raise RequestError(400, f"{name} must be a number of seconds", param=name)
+    if value <= time.time():  # no wait could meet it: not a 429 to retry in a second
+        raise RequestError(400, f"{name} is already past: give a deadline in the future "
+                                "(epoch seconds) or a positive max_wait_seconds",
+                           param=name, code="deadline_passed")
     return value

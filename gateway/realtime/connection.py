@@ -1,5 +1,6 @@
-"""The WebSocket's edge: subprotocol, API key, the per-process session limit, and the loop
-that reads client events until the client leaves or a limit ends the session.
+"""The WebSocket's edge: subprotocol, API key, the per-process session limit (and one key's
+share of it), and the loop that reads client events until the client leaves or a limit ends
+the session (the meter's too: audio past 2x real time, a quota passed).
 
 A refused key is a close with 1008 (policy violation) right after the handshake, before any
 event is read: the socket is accepted first only because a close code cannot reach a client
@@ -21,6 +22,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected, Web
 from common.settings import Settings
 from gateway.auth import websocket_caller
 from gateway.errors import RequestError
+from gateway.realtime.metering import SessionMeter, SessionShares
 from gateway.realtime.protocol import ProtocolError, error_event
 from gateway.realtime.session import Session
 from gateway.serving.calls import SyncCalls, first_of
@@ -41,6 +43,7 @@ class RealtimeServing:
         self.calls = calls
         self.settings: Settings = calls.settings
         self.sessions = 0  # open in this process
+        self.shares = SessionShares(self.settings)
 
     async def serve(self, websocket: WebSocket) -> None:
         offered = websocket.scope.get("subprotocols") or []
@@ -60,6 +63,12 @@ class RealtimeServing:
             await _refuse(websocket, ProtocolError(
                 "too_many_sessions", "this gateway process serves "
                 f"{self.settings.realtime_max_sessions} sessions already; retry shortly",
+                type="server_error"), TRY_AGAIN_LATER)
+            return
+        if not self.shares.admit(owner):
+            await _refuse(websocket, ProtocolError(
+                "too_many_sessions", f"this key holds {self.shares.limit} sessions of this "
+                "gateway process already, its share; retry when one has ended",
                 type="server_error"), TRY_AGAIN_LATER)
             return
         self.sessions += 1
@@ -85,9 +94,10 @@ class RealtimeServing:
                 stalled.set()
 
         session = Session(self.settings, self.calls, owner, send)
+        meter = SessionMeter(self.settings, self.calls.store, owner)
         try:
             await session.open()
-            if not await _unless(stalled, self._read(websocket, session)):
+            if not await _unless(stalled, self._read(websocket, session, meter)):
                 return  # nothing more reaches this client; uvicorn drops the connection
             if session.ended is not None:
                 await _unless(stalled, session.drain(self.settings.request_timeout_seconds))
@@ -98,9 +108,12 @@ class RealtimeServing:
             pass  # the client left
         finally:
             self.sessions -= 1
+            self.shares.leave(owner)
             await session.close()
+            with contextlib.suppress(Exception):
+                await meter.charge(session, final=True)
 
-    async def _read(self, websocket: WebSocket, session: Session) -> None:
+    async def _read(self, websocket: WebSocket, session: Session, meter: SessionMeter) -> None:
         while session.ended is None:
             try:
                 async with asyncio.timeout(session.next_timer()):
@@ -113,6 +126,9 @@ class RealtimeServing:
                 return
             if message.get("text") is not None:
                 await session.handle(message["text"])
+                ended = meter.check_speed(session) or await meter.charge(session)
+                if ended is not None and session.ended is None:
+                    await session.end(ended)
             else:
                 await session.handle_error(ProtocolError(
                     "invalid_json", "binary frames are not events: send JSON text frames"))

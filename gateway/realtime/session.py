@@ -79,8 +79,8 @@ def resolve(settings: Settings, transcription: Transcription,
     except (UnknownModel, UnknownBackend) as exc:
         raise ProtocolError("invalid_value", f"{exc}; GET /v1/models lists them",
                             f"{MODEL_PARAM}.model", event_id) from None
-    params = Params({"language": transcription.language or "", "prompt": transcription.prompt},
-                    {}, {})
+    params = Params.of({"language": transcription.language or "",
+                        "prompt": transcription.prompt})
     try:
         options = asr_params(params, settings, backend)
     except RequestError as exc:
@@ -281,6 +281,11 @@ class Session:
                 elif event["type"] == "timeout":
                     await self._failed(item, openai_error(still_running(call.task_id)))
                     return
+        except asyncio.CancelledError:
+            # the session closed: a turn no worker has started yet is dropped, not run
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.calls.store.cancel(call.task_id, target.backend))
+            raise
         finally:
             await call.events.aclose()
 

@@ -16,7 +16,7 @@ from gateway.dependencies import SettingsDep, StoreDep
 public = APIRouter(tags=["Health"])
 router = APIRouter(tags=["Health"])
 #: what /ready shows of a live worker only to a caller with a valid key (or with keys off);
-#: a breaker's load error likewise
+#: a breaker's load error, its loaded models and the broker's holders likewise
 PRIVATE_LIVE_FIELDS = frozenset({"url", "pid"})
 
 
@@ -31,14 +31,16 @@ async def ready(request: Request, settings: SettingsDep, store: StoreDep) -> JSO
     them up), and scripts/run_stack.sh waits for exactly that. Per backend, `ready` says
     whether a worker is live, and `breakers` how each model's breaker stands. Per device of
     the memory broker: its budget, what is reserved and free, the loads waiting in line
-    (first first) and the evictions so far. Per live worker: its batch settings (`batch`:
-    enabled, max_size, window_ms)."""
+    (first first), the evictions so far, and the loads refused as larger than the whole
+    budget (until one fits again). Per live worker: its batch settings (`batch`: enabled,
+    max_size, window_ms)."""
     private = is_authenticated(request, settings)
     backends: dict[str, Any] = {name: _backend() for name in enabled_backends(settings)}
     try:
         await store.ping()
         workers = await store.live.snapshots()
-        devices = {view.device: view.public() for view in await store.devices()}
+        devices = {view.device: _device_view(view.public(), private)
+                   for view in await store.devices()}
         policy = BreakerPolicy.of(settings)
         for name, entry in backends.items():
             breakers = await store.breakers.read(name, settings.backend_models(name), policy)
@@ -47,7 +49,7 @@ async def ready(request: Request, settings: SettingsDep, store: StoreDep) -> JSO
     except StoreError as exc:
         return JSONResponse({"ready": False, "redis": False, "error": type(exc).__name__,
                              "backends": backends}, status_code=503)
-    hidden = frozenset() if private else PRIVATE_LIVE_FIELDS
+    hidden = frozenset() if private else PRIVATE_LIVE_FIELDS | {"loaded_models"}
     for worker in workers:
         entry = backends.setdefault(worker["backend"], _backend())
         entry["ready"] = True
@@ -58,6 +60,13 @@ async def ready(request: Request, settings: SettingsDep, store: StoreDep) -> JSO
                                if k not in hidden})
     return JSONResponse({"ready": True, "redis": True, "backends": backends,
                          "devices": devices})
+
+
+def _device_view(device: dict[str, Any], private: bool) -> dict[str, Any]:
+    """Who holds or waits for a device's memory (consumers, models) is for a key holder;
+    the totals are for anyone."""
+    return device if private else {k: v for k, v in device.items()
+                                   if k not in ("holders", "waiting", "refused")}
 
 
 def _breaker_view(breaker: dict[str, Any], private: bool) -> dict[str, Any]:

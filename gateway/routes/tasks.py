@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from gateway.auth import Owner
-from gateway.dependencies import StoreDep, WebhooksDep
+from gateway.dependencies import SettingsDep, StoreDep, WebhooksDep
 from gateway.errors import openai_errors
 from gateway.protocol import TaskView, WebhookDeliveries
 from gateway.serving import tasks
@@ -41,10 +41,13 @@ async def deliveries(task_id: str, owner: Owner, store: StoreDep,
 
 
 @router.post("/v1/tasks/{task_id}/redeliver", status_code=202,
-             responses={202: {"model": WebhookDeliveries}, **openai_errors(401, 404, 409, 503)})
-async def redeliver(task_id: str, owner: Owner, store: StoreDep,
-                    webhooks: WebhooksDep) -> JSONResponse:
+             responses={202: {"model": WebhookDeliveries},
+                        **openai_errors(401, 404, 409, 429, 503)})
+async def redeliver(task_id: str, owner: Owner, store: StoreDep, webhooks: WebhooksDep,
+                    settings: SettingsDep) -> JSONResponse:
     """Send the finished task's webhook again, now, with the same event id (a new series of
-    retries); a 409 for a task still running or without a `callback_url`."""
-    return JSONResponse(await tasks.redeliver(store, webhooks, task_id, owner),
+    retries); a 409 for a task still running or without a `callback_url`, a 429 past the
+    key's redeliveries per minute."""
+    return JSONResponse(await tasks.redeliver(store, webhooks, task_id, owner,
+                                              settings.webhook_redeliveries_per_minute),
                         status_code=202)

@@ -18,6 +18,13 @@ STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 # Unversioned file names: the browser may keep a copy but must revalidate it (ETag, 304),
 # so a deploy shows at once.
 CACHE_CONTROL = "no-cache"
+#: the page runs only its own files: no inline script, nothing from another host, no frame
+#: around it (clickjacking a page that holds a key); audio it plays or offers is a blob: URL,
+#: and its live mode opens a WebSocket to the same host
+CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; "
+                           "img-src 'self' data:; media-src 'self' blob:; "
+                           "connect-src 'self' ws: wss:; object-src 'none'; base-uri 'none'; "
+                           "form-action 'self'; frame-ancestors 'none'")
 _files = StaticFiles(directory=STATIC_DIR)
 
 router = APIRouter()
@@ -41,4 +48,7 @@ async def _serve(name: str, request: Request) -> Response:
         raise HTTPException(exc.status_code, f"no such file: /static/{name}") from None
     response.headers["cache-control"] = CACHE_CONTROL
     response.headers["x-content-type-options"] = "nosniff"
+    response.headers["content-security-policy"] = CONTENT_SECURITY_POLICY
+    response.headers["x-frame-options"] = "DENY"
+    response.headers["referrer-policy"] = "no-referrer"
     return response

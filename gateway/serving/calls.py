@@ -11,9 +11,11 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+import math
+from collections import Counter
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -74,12 +76,21 @@ class SyncCalls:
         self.settings = settings
         self.store = store
         self.hub = hub
+        #: waiting calls per key, of which one key may hold `waiter_share_limit`
+        self.waiting: Counter[str] = Counter()
+        self.waiter_share_limit = max(1, math.floor(settings.max_waiting_requests
+                                                    * settings.realtime_key_share))
 
     async def start(self, *, backend: str, model: str, options: dict[str, Any],
                     audio: AudioInput, owner: str, terms: SubmitTerms) -> Call:
         """Queue the task, already subscribed to its events; RequestError if refused (a 503
         with Retry-After when this process has too many waiting calls). A repeated
         idempotency key listens to the original task instead."""
+        if owner and self.waiting[owner] >= self.waiter_share_limit:
+            raise RequestError(503, f"this key has {self.waiter_share_limit} calls waiting "
+                                    "in this gateway process, its share; retry shortly, or "
+                                    "submit through /api/submit and poll", code="overloaded",
+                               headers={"retry-after": "1"})
         task_id = new_task_id()
         events = await self._listen(task_id)  # subscribed before the task exists
         try:
@@ -93,7 +104,14 @@ class SyncCalls:
             await events.aclose()
             # The subscription comes before the state is read, so a finished original is seen.
             events = await self._listen(task.id)
-        return Call(task.id, events, await self._outlook(task))
+        self.waiting[owner] += 1
+        counted = _Counted(events, lambda: self._release(owner))
+        return Call(task.id, cast(Events, counted), await self._outlook(task))
+
+    def _release(self, owner: str) -> None:
+        self.waiting[owner] -= 1
+        if self.waiting[owner] <= 0:
+            del self.waiting[owner]
 
     async def _outlook(self, task: Task) -> dict[str, str]:
         """X-Queue-Position and X-Estimated-Wait (seconds until it starts) of a queued task."""
@@ -117,6 +135,27 @@ class SyncCalls:
                                code="overloaded",
                                headers={"retry-after": str(full.retry_after)}) from None
         return events
+
+
+class _Counted:
+    """A call's events, counted as one of its key's waiting calls until closed (also when
+    closed before it was read)."""
+
+    def __init__(self, events: Events, release: Callable[[], None]) -> None:
+        self.events = events
+        self._release: Callable[[], None] | None = release
+
+    def __aiter__(self) -> _Counted:
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        return await self.events.__anext__()
+
+    async def aclose(self) -> None:
+        if self._release is not None:
+            self._release, release = None, self._release
+            release()
+        await self.events.aclose()
 
 
 def public_model(settings: Settings, params: Params, default: str, kind: str) -> tuple[str, str]:

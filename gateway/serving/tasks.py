@@ -77,10 +77,16 @@ async def cancel(store: TaskStore, task_id: str, owner: str) -> dict[str, Any]:
 
 
 async def redeliver(store: TaskStore, webhooks: WebhookStore, task_id: str,
-                    owner: str) -> dict[str, Any]:
+                    owner: str, per_minute: int = 0) -> dict[str, Any]:
     """Make the finished task's webhook due again now; a 409 for one still running."""
     task = with_callback(await owned_task(store, task_id, owner))
-    if not task.state.terminal or not await guard_store(webhooks.redeliver(task_id)):
+    done = await guard_store(webhooks.redeliver(task_id, owner, per_minute)) \
+        if task.state.terminal else 0
+    if done < 0:
+        raise RequestError(429, f"this key has asked {per_minute} redeliveries this minute, its "
+                                "most (SPEECH_WEBHOOK_REDELIVERIES_PER_MINUTE)",
+                           code="too_many_redeliveries", headers={"Retry-After": "60"})
+    if not done:
         raise RequestError(409, f"only a finished task's webhook can be sent again; this one "
                                 f"is {task.state.value}", param="task_id",
                            code="task_not_finished")

@@ -48,7 +48,8 @@ async def read_audio_input(params: Params, settings: Settings) -> AudioInput:
         raise RequestError(400, f"cannot read the audio file ({exc.strerror})") from None
     if info.duration > settings.max_audio_seconds:
         raise RequestError(413, f"the audio lasts {info.duration:.0f} s; the limit is "
-                                f"{settings.max_audio_seconds:.0f} s", param="file")
+                                f"{settings.max_audio_seconds:.0f} s", param="file",
+                           code="audio_too_long")
     return AudioInput(blob, path, info)
 
 

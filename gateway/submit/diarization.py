@@ -74,8 +74,8 @@ async def asr_input(params: Params, settings: Settings,
 
 def given(params: Params, *names: str) -> str | None:
     """The first of `names` the request sets (a value, a list or an upload)."""
-    for name in names:
-        if params.get(name) is not None or params.lists.get(name) or name in params.files:
+    for name in names:  # an upload first: `get` refuses a file where it wants a value
+        if name in params.files or params.lists.get(name) or params.get(name) is not None:
             return name
     return None
 

@@ -17,10 +17,11 @@ from common.store import (
     StoreError,
     Task,
     TaskStore,
+    TooManyInFlight,
     new_task_id,
 )
 from gateway.errors import RequestError, store_unavailable
-from gateway.policy.admission import admit, queue_full
+from gateway.policy.admission import admit, queue_full, retry_after
 from gateway.policy.quotas import charge_of, quota_exceeded
 from gateway.submit.audio import AudioInput
 from gateway.submit.terms import NO_TERMS, SubmitTerms
@@ -33,8 +34,9 @@ async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: 
                   terms: SubmitTerms = NO_TERMS, task_id: str | None = None) -> Task:
     """Queue a new task charged to its owner's usage, or return the original one for a
     repeated idempotency key; a 429 when the backend's queue is full or the deadline cannot
-    be met (gateway/policy/admission.py), or when the charge would pass a quota
-    (gateway/policy/quotas.py)."""
+    be met (gateway/policy/admission.py), when the charge would pass a quota
+    (gateway/policy/quotas.py), or when its key has its most tasks in flight. A key not
+    allowed the interactive lane queues as batch."""
     # An open breaker refuses at once; past its cool-down the task goes through as its probe.
     source = settings.backend_models(backend).get(model, "")
     breakers = await guard_store(store.breakers.read(backend, {model: source},
@@ -48,12 +50,19 @@ async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: 
     charge = charge_of(settings, owner, backend, options, seconds)
     task = Task(id=task_id or new_task_id(), backend=backend, model=model, state=TaskState.PENDING,
                 params=options, input_path=str(audio.path or ""), owner=owner,
-                audio_seconds=seconds, work=charge.amount, lane=terms.lane,
+                audio_seconds=seconds, work=charge.amount,
+                lane=settings.lane_for(owner, terms.lane),
                 deadline=terms.deadline, callback_url=terms.callback_url)
     await guard_store(admit(store, settings, task))
     most = settings.max_queued_tasks.get(backend, 0)
     try:
-        await guard_store(store.submit(task, audio.blob, terms.idempotency_key, most, charge))
+        await guard_store(store.submit(task, audio.blob, terms.idempotency_key, most, charge,
+                                       settings.in_flight_limit(owner)))
+    except TooManyInFlight as busy:
+        raise RequestError(429, f"this key already has {busy.in_flight} tasks queued or "
+                                "running, its most at once; retry when some have finished",
+                           code="too_many_tasks_in_flight",
+                           headers=retry_after(None)) from None
     except QueueFull as full:
         raise await queue_full(store, task, full, most) from None
     except QuotaExceeded as refused:
@@ -63,6 +72,10 @@ async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: 
         if original is None:
             raise RequestError(409, "this idempotency key was used for a task that has expired",
                                param="idempotency_key", code="idempotency_key_expired") from None
+        if original.backend != backend:  # another kind of call could not render it
+            raise RequestError(409, f"this idempotency key was used for a {original.backend} "
+                                    f"task, not {backend}: use a new key for another request",
+                               param="idempotency_key", code="idempotency_key_reused") from None
         return original
     return task
 

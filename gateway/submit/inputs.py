@@ -18,6 +18,10 @@ from gateway.process.limits import BodyRefused
 MAX_FORM_FIELDS = 64
 #: the audio and up to 4 known speakers' reference clips (gateway/submit/diarization.py), and room
 MAX_FORM_FILES = 8
+#: the largest form field that is not a file: a known speaker's reference as a data URL (up
+#: to 10 s, 48 kHz stereo 32-bit float is 5.1 MB of base64); Starlette's default is 1 MB. The
+#: whole body stays bounded by SPEECH_MAX_UPLOAD_MIB.
+MAX_FIELD_BYTES = 8 * 1024 * 1024
 #: parameters that may repeat (form, query) or be a JSON list; every other one is one value
 LIST_PARAMS = frozenset({"timestamp_granularities", "timestamp_granularities[]",
                          "known_speaker_names", "known_speaker_names[]",
@@ -34,6 +38,13 @@ class Params:
     problems: dict[str, str] = field(default_factory=dict)
     #: every upload under each name, in order (`files` keeps the last)
     file_lists: dict[str, list[UploadFile]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, values: dict[str, str]) -> Params:
+        """Plain values (a live session's config), checked like a form's: NUL, bad Unicode."""
+        params = cls({}, {}, {})
+        _add_pairs(params, list(values.items()))
+        return params
 
     def get(self, *names: str) -> str | None:
         for name in names:
@@ -76,7 +87,8 @@ async def read_params(request: Request) -> Params:
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
         try:
-            form = await request.form(max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS)
+            form = await request.form(max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS,
+                                      max_part_size=MAX_FIELD_BYTES)
         except BodyRefused:
             raise
         except Exception as exc:  # starlette raises HTTPException/MultiPartException variants

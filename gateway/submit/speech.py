@@ -17,6 +17,7 @@ from common.audio import AudioError, AudioInfo, probe_audio
 from common.catalog import BACKENDS, speech_language
 from common.schemas import MAX_SPEED, MIN_SPEED
 from common.settings import Settings
+from common.speech_text import unspeakable
 from gateway.errors import RequestError
 from gateway.submit.audio import AudioInput
 from gateway.submit.inputs import Params, read_upload, resolve_allowed_path
@@ -40,6 +41,8 @@ async def tts_input(params: Params, settings: Settings, backend: str,
         language = speech_language(backend, params.get("language") or "en")
     except ValueError as exc:
         raise RequestError(400, str(exc), param="language", code="unsupported_language") from None
+    if problem := unspeakable(text, language):
+        raise RequestError(400, problem, param=text_param, code="unspeakable_text")
     options: dict[str, Any] = {"text": text, "language": language, "speed": _speed(params)}
     voice = params.get("voice")
     upload = params.files.get("speaker_wav")

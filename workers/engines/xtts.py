@@ -8,8 +8,6 @@ Runs in its own environment (.venvs/xtts): torch and coqui-tts are imported only
 from __future__ import annotations
 
 import hashlib
-import re
-import textwrap
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,23 +19,14 @@ import numpy as np
 from common.catalog import XTTS_LANGUAGES, XTTS_MIN_REFERENCE_SECONDS, xtts_language
 from common.schemas import Synthesis, SynthesisOptions
 from common.settings import Settings
+from common.speech_text import split_sentences, unspeakable
 from workers.engines.base import ModelRef
 
 #: the gateway validates with the same list and rules (common.catalog); kept under these names
 SUPPORTED_LANGUAGES = XTTS_LANGUAGES
 normalize_language = xtts_language
-_CJK_STOPS = "\u3002\uff01\uff1f\uff1b"  # ideographic full stop, fullwidth ! ? ;
-_SENTENCE_END = re.compile(rf"(?<=[.!?;\u2026])\s+|(?<=[{_CJK_STOPS}])")
 _REQUIRED_FILES = ("config.json", "model.pth", "vocab.json")
 _LATENT_CACHE_SIZE = 16
-
-
-def split_sentences(text: str, limit: int) -> list[str]:
-    """The text's sentences, one piece each (what a streamed task sends as it is spoken); a
-    sentence longer than `limit` characters (XTTS's GPT reads at most ~400 tokens) is cut at
-    word boundaries. A pure function of the text: a resumed task skips the pieces it has."""
-    return [piece for sentence in _SENTENCE_END.split(" ".join(text.split()))
-            for piece in textwrap.wrap(sentence, limit, break_on_hyphens=False)]
 
 
 @dataclass(slots=True)
@@ -123,15 +112,22 @@ class XttsEngine:
         sentences = split_sentences(options.text, limit)
         if not sentences:
             raise ValueError("the text is empty")
+        if problem := unspeakable(options.text, language):  # before any piece is spoken
+            raise ValueError(problem)
         if options.speed <= 0:
             raise ValueError("speed must be positive")
         latent, embedding = self._conditioning(handle, options.voice, reference)
         for index, sentence in enumerate(sentences[start:], start=start):
             if self.seed is not None:  # per piece: a resumed task speaks like a whole one
                 torch.manual_seed(self.seed + index)
-            wav = handle.model.inference(sentence, language, latent, embedding,
-                                         speed=options.speed, **handle.inference)["wav"]
-            yield Synthesis(np.asarray(wav, dtype=np.float32), handle.output_rate)
+            try:
+                wav = handle.model.inference(sentence, language, latent, embedding,
+                                             speed=options.speed, **handle.inference)["wav"]
+            except (OverflowError, AssertionError) as exc:  # num2words, the GPT's token limit
+                raise ValueError(unspeakable(sentence, language)
+                                 or f"XTTS cannot speak this sentence ({exc})") from None
+            yield Synthesis(np.asarray(wav, dtype=np.float32), handle.output_rate,
+                            len(sentence))
 
     def _conditioning(
         self, handle: XttsHandle, voice: str | None, reference: np.ndarray | None

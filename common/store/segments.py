@@ -1,0 +1,35 @@
+"""An ASR task's segments as they are published: each goes out on the task's channel (what a
+streaming client and a live session read) and moves the task's `delivered` mark to its end,
+so a task that fails after its transcript reached the client stays charged for what it
+delivered (`close_usage` in usage.py). Only the running attempt moves the mark; a
+redelivered task publishes its segments again from 0, and the mark only grows.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from redis.asyncio import Redis
+
+from common import keys
+
+# KEYS: task, events | ARGV: attempt, the segment's end (seconds), the event (JSON)
+_PUBLISH = """
+local f = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'delivered')
+if f[1] == 'RUNNING' and f[2] == ARGV[1] then
+  local done = tonumber(ARGV[2])
+  if done > (tonumber(f[3] or '') or 0) then redis.call('HSET', KEYS[1], 'delivered', done) end
+end
+return redis.call('PUBLISH', KEYS[2], ARGV[3])
+"""
+
+
+class SegmentPublisher:
+    def __init__(self, redis: Redis) -> None:
+        self._publish = redis.register_script(_PUBLISH)
+
+    async def publish(self, task_id: str, attempt: int, end: float,
+                      event: dict[str, Any]) -> None:
+        await self._publish(keys=[keys.task(task_id), keys.events(task_id)],
+                            args=[attempt, repr(max(0.0, float(end))), json.dumps(event)])

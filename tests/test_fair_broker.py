@@ -1,0 +1,110 @@
+"""A device broker that heals (issue 30, finding 4), on a real redis-server: the ledger's Lua
+rules, and real in-process workers (faster-whisper's bundled tiny.en) on a cpu budget. Peaks
+are kept per model and class (plain, diarized), never lowered by a lighter task, age out,
+and one past the whole budget is measured again after one lease; a load refused for memory
+shows on the device's view (/ready) until one fits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from common.schemas import TaskState
+from common.store.devices import DeviceLedger, devices
+from harness import procs
+from tests.test_consumer_inprocess import run_worker, submit, task_of, worker_settings
+
+LEASE = 1.0
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[procs.RedisServer]:
+    server = procs.RedisServer(tmp_path / "redis", appendonly=False).start()
+    yield server
+    server.stop()
+
+
+def test_peaks_per_class_never_lowered_aged_and_a_spurious_one_lapses(
+        redis: procs.RedisServer) -> None:
+    async def scenario() -> None:
+        client = Redis.from_url(redis.url)
+        a = DeviceLedger(client, "dev", "a")
+
+        async def reserve(model: str, peak_class: str = "", max_age: float = 0.0
+                          ) -> tuple[int, float, bool]:
+            answer = await a.reserve("fw", model, 100, 260, LEASE, peak_class, max_age)
+            await a.release()
+            return answer.status, answer.need, answer.measured
+
+        # a diarized task's peak is its class's, not the plain one's
+        await a.record_peak("fw", "m", 180.0, "diarized")
+        assert await reserve("m") == (1, 100, False)
+        assert await reserve("m", "diarized") == (1, 180.0, True)
+        # a lighter measurement never lowers a live peak
+        assert await a.record_peak("fw", "m", 150.0) == 150.0
+        assert await a.record_peak("fw", "m", 120.0) == 150.0
+        assert await reserve("m") == (1, 150.0, True)
+        # a class not measured yet starts from the model's plain peak, as a measuring load
+        assert await reserve("m", "long") == (1, 150.0, False)
+        # peaks age out and are measured again
+        await a.record_peak("fw", "old", 200.0, max_age=0.3)
+        await asyncio.sleep(0.5)
+        assert await reserve("old", max_age=0.3) == (1, 100, False)
+        # a spurious peak past the whole budget: refused (and shown) for one lease, no longer
+        await a.record_peak("fw", "spiked", 900.0)
+        started = time.monotonic()
+        assert (await reserve("spiked"))[:2] == (-1, 900.0)
+        (view,) = await devices(client)
+        assert [r["model"] for r in view.refused] == ["fw/spiked"]
+        assert view.public()["refused_loads"] == 1
+        while (await reserve("spiked"))[0] != 1:
+            await asyncio.sleep(0.05)
+        assert time.monotonic() - started <= LEASE + 0.5  # recovered within one lease
+        assert (await devices(client))[0].refused == []
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_recovers_within_one_lease_after_a_spurious_peak(
+        redis: procs.RedisServer) -> None:
+    settings = worker_settings(redis.url, {"tiny.en": "bundled"}).model_copy(update={
+        "device_memory_mib": {"cpu": 100_000}, "device_lease_seconds": LEASE})
+
+    async def record(mib: float, peak_class: str = "") -> None:
+        client = Redis.from_url(redis.url)
+        await DeviceLedger(client, "any", "x").record_peak("faster-whisper", "tiny.en", mib,
+                                                           peak_class)
+        await client.aclose()
+
+    # a diarized request's peak past the budget leaves plain tasks alone
+    asyncio.run(record(500_000, "diarized"))
+    plain = asyncio.run(submit(redis.url, "tiny.en"))
+    asyncio.run(run_worker(settings))
+    assert asyncio.run(task_of(redis.url, plain)).state == TaskState.SUCCEEDED
+    # a spurious plain peak past the budget: the next task is refused, and /ready says so
+    asyncio.run(record(500_000))
+    refused = asyncio.run(submit(redis.url, "tiny.en"))
+    spiked = time.monotonic()
+    asyncio.run(run_worker(settings))
+    task = asyncio.run(task_of(redis.url, refused))
+    assert task.state == TaskState.FAILED and task.error_code == "out_of_memory", task
+
+    async def view() -> list[dict]:
+        client = Redis.from_url(redis.url)
+        found = (await devices(client))[0].refused
+        await client.aclose()
+        return found
+
+    assert [r["model"] for r in asyncio.run(view())] == ["faster-whisper/tiny.en"]
+    # one lease later the peak is measured again: the task runs and the refusal is gone
+    time.sleep(max(0.0, LEASE + 0.1 - (time.monotonic() - spiked)))
+    healed = asyncio.run(submit(redis.url, "tiny.en"))
+    asyncio.run(run_worker(settings))
+    assert asyncio.run(task_of(redis.url, healed)).state == TaskState.SUCCEEDED
+    assert asyncio.run(view()) == []
