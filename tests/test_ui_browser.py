@@ -276,8 +276,13 @@ def watch(page: Any, selector: str) -> list[str]:
 def test_live_transcription_from_the_microphone_over_the_realtime_socket(
         ui_stack: dict[str, Any], pausing_page: Any) -> None:
     page = pausing_page
-    # the keyed gateway: a browser's WebSocket carries the key as a subprotocol
+    # the keyed gateway: a browser's WebSocket carries a key as a subprotocol, an ephemeral
+    # one the page mints (POST /v1/realtime/client_secrets), never the API key itself
     page.add_init_script(f"localStorage.setItem('speech-gateway.api-key', {KEY!r})")
+    page.add_init_script("""window.__protocols = []; const Socket = window.WebSocket;
+        window.WebSocket = function (url, protocols) { window.__protocols.push(protocols);
+          return new Socket(url, protocols); };
+        window.WebSocket.prototype = Socket.prototype; window.WebSocket.OPEN = Socket.OPEN;""")
     open_view(page, ui_stack["keyed"], "transcribe")
     page.check("#mode-live")
     assert page.locator("#drop").is_hidden() and page.locator("#asr-go").is_hidden()
@@ -309,6 +314,10 @@ def test_live_transcription_from_the_microphone_over_the_realtime_socket(
     assert page.locator("#live-go").get_attribute("aria-pressed") == "false"
     assert page.locator("#turns .turn").count() == committed + 1
     assert page.locator("#turns .turn.done").count() == committed + 1  # none failed
+    keys = [protocol for protocols in page.evaluate("window.__protocols")
+            for protocol in protocols if protocol.startswith("openai-insecure-api-key.")]
+    assert keys and all(k.startswith("openai-insecure-api-key.ek_") for k in keys), keys
+    assert not any(KEY in k for k in keys)
     screenshots(page, "live")
 
 
