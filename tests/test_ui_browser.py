@@ -53,7 +53,8 @@ def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     model_dir = tiny_model("xtts")
     workdir = tmp_path_factory.mktemp("ui")
     server = procs.RedisServer(workdir / "redis").start()
-    models = {"faster-whisper": {"tiny.en": "bundled"}, "xtts": {"tiny": str(model_dir)}}
+    models = {"faster-whisper": {"tiny.en": "bundled"}, "xtts": {"tiny": str(model_dir)},
+              "voiceprint": {"resemblyzer": "bundled"}}
     settings = {"models": models, "default_models": {"xtts": "tiny"},
                 "voices": {"alloy": "speaker:Claribel Dervla", "nova": "speaker:Ana Florence"}}
     services = [
@@ -63,6 +64,8 @@ def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
                      idle_unload_seconds="-1"),
         procs.worker(server.url, workdir, backend="xtts", python=xtts_python, models=models,
                      device="cpu", idle_unload_seconds="-1"),
+        procs.worker(server.url, workdir, backend="voiceprint",
+                     python=env_python("voiceprint"), models=models, idle_unload_seconds="-1"),
     ]
     try:
         for service in services:  # all start at once; then wait for each
@@ -367,6 +370,43 @@ def test_speak_with_a_voice_and_with_a_reference_clip(ui_stack: dict[str, Any],
                            f"{href!r} && document.querySelector('#tts-audio').duration > 0")
 
 
+def test_voices_panel_consent_sample_speak_delete(ui_stack: dict[str, Any], page: Any) -> None:
+    """The Voices view: a consent reading the phrase shown, a sample of the same (espeak)
+    speaker, the voice listed, spoken with, deleted."""
+    workdir = ui_stack["workdir"]
+    phrase = httpx.get(f"{ui_stack['url']}/api/config").json()["consent_phrases"]["en"]
+    for name, text in (("consent", phrase), ("sample", "Please call Stella and ask her to "
+                       "bring these things with her from the store, and a snack for Bob.")):
+        subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(workdir / f"{name}.wav"), text],
+                       check=True, capture_output=True)
+    open_view(page, ui_stack["url"], "voices")
+    assert page.locator("#consent-phrase").text_content() == phrase
+    assert page.locator("#consent-record").is_enabled()  # a microphone is offered too
+    page.fill("#consent-name", "Tester")
+    page.set_input_files("#consent-file", str(workdir / "consent.wav"))
+    page.click("#consent-go")
+    page.wait_for_function("/^(Consent recorded|Refused)/.test("
+                           "document.querySelector('#consent-state').textContent)")
+    assert page.locator("#consent-state").text_content().startswith("Consent recorded")
+    page.fill("#voice-name", "Tester's voice")
+    page.set_input_files("#voice-file", str(workdir / "sample.wav"))
+    page.click("#voice-go")
+    page.wait_for_function("/^(Voice created|Refused)/.test("
+                           "document.querySelector('#voice-state').textContent)")
+    assert page.locator("#voice-state").text_content().startswith("Voice created")
+    page.wait_for_selector("#voices-list li")
+    assert "Tester's voice" in page.locator("#voices-list li").text_content()
+    page.click("#voices-list li button:text('Speak')")
+    page.wait_for_function("/^(Spoken|Failed)/.test("
+                           "document.querySelector('#voices-state').textContent)")
+    assert page.locator("#voices-state").text_content() == "Spoken."
+    assert page.locator("#voices-audio").get_attribute("src").startswith("blob:")
+    screenshots(page, "voices")
+    page.click("#voices-list li button:text('Delete')")
+    page.wait_for_function("document.querySelector('#voices-state').textContent "
+                           "=== 'No voices yet.'")
+
+
 def test_status_lists_the_live_workers(ui_stack: dict[str, Any], page: Any) -> None:
     open_view(page, ui_stack["url"], "transcribe")
     page.focus("#tab-transcribe")
@@ -374,10 +414,10 @@ def test_status_lists_the_live_workers(ui_stack: dict[str, Any], page: Any) -> N
     assert page.evaluate("document.activeElement.id") == "tab-status"
     assert page.locator("#view-status").is_visible()
     assert page.locator("#view-transcribe").is_hidden()
-    page.wait_for_function("document.querySelectorAll('#status-body .card').length === 2")
+    page.wait_for_function("document.querySelectorAll('#status-body .card').length === 3")
     cards = {page.locator("#status-body .card h2").nth(i).text_content()
-             for i in range(2)}
-    assert cards == {"faster-whisper 1 live", "xtts 1 live"}, cards
+             for i in range(3)}
+    assert cards == {"faster-whisper 1 live", "xtts 1 live", "voiceprint 1 live"}, cards
     body = page.locator("#status-body").text_content()
     assert "test-faster-whisper-" in body and "test-xtts-" in body
     assert "tiny.en" in body and "waiting" in body and "succeeded" in body

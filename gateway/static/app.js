@@ -218,6 +218,7 @@ async function loadConfig() {
   }
   setUpTranscribe();
   setUpSpeak();
+  setUpVoices(); // voices.js
   const current = location.hash.slice(1);
   const shown = tabs().find((t) => t.dataset.view === current && !t.hidden);
   if (!shown) showView("transcribe");
