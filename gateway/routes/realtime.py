@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request, WebSocket
 from gateway.auth import Owner
 from gateway.dependencies import SettingsDep
 from gateway.errors import RequestError, openai_errors
+from gateway.protocol import ClientSecretRequest, json_body
 from gateway.realtime.connection import RealtimeServing
 from gateway.serving.client_secrets import create_client_secret
 
@@ -48,7 +49,8 @@ async def realtime_over_http() -> None:
                        headers={"upgrade": "websocket"})
 
 
-@router.post("/v1/realtime/client_secrets", responses=openai_errors(400, 401, 503))
+@router.post("/v1/realtime/client_secrets", responses=openai_errors(400, 401, 503),
+             openapi_extra=json_body(ClientSecretRequest))
 async def client_secrets(request: Request, owner: Owner, settings: SettingsDep) -> dict[str, Any]:
     """Mint an ephemeral key (`ek_…`) for a browser: it opens the realtime WebSocket only (as
     the subprotocol `openai-insecure-api-key.KEY`), as this key's owner (its quotas), with the

@@ -10,6 +10,13 @@ from fastapi import APIRouter, Depends, Query, Request
 from common.store.voices import CONSENTS, VOICES
 from gateway.auth import Owner
 from gateway.errors import openai_errors
+from gateway.protocol import (
+    VoiceConsentRequest,
+    VoiceConsentUpdate,
+    VoiceRequest,
+    form_body,
+    json_body,
+)
 from gateway.serving.voices import VoiceServing
 
 router = APIRouter(tags=["OpenAI custom voices"])
@@ -17,6 +24,7 @@ CONSENTS_PATH = "/v1/audio/voice_consents"
 VOICES_PATH = "/v1/audio/voices"
 CHECKED = openai_errors(400, 401, 404, 413, 429, 503, 504)
 FOUND = openai_errors(401, 404, 503)
+CHANGED = openai_errors(400, 401, 404, 503)
 
 
 def voice_serving(request: Request) -> VoiceServing:
@@ -28,7 +36,7 @@ After = Annotated[str | None, Query(description="the last id of the previous pag
 Limit = Annotated[int, Query(description="1 to 100")]
 
 
-@router.post(CONSENTS_PATH, responses=CHECKED)
+@router.post(CONSENTS_PATH, responses=CHECKED, openapi_extra=form_body(VoiceConsentRequest))
 async def create_consent(request: Request, owner: Owner, serving: Serving) -> dict[str, Any]:
     """A consent recording (multipart: `recording`, `name`, `language`): its transcript must
     read the consent phrase of `language` (`/api/config` lists them as `consent_phrases`);
@@ -48,7 +56,8 @@ async def retrieve_consent(consent_id: str, owner: Owner, serving: Serving) -> d
     return await serving.retrieve_consent(owner, consent_id)
 
 
-@router.post(CONSENTS_PATH + "/{consent_id}", responses=FOUND)
+@router.post(CONSENTS_PATH + "/{consent_id}", responses=CHANGED,
+             openapi_extra=json_body(VoiceConsentUpdate))
 async def update_consent(consent_id: str, request: Request, owner: Owner,
                          serving: Serving) -> dict[str, Any]:
     """Rename a consent recording (`name`)."""
@@ -61,7 +70,7 @@ async def delete_consent(consent_id: str, owner: Owner, serving: Serving) -> dic
     return await serving.delete_consent(owner, consent_id)
 
 
-@router.post(VOICES_PATH, responses=CHECKED)
+@router.post(VOICES_PATH, responses=CHECKED, openapi_extra=form_body(VoiceRequest))
 async def create_voice(request: Request, owner: Owner, serving: Serving) -> dict[str, Any]:
     """A voice from a sample (multipart: `audio_sample` ≤ 30 s and 10 MiB, `consent`,
     `name`): the sample's speaker must match the consent recording's (voiceprint); a 400
