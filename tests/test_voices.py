@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import openai
 import pytest
+import redis
 
-from common.audio import probe_audio
+from common.audio import decode_audio, encode_wav, probe_audio
 from common.settings import CONSENT_PHRASES
 from gateway.auth import digest
 from harness import procs
@@ -60,7 +62,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             service.start(wait=False)
         for service in services:
             procs.wait_until(service.healthy, 180, f"{service.args[-1]} health", 0.2)
-        yield {"url": services[0].url, "workdir": workdir}
+        yield {"url": services[0].url, "workdir": workdir, "redis": server.url}
     finally:
         for service in reversed(services):
             service.stop()
@@ -107,6 +109,10 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
     assert voice.type == "audio_sample" and voice.name == "my voice"
     listed = sdk.get("/audio/voices", cast_to=dict)
     assert [v["id"] for v in listed["data"]] == [voice.id] and not listed["has_more"]
+    # durable: records, indexes and audio carry no TTL
+    store = redis.Redis.from_url(stack["redis"])
+    stored = [*store.scan_iter("sg:voice*"), *store.scan_iter("sg:consent*")]
+    assert len(stored) >= 6 and all(store.ttl(key) == -1 for key in stored), stored
 
     # speech with the voice: whole, streamed, and through the Sage submit
     spoken = sdk.audio.speech.create(model="tts-1", voice={"id": voice.id}, input="Hello there.",
@@ -146,3 +152,30 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
     assert sdk.audio.voice_consents.delete(consent.id).deleted
     with pytest.raises(openai.NotFoundError):
         sdk.audio.voice_consents.retrieve(consent.id)
+
+
+def test_limits_of_samples_and_voices_per_key(stack: dict[str, Any]) -> None:
+    """A sample over 30 s is refused; past SPEECH_MAX_VOICES_PER_KEY (2 here) a voice is
+    refused, until one is deleted."""
+    sdk = client(stack)
+    with clip(stack, "consent").open("rb") as recording:
+        consent = sdk.audio.voice_consents.create(name="me", language="en", recording=recording)
+    sample = decode_audio(clip(stack, "sample"), 16000)
+    long = encode_wav(np.concatenate([sample] * (31 * 16000 // len(sample) + 1)), 16000)
+    with pytest.raises(openai.BadRequestError) as too_long:
+        sdk.audio.voices.create(name="long", consent=consent.id, audio_sample=("l.wav", long))
+    assert too_long.value.param == "audio_sample" and "30 s" in str(too_long.value.message)
+    made = []
+    for name in ("one", "two"):
+        with clip(stack, "sample").open("rb") as audio:
+            made.append(sdk.audio.voices.create(name=name, consent=consent.id,
+                                                audio_sample=audio))
+    with clip(stack, "sample").open("rb") as audio, \
+            pytest.raises(openai.BadRequestError) as full:
+        sdk.audio.voices.create(name="three", consent=consent.id, audio_sample=audio)
+    assert full.value.code == "too_many_voices"
+    # withdrawing the consent deletes its voices
+    assert sdk.audio.voice_consents.delete(consent.id).deleted
+    assert sdk.get("/audio/voices", cast_to=dict)["data"] == []
+    with pytest.raises(openai.NotFoundError):
+        sdk.audio.speech.create(model="tts-1", voice={"id": made[0].id}, input="Hello.")

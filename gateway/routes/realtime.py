@@ -35,7 +35,8 @@ async def realtime_over_http() -> None:
     """**A WebSocket endpoint**: live transcription in the OpenAI Realtime protocol.
 
     Connect with `Upgrade: websocket` (key: `Authorization: Bearer KEY`, or the subprotocols
-    `realtime, openai-insecure-api-key.KEY`). The server sends `session.created`; send
+    `realtime, openai-insecure-api-key.KEY`; KEY may be an ephemeral `ek_…` key from
+    `POST /v1/realtime/client_secrets`). The server sends `session.created`; send
     `session.update` (`session.type` `transcription`; `audio.input.format` `audio/pcm` at
     24000 or 16000 Hz, or G.711 `audio/pcmu` / `audio/pcma` at 8000 Hz;
     `audio.input.transcription` `{model, language, languages, prompt, keywords, delay}`;
