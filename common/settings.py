@@ -288,7 +288,7 @@ class Settings(BaseSettings):
     consent_max_wer: float = Field(default=0.25, ge=0, le=1)
     #: the voiceprint score (cosine) from which a sample is the consenting speaker:
     #: docs/voices.md has the measurements behind the default
-    voice_match_threshold: float = Field(default=0.80, ge=-1, le=1)
+    voice_match_threshold: float = Field(default=0.75, ge=-1, le=1)
     max_voices_per_key: int = Field(default=20, ge=0)
     #: the voiceprint backend's model that checks a sample against its consent
     voice_match_model: str = "resemblyzer"
