@@ -136,7 +136,7 @@ class VoiceServing:
         if not consent_id:
             raise RequestError(400, "missing 'consent': the id of the speaker's consent "
                                     "recording (POST /v1/audio/voice_consents)", param="consent")
-        await self._get(CONSENTS, owner, consent_id)
+        consent = await self._get(CONSENTS, owner, consent_id)
         most = self.settings.max_voices_per_key
         if await guard_store(self.voices.count(VOICES, owner)) >= most:
             raise RequestError(400, f"this key has {most} voices already, the most it may "
@@ -161,7 +161,8 @@ class VoiceServing:
         record = {"id": _new_id(VOICE_PREFIX.rstrip("_")), "object": "audio.voice", "name": name,
                   "type": "audio_sample", "created_at": int(time.time()), "consent": consent_id,
                   "check": {"score": round(score, 4), "threshold": threshold,
-                            "seconds": round(info.duration, 3)}}
+                            "seconds": round(info.duration, 3)},
+                  "consent_check": consent.get("check")}
         if not await guard_store(self.voices.create(VOICES, owner, record, sample, most)):
             raise RequestError(400, f"this key has {most} voices already, the most it may "
                                     "keep: delete one first", code="too_many_voices")
