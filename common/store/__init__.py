@@ -3,7 +3,8 @@
 breakers (`breakers`), a worker's side of a backend's stream (`queue`), metrics every
 process records and the gateway reads (`metrics`), usage and quotas per key (`usage`), all
 of a worker's side in one object (`worker.WorkerStore`), the gateway's pub/sub multiplexer
-(`events`), the sweeper's stream reads (`upkeep`) and the gateway's bounded client
+(`events`), the sweeper's stream reads (`upkeep`), custom voices and their consents
+(`voices`), ephemeral realtime keys (`client_secrets`) and the gateway's bounded client
 (`connection`)."""
 
 # what any store call raises when Redis is unreachable, too slow, or its pool exhausted:
