@@ -277,7 +277,8 @@ def watch(page: Any, selector: str) -> list[str]:
 
 
 def test_live_transcription_from_the_microphone_over_the_realtime_socket(
-        ui_stack: dict[str, Any], pausing_page: Any) -> None:
+        ui_stack: dict[str, Any], pausing_page: Any, request: pytest.FixtureRequest) -> None:
+    request.node.allowed_console = (REFUSED_LOAD,)  # the revoked key's client_secrets call
     page = pausing_page
     # the keyed gateway: a browser's WebSocket carries a key as a subprotocol, an ephemeral
     # one the page mints (POST /v1/realtime/client_secrets), never the API key itself
