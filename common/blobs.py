@@ -51,6 +51,7 @@ class BlobDir:
         stale = []
         for path in self.root.iterdir():
             with contextlib.suppress(FileNotFoundError):
-                if path.stat().st_mtime < cutoff:
+                # a folder (voices/: kept until deleted) is no task's blob
+                if path.is_file() and path.stat().st_mtime < cutoff:
                     stale.append(path)
         return stale

@@ -153,6 +153,8 @@ def public_config(settings: Settings) -> dict[str, Any]:
         },
         "retention_seconds": settings.retention_seconds,
         "tts": tts_config(settings),
+        #: what a consent recording must say, per language (POST /v1/audio/voice_consents)
+        "consent_phrases": dict(settings.consent_phrases),
     }
 
 

@@ -176,3 +176,35 @@ def webhook_redeliveries(owner: str) -> str:
 def webhook_counters() -> str:
     """Hash: webhook delivery attempts by outcome (delivered, failed, gave_up)."""
     return f"{PREFIX}webhooks:stats"
+
+
+def client_secret(digest: str) -> str:
+    """String with a TTL (its lifetime): an ephemeral realtime key's owner and session, JSON,
+    under the SHA-256 of the key (the key itself is never stored)."""
+    return f"{PREFIX}client-secret:{digest}"
+
+
+def voice_consent(owner: str, consent_id: str) -> str:
+    """Hash, no TTL: one consent recording's record (name, language, transcript, audit)."""
+    return f"{PREFIX}consent:{owner or '-'}:{consent_id}"
+
+
+def voice_consents(owner: str) -> str:
+    """Sorted set, no TTL: an owner's consent ids, scored by creation (ms)."""
+    return f"{PREFIX}consents:{owner or '-'}"
+
+
+def custom_voice(owner: str, voice_id: str) -> str:
+    """Hash, no TTL: one custom voice's record (name, consent, voiceprint score …)."""
+    return f"{PREFIX}voice:{owner or '-'}:{voice_id}"
+
+
+def custom_voices(owner: str) -> str:
+    """Sorted set, no TTL: an owner's voice ids, scored by creation (ms)."""
+    return f"{PREFIX}voices:{owner or '-'}"
+
+
+def voice_audio(owner: str, object_id: str) -> str:
+    """String, no TTL: a consent recording's or voice sample's audio (when not in the blob
+    directory)."""
+    return f"{PREFIX}voice-audio:{owner or '-'}:{object_id}"

@@ -30,6 +30,17 @@ DEFAULT_MODELS: dict[str, dict[str, str]] = {
     "faster-whisper": {"tiny.en": "bundled"},
 }
 
+#: the default consent phrases (OpenAI asks for a fixed sentence per language, too)
+CONSENT_PHRASES: dict[str, str] = {
+    "en": "I consent to my voice being recorded and used to create a synthetic voice.",
+    "de": "Ich bin damit einverstanden, dass meine Stimme aufgenommen und für eine "
+          "synthetische Stimme verwendet wird.",
+    "fr": "J'accepte que ma voix soit enregistrée et utilisée pour créer une voix "
+          "synthétique.",
+    "es": "Doy mi consentimiento para que mi voz sea grabada y utilizada para crear una voz "
+          "sintética.",
+}
+
 #: OpenAI's voice names -> XTTS v2 built-in speakers (the tiny test checkpoint has only
 #: "Claribel Dervla" and "Ana Florence", i.e. alloy and nova)
 DEFAULT_VOICES: dict[str, str] = {
@@ -310,6 +321,26 @@ class Settings(BaseSettings):
     realtime_key_share: float = Field(default=0.5, gt=0, le=1)
     #: audio faster than this x real time (after one buffer's burst) ends the session
     realtime_max_speed: float = Field(default=2.0, gt=0)
+    #: earlier turns' text goes into the next turn's prompt (a session's
+    #: `transcription.previous_turns_prompt` overrides); a turn waits this long at most for
+    #: the one before it to finish
+    realtime_previous_turns_prompt: bool = True
+    realtime_previous_turn_wait_seconds: float = Field(default=10.0, ge=0)
+    #: POST /v1/realtime/client_secrets: a minted key's lifetime unless asked (10 s to 2 h)
+    client_secret_seconds: int = Field(default=600, ge=10, le=7200)
+
+    # --- custom voices (/v1/audio/voice_consents, /v1/audio/voices) ---
+    #: language -> the sentence a consent recording must say (its base language is tried
+    #: too: "en-US" -> "en")
+    consent_phrases: dict[str, str] = Field(default_factory=lambda: dict(CONSENT_PHRASES))
+    #: the most word error a consent recording's transcript may have against its phrase
+    consent_max_wer: float = Field(default=0.25, ge=0, le=1)
+    #: the voiceprint score (cosine) from which a sample is the consenting speaker:
+    #: docs/voices.md has the measurements behind the default
+    voice_match_threshold: float = Field(default=0.75, ge=-1, le=1)
+    max_voices_per_key: int = Field(default=20, ge=0)
+    #: the voiceprint backend's model that checks a sample against its consent
+    voice_match_model: str = "resemblyzer"
 
     # --- webhooks (`callback_url`, gateway/policy/webhooks.py and gateway/jobs/deliverer.py) ---
     #: hosts a `callback_url` may point at, as `audio_url_hosts`; empty = callback_url refused

@@ -36,10 +36,12 @@ from gateway.routes import (
     tasks,
     ui,
     usage,
+    voices,
 )
 from gateway.serving.calls import SyncCalls
 from gateway.serving.speech import SpeechServing
 from gateway.serving.transcription import TranscriptionServing
+from gateway.serving.voices import VoiceServing
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -61,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.transcription = TranscriptionServing(calls)
         app.state.speech = SpeechServing(calls)
         app.state.realtime = RealtimeServing(calls)
+        app.state.voices = VoiceServing(calls)
         app.state.webhooks = WebhookStore.of(store)
         async with running_jobs(store, app.state.webhooks, settings):
             yield
@@ -81,7 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     public = [health.public, ui.router]
     # a client key when keys are on; each refusal is a 401 in the caller's dialect
     protected = [sage.router, openai.router, realtime.router, speech.router, tasks.router,
-                 usage.router, admin.router, health.router, docs.router]
+                 usage.router, admin.router, health.router, docs.router, voices.router]
     _check_public(public)
     for router in public:
         app.include_router(router)

@@ -9,7 +9,9 @@ and the protected routers are listed:
 - `require_key_or_signed_url`: a finished TTS task's audio (a signed `token`, checked by
   the route, instead of a key).
 - `websocket_caller`: the live transcription WebSocket, which checks its key itself (a
-  header, or a subprotocol) and refuses with close code 1008 (gateway/realtime/).
+  header, or a subprotocol) and refuses with close code 1008 (gateway/realtime/). It alone
+  also takes an ephemeral key (`ek_…`, from `POST /v1/realtime/client_secrets`): its
+  minting key's owner, until it expires; every other route refuses one with a 401.
 - none: the routes in `PUBLIC_ROUTES`, and only those (create_app checks).
 
     python -m gateway.auth NEW-KEY     # prints the digest to put in SPEECH_API_KEYS
@@ -20,12 +22,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request, WebSocket
 from starlette.requests import HTTPConnection
 
 from common.settings import Settings
+from common.store import StoreError
+from common.store.client_secrets import ClientSecretStore, is_client_secret
 from gateway.dependencies import SettingsDep
 from gateway.errors import RequestError
 
@@ -47,15 +51,26 @@ def caller(request: Request, settings: SettingsDep) -> str:
     return key_owner(presented_key(request), settings)
 
 
-def websocket_caller(websocket: WebSocket, settings: Settings) -> str:
-    """`caller` for a WebSocket: the key as a header, or as the subprotocol browsers must use
+async def websocket_caller(websocket: WebSocket, settings: Settings,
+                           secrets: ClientSecretStore) -> tuple[str, dict[str, Any] | None]:
+    """`caller` for a WebSocket, and the session an ephemeral key was minted with (None for an
+    API key): the key as a header, or as the subprotocol browsers must use
     (`openai-insecure-api-key.KEY` in Sec-WebSocket-Protocol: a browser cannot set headers
     on a WebSocket). gateway/realtime/connection.py closes with 1008 on a RequestError."""
     key = presented_key(websocket)
     for protocol in websocket.scope.get("subprotocols") or []:
         if key is None and protocol.startswith(SUBPROTOCOL_KEY_PREFIX):
             key = protocol.removeprefix(SUBPROTOCOL_KEY_PREFIX) or None
-    return key_owner(key, settings)
+    if key is not None and is_client_secret(key):
+        try:
+            secret = await secrets.lookup(key)
+        except StoreError:
+            raise RequestError(503, "the key store is unavailable; retry shortly") from None
+        if secret is None:
+            raise RequestError(401, "the ephemeral key has expired (or was never minted)",
+                               code="invalid_api_key")
+        return secret.owner, secret.session
+    return key_owner(key, settings), None
 
 
 def key_owner(key: str | None, settings: Settings) -> str:
@@ -65,6 +80,9 @@ def key_owner(key: str | None, settings: Settings) -> str:
     if key is None:
         raise RequestError(401, "missing API key: send 'Authorization: Bearer KEY'",
                            code="invalid_api_key", headers=_CHALLENGE)
+    if is_client_secret(key):
+        raise RequestError(401, "an ephemeral key (ek_…) opens the realtime WebSocket only: "
+                                "send an API key", code="invalid_api_key", headers=_CHALLENGE)
     # One dict lookup of the presented key's digest: what it costs does not depend on which
     # key matched, nor on how many are configured, and a digest's bytes are no secret to
     # time (finding a key from them is inverting SHA-256).

@@ -28,6 +28,47 @@ Upload = Annotated[bytes, WithJsonSchema({"type": "string", "format": "binary",
 # --- requests -----------------------------------------------------------------------------
 
 
+class VoiceId(BaseModel):
+    id: str = Field(description="A custom voice of this key (`voice_…`)")
+
+
+class VoiceConsentRequest(BaseModel):
+    """`POST /v1/audio/voice_consents` (multipart form)."""
+
+    recording: Upload = Field(description="The speaker reading the consent phrase of "
+                                          "`language` (`/api/config` consent_phrases); 10 MiB "
+                                          "at most")
+    name: str = Field(max_length=256, description="A label for the consent")
+    language: str = Field(description="A BCP 47 tag, e.g. `en-US`")
+
+
+class VoiceConsentUpdate(BaseModel):
+    """`POST /v1/audio/voice_consents/{consent_id}` (JSON)."""
+
+    name: str = Field(max_length=256)
+
+
+class VoiceRequest(BaseModel):
+    """`POST /v1/audio/voices` (multipart form)."""
+
+    audio_sample: Upload = Field(description="The consenting speaker, at most 30 s and 10 MiB")
+    consent: str = Field(description="The consent's id (`cons_…`)")
+    name: str = Field(max_length=256)
+    type: Literal["audio_sample"] = "audio_sample"
+
+
+class ClientSecretRequest(BaseModel):
+    """`POST /v1/realtime/client_secrets` (JSON)."""
+
+    expires_after: dict[str, Any] | None = Field(
+        None, description="`{\"anchor\": \"created_at\", \"seconds\": 10…7200}` "
+                          "(default SPEECH_CLIENT_SECRET_SECONDS)")
+    session: dict[str, Any] | None = Field(
+        None, description="A transcription session (as `session.update` takes it) that the "
+                          "key's sessions start with")
+
+
+
 class _AudioRequest(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
@@ -84,8 +125,9 @@ class SpeechRequest(BaseModel):
                                             "`xtts/MODEL`")
     input: str = Field(description="The text to speak (at most SPEECH_TTS_MAX_CHARACTERS)",
                        min_length=1)
-    voice: str | None = Field(None, description="A configured voice (`/api/config`); the "
-                                                "first one by default")
+    voice: str | VoiceId | None = Field(
+        None, description="A configured voice (`/api/config`; the first one by default), or a "
+                          "custom voice: `{\"id\": \"voice_…\"}` (`/v1/audio/voices`)")
     response_format: Literal[SPEECH_FORMATS] = "mp3"  # type: ignore[valid-type]
     speed: float = Field(1.0, ge=MIN_SPEED, le=MAX_SPEED)
     stream_format: Literal["audio", "sse"] | None = Field(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ import httpx
 import redis
 
 from common import keys
+from common.words import normalise, wer  # noqa: F401  (the tests' scoring, re-exported)
 from harness.procs import TEST_AUDIO, wait_until
 
 JFK = TEST_AUDIO / "jfk.flac"
@@ -65,18 +65,3 @@ def queue_counts(client: redis.Redis, backend: str = "faster-whisper") -> tuple[
 def pending_count(client: redis.Redis, backend: str = "faster-whisper") -> int:
     return sum(int(client.xpending(keys.queue(backend, lane), keys.WORKER_GROUP)["pending"])
                for lane in keys.LANES if client.exists(keys.queue(backend, lane)))
-
-
-def normalise(text: str) -> list[str]:
-    return re.sub(r"[^a-z0-9' ]+", " ", text.lower()).split()
-
-
-def wer(reference: str, hypothesis: str) -> float:
-    ref, hyp = normalise(reference), normalise(hypothesis)
-    row = list(range(len(hyp) + 1))
-    for i, ref_word in enumerate(ref, start=1):
-        previous, row[0] = row[0], i
-        for j, hyp_word in enumerate(hyp, start=1):
-            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1,
-                                           previous + (ref_word != hyp_word))
-    return row[-1] / max(1, len(ref))

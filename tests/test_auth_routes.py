@@ -24,7 +24,7 @@ from harness import procs
 KEY = "route-walk-key-0123456789"
 METRICS_TOKEN = "scraper-token-9876543210"
 PATH_VALUES = {"backend": "faster-whisper", "model": "tiny.en", "task_id": "no-such-task",
-               "name": "app.js"}
+               "name": "app.js", "consent_id": "cons_none", "voice_id": "voice_none"}
 WEBSOCKET = "WEBSOCKET"  # a WebSocket route's "method" in the walk
 
 

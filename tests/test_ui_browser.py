@@ -53,7 +53,8 @@ def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
     model_dir = tiny_model("xtts")
     workdir = tmp_path_factory.mktemp("ui")
     server = procs.RedisServer(workdir / "redis").start()
-    models = {"faster-whisper": {"tiny.en": "bundled"}, "xtts": {"tiny": str(model_dir)}}
+    models = {"faster-whisper": {"tiny.en": "bundled"}, "xtts": {"tiny": str(model_dir)},
+              "voiceprint": {"resemblyzer": "bundled"}}
     settings = {"models": models, "default_models": {"xtts": "tiny"},
                 "voices": {"alloy": "speaker:Claribel Dervla", "nova": "speaker:Ana Florence"}}
     services = [
@@ -63,6 +64,8 @@ def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
                      idle_unload_seconds="-1"),
         procs.worker(server.url, workdir, backend="xtts", python=xtts_python, models=models,
                      device="cpu", idle_unload_seconds="-1"),
+        procs.worker(server.url, workdir, backend="voiceprint",
+                     python=env_python("voiceprint"), models=models, idle_unload_seconds="-1"),
     ]
     try:
         for service in services:  # all start at once; then wait for each
@@ -274,10 +277,16 @@ def watch(page: Any, selector: str) -> list[str]:
 
 
 def test_live_transcription_from_the_microphone_over_the_realtime_socket(
-        ui_stack: dict[str, Any], pausing_page: Any) -> None:
+        ui_stack: dict[str, Any], pausing_page: Any, request: pytest.FixtureRequest) -> None:
+    request.node.allowed_console = (REFUSED_LOAD,)  # the revoked key's client_secrets call
     page = pausing_page
-    # the keyed gateway: a browser's WebSocket carries the key as a subprotocol
+    # the keyed gateway: a browser's WebSocket carries a key as a subprotocol, an ephemeral
+    # one the page mints (POST /v1/realtime/client_secrets), never the API key itself
     page.add_init_script(f"localStorage.setItem('speech-gateway.api-key', {KEY!r})")
+    page.add_init_script("""window.__protocols = []; const Socket = window.WebSocket;
+        window.WebSocket = function (url, protocols) { window.__protocols.push(protocols);
+          return new Socket(url, protocols); };
+        window.WebSocket.prototype = Socket.prototype; window.WebSocket.OPEN = Socket.OPEN;""")
     open_view(page, ui_stack["keyed"], "transcribe")
     page.check("#mode-live")
     assert page.locator("#drop").is_hidden() and page.locator("#asr-go").is_hidden()
@@ -309,6 +318,10 @@ def test_live_transcription_from_the_microphone_over_the_realtime_socket(
     assert page.locator("#live-go").get_attribute("aria-pressed") == "false"
     assert page.locator("#turns .turn").count() == committed + 1
     assert page.locator("#turns .turn.done").count() == committed + 1  # none failed
+    keys = [protocol for protocols in page.evaluate("window.__protocols")
+            for protocol in protocols if protocol.startswith("openai-insecure-api-key.")]
+    assert keys and all(k.startswith("openai-insecure-api-key.ek_") for k in keys), keys
+    assert not any(KEY in k for k in keys)
     screenshots(page, "live")
 
 
@@ -358,6 +371,43 @@ def test_speak_with_a_voice_and_with_a_reference_clip(ui_stack: dict[str, Any],
                            f"{href!r} && document.querySelector('#tts-audio').duration > 0")
 
 
+def test_voices_panel_consent_sample_speak_delete(ui_stack: dict[str, Any], page: Any) -> None:
+    """The Voices view: a consent reading the phrase shown, a sample of the same (espeak)
+    speaker, the voice listed, spoken with, deleted."""
+    workdir = ui_stack["workdir"]
+    phrase = httpx.get(f"{ui_stack['url']}/api/config").json()["consent_phrases"]["en"]
+    for name, text in (("consent", phrase), ("sample", "Please call Stella and ask her to "
+                       "bring these things with her from the store, and a snack for Bob.")):
+        subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(workdir / f"{name}.wav"), text],
+                       check=True, capture_output=True)
+    open_view(page, ui_stack["url"], "voices")
+    assert page.locator("#consent-phrase").text_content() == phrase
+    assert page.locator("#consent-record").is_enabled()  # a microphone is offered too
+    page.fill("#consent-name", "Tester")
+    page.set_input_files("#consent-file", str(workdir / "consent.wav"))
+    page.click("#consent-go")
+    page.wait_for_function("/^(Consent recorded|Refused)/.test("
+                           "document.querySelector('#consent-state').textContent)")
+    assert page.locator("#consent-state").text_content().startswith("Consent recorded")
+    page.fill("#voice-name", "Tester's voice")
+    page.set_input_files("#voice-file", str(workdir / "sample.wav"))
+    page.click("#voice-go")
+    page.wait_for_function("/^(Voice created|Refused)/.test("
+                           "document.querySelector('#voice-state').textContent)")
+    assert page.locator("#voice-state").text_content().startswith("Voice created")
+    page.wait_for_selector("#voices-list li")
+    assert "Tester's voice" in page.locator("#voices-list li").text_content()
+    page.click("#voices-list li button:text('Speak')")
+    page.wait_for_function("/^(Spoken|Failed)/.test("
+                           "document.querySelector('#voices-state').textContent)")
+    assert page.locator("#voices-state").text_content() == "Spoken."
+    assert page.locator("#voices-audio").get_attribute("src").startswith("blob:")
+    screenshots(page, "voices")
+    page.click("#voices-list li button:text('Delete')")
+    page.wait_for_function("document.querySelector('#voices-state').textContent "
+                           "=== 'No voices yet.'")
+
+
 def test_status_lists_the_live_workers(ui_stack: dict[str, Any], page: Any) -> None:
     open_view(page, ui_stack["url"], "transcribe")
     page.focus("#tab-transcribe")
@@ -365,10 +415,10 @@ def test_status_lists_the_live_workers(ui_stack: dict[str, Any], page: Any) -> N
     assert page.evaluate("document.activeElement.id") == "tab-status"
     assert page.locator("#view-status").is_visible()
     assert page.locator("#view-transcribe").is_hidden()
-    page.wait_for_function("document.querySelectorAll('#status-body .card').length === 2")
+    page.wait_for_function("document.querySelectorAll('#status-body .card').length === 3")
     cards = {page.locator("#status-body .card h2").nth(i).text_content()
-             for i in range(2)}
-    assert cards == {"faster-whisper 1 live", "xtts 1 live"}, cards
+             for i in range(3)}
+    assert cards == {"faster-whisper 1 live", "xtts 1 live", "voiceprint 1 live"}, cards
     body = page.locator("#status-body").text_content()
     assert "test-faster-whisper-" in body and "test-xtts-" in body
     assert "tiny.en" in body and "waiting" in body and "succeeded" in body

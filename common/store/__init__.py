@@ -4,7 +4,8 @@ positions and depths (`positions`), input and output blobs (`blobs`), live worke
 (`live`), the models' circuit breakers (`breakers`), a worker's side of a backend's stream
 (`queue`), metrics every process records and the gateway reads (`metrics`), usage and
 quotas per key (`usage`), all of a worker's side in one object (`worker.WorkerStore`), the
-gateway's pub/sub multiplexer (`events`), the sweeper's stream reads (`upkeep`) and the
+gateway's pub/sub multiplexer (`events`), the sweeper's stream reads (`upkeep`), custom
+voices and their consents (`voices`), ephemeral realtime keys (`client_secrets`) and the
 gateway's bounded client (`connection`)."""
 
 # what any store call raises when Redis is unreachable, too slow, or its pool exhausted:

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import soxr
 
+from common import g711
 from common.audio import encode_wav
-from gateway.realtime.protocol import ProtocolError
+from gateway.realtime.protocol import PCM, ProtocolError
 from gateway.realtime.vad import FRAME, SAMPLE_RATE, SileroVad, TurnDetector, VadConfig, VadStream
 
 #: the shortest buffer a commit takes (OpenAI's rule too)
@@ -58,10 +59,18 @@ Change = SpeechStarted | SpeechStopped
 
 def decode_pcm16(audio: object, max_samples: int, rate: int, event_id: str | None) -> np.ndarray:
     """An append's `audio` (base64 PCM16 LE mono) as float32, checked before it is decoded."""
+    return decode_chunk(audio, max_samples, rate, event_id, PCM)
+
+
+def decode_chunk(audio: object, max_samples: int, rate: int, event_id: str | None,
+                 encoding: str) -> np.ndarray:
+    """An append's `audio` (base64 of `encoding`: PCM16 LE mono, or G.711 μ-law / A-law) as
+    float32 at its own rate, checked before it is decoded."""
     if not isinstance(audio, str):
         raise ProtocolError("invalid_type", "audio must be a base64 string", "audio", event_id)
+    width = 2 if encoding == PCM else 1
     # base64 holds 3 bytes per 4 characters: refuse an oversized chunk before decoding it
-    if len(audio) // 4 * 3 > 2 * max_samples * rate // SAMPLE_RATE + 3:
+    if len(audio) // 4 * 3 > width * max_samples * rate // SAMPLE_RATE + 3:
         raise ProtocolError("input_audio_buffer_full", "this chunk alone is longer than the "
                             "input audio buffer's limit", "audio", event_id)
     try:
@@ -69,6 +78,8 @@ def decode_pcm16(audio: object, max_samples: int, rate: int, event_id: str | Non
     except (binascii.Error, ValueError):
         raise ProtocolError("invalid_base64", "audio is not valid base64", "audio",
                             event_id) from None
+    if encoding != PCM:
+        return g711.decode(raw, encoding)
     if len(raw) % 2:
         raise ProtocolError("invalid_audio", f"audio holds {len(raw)} bytes: 16-bit PCM needs "
                                              "an even number", "audio", event_id)

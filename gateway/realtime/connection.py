@@ -20,6 +20,7 @@ from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected, WebSocketState
 
 from common.settings import Settings
+from common.store.client_secrets import ClientSecretStore
 from gateway.auth import websocket_caller
 from gateway.errors import RequestError
 from gateway.realtime.metering import SessionMeter, SessionShares
@@ -44,12 +45,13 @@ class RealtimeServing:
         self.settings: Settings = calls.settings
         self.sessions = 0  # open in this process
         self.shares = SessionShares(self.settings)
+        self.secrets = ClientSecretStore.of(calls.store)
 
     async def serve(self, websocket: WebSocket) -> None:
         offered = websocket.scope.get("subprotocols") or []
         await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         try:
-            owner = websocket_caller(websocket, self.settings)
+            owner, preset = await websocket_caller(websocket, self.settings, self.secrets)
         except RequestError as refused:
             await websocket.close(POLICY_VIOLATION, refused.message)
             return
@@ -96,7 +98,7 @@ class RealtimeServing:
         session = Session(self.settings, self.calls, owner, send)
         meter = SessionMeter(self.settings, self.calls.store, owner)
         try:
-            await session.open()
+            await session.open(preset)
             if not await _unless(stalled, self._read(websocket, session, meter)):
                 return  # nothing more reaches this client; uvicorn drops the connection
             if session.ended is not None:

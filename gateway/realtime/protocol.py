@@ -10,13 +10,23 @@ import secrets
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from common import g711
 from gateway.realtime.vad import VadConfig
 
 #: the client events a transcription session answers
 CLIENT_EVENTS = ("session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
                  "input_audio_buffer.clear")
-#: input sample rates taken (`audio.input.format.rate`); OpenAI's is 24000
+#: input sample rates taken for `audio/pcm` (`audio.input.format.rate`); OpenAI's is 24000
 SAMPLE_RATES = (24000, 16000)
+PCM = "audio/pcm"
+#: the input formats: 16-bit PCM, and G.711 μ-law / A-law (8 kHz, one byte a sample)
+FORMATS = (PCM, *g711.TABLES)
+#: `audio.input.transcription.delay` (GA): the beam size each asks of the backend (None: its
+#: default); more beams read more accurately and take longer
+DELAYS: dict[str, int | None] = {"minimal": 1, "low": 2, "medium": None, "high": 8,
+                                 "xhigh": 10}
+MAX_KEYWORDS = 100
+MAX_KEYWORD_CHARACTERS = 100
 MAX_EVENT_ID = 128
 MAX_MS = 10_000  # the longest prefix padding or silence a server VAD config may ask for
 #: room in a client message for what is not audio: the event's JSON, an event_id, a
@@ -94,13 +104,36 @@ class Transcription:
     model: str = "whisper-1"
     language: str | None = None
     prompt: str = ""
+    #: GA fields: candidate languages (the first the backend takes wins), words to expect
+    #: (they join the prompt), and how long to wait for accuracy (DELAYS)
+    languages: tuple[str, ...] = ()
+    keywords: tuple[str, ...] = ()
+    delay: str | None = None
+    #: our extension: earlier turns' text goes into the next turn's prompt (None: the
+    #: setting SPEECH_REALTIME_PREVIOUS_TURNS_PROMPT decides)
+    previous_turns_prompt: bool | None = None
+
+    def public(self) -> dict[str, Any]:
+        return {"model": self.model, "language": self.language, "prompt": self.prompt,
+                "languages": list(self.languages) or None,
+                "keywords": list(self.keywords) or None, "delay": self.delay,
+                "previous_turns_prompt": self.previous_turns_prompt}
 
 
 @dataclass(frozen=True, slots=True)
 class SessionConfig:
     rate: int = 24000
+    encoding: str = PCM
     transcription: Transcription | None = field(default_factory=Transcription)
     turn_detection: VadConfig | None = field(default_factory=VadConfig)
+
+    @property
+    def bytes_per_sample(self) -> int:
+        return 2 if self.encoding == PCM else 1
+
+    def format(self) -> dict[str, Any]:
+        return {"type": PCM, "rate": self.rate} if self.encoding == PCM else {
+            "type": self.encoding}
 
     def public(self, session_id: str) -> dict[str, Any]:
         """The session object of session.created / session.updated."""
@@ -109,9 +142,8 @@ class SessionConfig:
         return {
             "type": "transcription", "id": session_id, "object": "realtime.transcription_session",
             "audio": {"input": {
-                "format": {"type": "audio/pcm", "rate": self.rate},
-                "transcription": None if t is None else {
-                    "model": t.model, "language": t.language, "prompt": t.prompt},
+                "format": self.format(),
+                "transcription": None if t is None else t.public(),
                 "noise_reduction": None,
                 "turn_detection": None if vad is None else {
                     "type": "server_vad", "threshold": vad.threshold,
@@ -150,7 +182,8 @@ def updated(config: SessionConfig, session: Any, event_id: str | None) -> Sessio
         raise fail("invalid_value", "noise reduction is not available: send null",
                    f"{path}.noise_reduction")
     if "format" in source:
-        config = replace(config, rate=_rate(section(source, "format", f"{path}.format"), fail))
+        encoding, rate = _format(section(source, "format", f"{path}.format"), fail)
+        config = replace(config, encoding=encoding, rate=rate)
     if "transcription" in source:
         given = _object_or_null(source, "transcription", path, fail)
         config = replace(config, transcription=None if given is None else _transcription(
@@ -170,17 +203,22 @@ def _object_or_null(source: dict[str, Any], name: str, path: str,
     return given
 
 
-def _rate(given: dict[str, Any], fail: Any) -> int:
+def _format(given: dict[str, Any], fail: Any) -> tuple[str, int]:
     path = "session.audio.input.format"
-    kind = given.get("type", "audio/pcm")
-    if kind != "audio/pcm":
+    kind = given.get("type", PCM)
+    if kind not in FORMATS:
         raise fail("invalid_value", f"unsupported audio format {str(kind)[:40]!r}: send "
-                                    "'audio/pcm' (16-bit little-endian mono)", f"{path}.type")
+                                    "'audio/pcm' (16-bit little-endian mono), 'audio/pcmu' or "
+                                    "'audio/pcma' (G.711, 8 kHz)", f"{path}.type")
+    if kind != PCM:
+        if given.get("rate", g711.RATE) != g711.RATE:
+            raise fail("invalid_value", f"{kind} is 8000 Hz", f"{path}.rate")
+        return kind, g711.RATE
     rate = given.get("rate", 24000)
     if rate not in SAMPLE_RATES or isinstance(rate, bool):
         raise fail("invalid_value", f"unsupported sample rate {str(rate)[:20]}: audio/pcm is "
                                     "taken at 24000 or 16000 Hz", f"{path}.rate")
-    return int(rate)
+    return PCM, int(rate)
 
 
 def _transcription(current: Transcription, given: dict[str, Any], fail: Any) -> Transcription:
@@ -198,7 +236,34 @@ def _transcription(current: Transcription, given: dict[str, Any], fail: Any) -> 
             result = replace(result, language=value or None)
         else:
             result = replace(result, prompt=value or "")
+    for name in ("languages", "keywords"):
+        if name in given:
+            result = replace(result, **{name: _strings(given[name], f"{path}.{name}", fail)})
+    if "delay" in given:
+        delay = given["delay"]
+        if delay is not None and delay not in DELAYS:
+            raise fail("invalid_value", f"delay must be one of {', '.join(DELAYS)} (or null)",
+                       f"{path}.delay")
+        result = replace(result, delay=delay)
+    if "previous_turns_prompt" in given:
+        value = given["previous_turns_prompt"]
+        if value is not None and not isinstance(value, bool):
+            raise fail("invalid_type", "previous_turns_prompt must be true, false or null",
+                       f"{path}.previous_turns_prompt")
+        result = replace(result, previous_turns_prompt=value)
     return result
+
+
+def _strings(value: Any, path: str, fail: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if (not isinstance(value, list) or len(value) > MAX_KEYWORDS
+            or not all(isinstance(item, str) and 0 < len(item) <= MAX_KEYWORD_CHARACTERS
+                       for item in value)):
+        raise fail("invalid_value", f"{path.rsplit('.', 1)[-1]} must be a list of at most "
+                                    f"{MAX_KEYWORDS} non-empty strings of at most "
+                                    f"{MAX_KEYWORD_CHARACTERS} characters", path)
+    return tuple(value)
 
 
 def _vad(current: VadConfig, given: dict[str, Any], fail: Any) -> VadConfig:

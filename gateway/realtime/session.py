@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.audio import AudioInfo
-from common.catalog import UnknownBackend, UnknownModel, resolve_public_model
+from common.catalog import UnknownBackend, UnknownModel, asr_language, resolve_public_model
 from common.schemas import INTERACTIVE, TaskState
 from common.settings import Settings
 from common.store import Task
@@ -30,9 +30,10 @@ from gateway.realtime.buffer import (
     InputBuffer,
     SpeechStarted,
     Turn,
-    decode_pcm16,
+    decode_chunk,
 )
 from gateway.realtime.protocol import (
+    DELAYS,
     ClientEvent,
     ProtocolError,
     SessionConfig,
@@ -45,7 +46,7 @@ from gateway.realtime.protocol import (
 )
 from gateway.realtime.vad import SAMPLE_RATE
 from gateway.serving.calls import SyncCalls, still_running, task_failed
-from gateway.submit.asr import asr_params
+from gateway.submit.asr import MAX_PROMPT_CHARACTERS, asr_params
 from gateway.submit.audio import AudioInput
 from gateway.submit.inputs import Params
 from gateway.submit.terms import SubmitTerms
@@ -55,6 +56,9 @@ log = logging.getLogger("gateway.realtime")
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
 MODEL_PARAM = "session.audio.input.transcription"
+#: the most of the earlier turns' text a turn's prompt carries (Whisper reads only its last
+#: 224 tokens of prompt anyway)
+PREVIOUS_TEXT_CHARACTERS = 800
 
 
 class SessionEnded(ProtocolError):
@@ -79,14 +83,40 @@ def resolve(settings: Settings, transcription: Transcription,
     except (UnknownModel, UnknownBackend) as exc:
         raise ProtocolError("invalid_value", f"{exc}; GET /v1/models lists them",
                             f"{MODEL_PARAM}.model", event_id) from None
-    params = Params.of({"language": transcription.language or "",
-                        "prompt": transcription.prompt})
+    language = transcription.language or _first_supported(backend, transcription.languages)
+    prompt = " ".join(filter(None, (transcription.prompt, ", ".join(transcription.keywords))))
+    values = {"language": language or "", "prompt": prompt}
+    if (beams := DELAYS.get(transcription.delay or "medium")) is not None:
+        values["beam_size"] = str(beams)
+    params = Params.of(values)
     try:
         options = asr_params(params, settings, backend)
     except RequestError as exc:
-        raise ProtocolError("invalid_value", exc.message, f"{MODEL_PARAM}.{exc.param}",
+        name = "keywords" if exc.param == "prompt" and transcription.keywords else exc.param
+        raise ProtocolError("invalid_value", exc.message, f"{MODEL_PARAM}.{name}",
                             event_id) from None
     return Target(backend, model, options)
+
+
+def _first_supported(backend: str, languages: tuple[str, ...]) -> str | None:
+    """`languages[]`: the first one the backend takes; none of them: detect."""
+    for language in languages:
+        try:
+            return asr_language(backend, language) or None
+        except ValueError:
+            continue
+    return None
+
+
+def turn_prompt(prompt: str, earlier: list[str]) -> str:
+    """A turn's prompt: the session's (its prompt and keywords), then the tail of the earlier
+    turns' text, so a short turn keeps its context (the file path, given the same prompt,
+    reads the same span of audio the same way)."""
+    history = " ".join(text.strip() for text in earlier if text.strip())
+    room = min(PREVIOUS_TEXT_CHARACTERS, MAX_PROMPT_CHARACTERS - len(prompt) - 1)
+    if len(history) > room:
+        history = history[len(history) - room:].split(" ", 1)[-1]
+    return " ".join(filter(None, (prompt, history if room > 0 else "")))
 
 
 class Session:
@@ -105,11 +135,18 @@ class Session:
         self.turns: set[asyncio.Task[None]] = set()
         self._previous_item: str | None = None
         self._speech_item: str | None = None
+        #: each committed item's transcript once known ("" if it failed), in commit order
+        self._texts: dict[str, str] = {}
+        self._last_turn: asyncio.Task[None] | None = None
         self._target: Target | None = None
         with contextlib.suppress(ProtocolError):  # no ASR backend: each turn fails, saying so
             self._target = resolve(settings, self.config.transcription or Transcription())
 
-    async def open(self) -> None:
+    async def open(self, preset: dict[str, Any] | None = None) -> None:
+        """session.created, with the session an ephemeral key was minted with applied."""
+        if preset:
+            with contextlib.suppress(ProtocolError):  # checked when the key was minted
+                self._apply(updated(self.config, preset, None), None)
         await self._send(server_event("session.created", session=self.config.public(self.id)))
 
     async def handle(self, text: str) -> None:
@@ -176,21 +213,24 @@ class Session:
 
     async def _update(self, event: ClientEvent) -> None:
         config = updated(self.config, event.body.get("session"), event.event_id)
+        self._apply(config, event.event_id)
+        await self._send(server_event("session.updated", session=config.public(self.id)))
+
+    def _apply(self, config: SessionConfig, event_id: str | None) -> None:
         target = self._target
         if config.transcription is not None and config.transcription != self.config.transcription:
-            target = resolve(self.settings, config.transcription, event.event_id)
+            target = resolve(self.settings, config.transcription, event_id)
         if config.rate != self.config.rate:
             self.buffer.set_rate(config.rate)
         if config.turn_detection != self.config.turn_detection:
             self.buffer.set_vad(config.turn_detection)
             self._speech_item = None
         self.config, self._target = config, target
-        await self._send(server_event("session.updated", session=config.public(self.id)))
 
     async def _append(self, event: ClientEvent) -> None:
         limit = self.settings.realtime_max_session_seconds
-        samples = decode_pcm16(event.body.get("audio"), self.buffer.max_samples,
-                               self.config.rate, event.event_id)
+        samples = decode_chunk(event.body.get("audio"), self.buffer.max_samples,
+                               self.config.rate, event.event_id, self.config.encoding)
         if (self.buffer.received / SAMPLE_RATE + len(samples) / self.config.rate) > limit:
             raise SessionEnded("session_expired", f"the session's audio passed its limit of "
                                f"{limit:.0f} s", "audio", event.event_id)
@@ -234,11 +274,22 @@ class Session:
                                       item=user_item))
         if self.config.transcription is None:
             return
-        task = asyncio.create_task(self._transcribe(item, turn, self._target))
+        earlier = list(self._texts)
+        self._texts[item] = ""
+        if len(self._texts) > 32:  # the prompt keeps only the tail of the text anyway
+            del self._texts[next(iter(self._texts))]
+        task = asyncio.create_task(self._transcribe(item, turn, self._target,
+                                                    self._last_turn, earlier))
+        self._last_turn = task
         self.turns.add(task)
         task.add_done_callback(self.turns.discard)
 
-    async def _transcribe(self, item: str, turn: Turn, target: Target | None) -> None:
+    def _previous_turns_prompt(self) -> bool:
+        own = (self.config.transcription or Transcription()).previous_turns_prompt
+        return self.settings.realtime_previous_turns_prompt if own is None else own
+
+    async def _transcribe(self, item: str, turn: Turn, target: Target | None,
+                          previous: asyncio.Task[None] | None, earlier: list[str]) -> None:
         try:
             if len(self.turns) > self.settings.realtime_max_pending_turns:
                 raise RequestError(429, f"this session already has "
@@ -246,6 +297,13 @@ class Session:
                                         "being transcribed", code="too_many_pending_turns")
             if target is None:  # the default model names no enabled backend
                 target = resolve(self.settings, self.config.transcription or Transcription())
+            if self._previous_turns_prompt() and earlier:
+                if previous is not None:  # its text is this turn's context: wait for it, briefly
+                    await asyncio.wait({previous},
+                                       timeout=self.settings.realtime_previous_turn_wait_seconds)
+                prompt = turn_prompt(target.options.get("prompt", ""),
+                                     [self._texts.get(i, "") for i in earlier])
+                target = Target(target.backend, target.model, {**target.options, "prompt": prompt})
             await self._run_turn(item, turn, target)
         except ProtocolError as error:
             await self._failed(item, {"type": error.type, "code": error.code,
@@ -291,6 +349,7 @@ class Session:
 
     async def _finished(self, item: str, task: Task) -> None:
         if task.state == TaskState.SUCCEEDED and task.result is not None:
+            self._texts[item] = str(task.result.get("text", ""))
             seconds = float(task.result.get("usage", {}).get("audio_seconds")
                             or task.audio_seconds or 0.0)
             await self._send(server_event(

@@ -8,10 +8,16 @@ behind the key like every route) that answers 426 and documents the protocol in 
 
 from __future__ import annotations
 
-from fastapi import APIRouter, WebSocket
+from typing import Any
 
+from fastapi import APIRouter, Request, WebSocket
+
+from gateway.auth import Owner
+from gateway.dependencies import SettingsDep
 from gateway.errors import RequestError, openai_errors
+from gateway.protocol import ClientSecretRequest, json_body
 from gateway.realtime.connection import RealtimeServing
+from gateway.serving.client_secrets import create_client_secret
 
 router = APIRouter(tags=["OpenAI realtime"])
 socket_router = APIRouter()
@@ -29,9 +35,11 @@ async def realtime_over_http() -> None:
     """**A WebSocket endpoint**: live transcription in the OpenAI Realtime protocol.
 
     Connect with `Upgrade: websocket` (key: `Authorization: Bearer KEY`, or the subprotocols
-    `realtime, openai-insecure-api-key.KEY`). The server sends `session.created`; send
+    `realtime, openai-insecure-api-key.KEY`; KEY may be an ephemeral `ek_…` key from
+    `POST /v1/realtime/client_secrets`). The server sends `session.created`; send
     `session.update` (`session.type` `transcription`; `audio.input.format` `audio/pcm` at
-    24000 or 16000 Hz; `audio.input.transcription` `{model, language, prompt}`;
+    24000 or 16000 Hz, or G.711 `audio/pcmu` / `audio/pcma` at 8000 Hz;
+    `audio.input.transcription` `{model, language, languages, prompt, keywords, delay}`;
     `audio.input.turn_detection` `server_vad` or null for manual commits), then
     `input_audio_buffer.append` (base64 PCM16 mono), `.commit`, `.clear`. Each turn yields
     `input_audio_buffer.speech_started` / `speech_stopped` / `committed`, then
@@ -40,3 +48,13 @@ async def realtime_over_http() -> None:
     raise RequestError(426, "this is a WebSocket endpoint: connect with Upgrade: websocket "
                             f"(ws://HOST{PATH}?intent=transcription)", code="upgrade_required",
                        headers={"upgrade": "websocket"})
+
+
+@router.post("/v1/realtime/client_secrets", responses=openai_errors(400, 401, 503),
+             openapi_extra=json_body(ClientSecretRequest))
+async def client_secrets(request: Request, owner: Owner, settings: SettingsDep) -> dict[str, Any]:
+    """Mint an ephemeral key (`ek_…`) for a browser: it opens the realtime WebSocket only (as
+    the subprotocol `openai-insecure-api-key.KEY`), as this key's owner (its quotas), with the
+    given transcription `session`, until `expires_after.seconds` (10 to 7200; default 600)."""
+    serving: RealtimeServing = request.app.state.realtime
+    return await create_client_secret(request, owner, settings, serving.secrets)

@@ -20,9 +20,11 @@ from common.formats import fastwhisper_legacy
 from common.schemas import BATCH, TaskState
 from common.settings import Settings
 from common.store import StoreError, TaskStore
+from common.store.voices import VoiceStore
 from gateway.errors import STORE_NOTE, RequestError, refusal_of
 from gateway.policy.admission import Outlook, estimate_at
 from gateway.policy.signing import output_url
+from gateway.serving.voices import use_custom_voice
 from gateway.submit.enqueue import enqueue
 from gateway.submit.inputs import read_params
 from gateway.submit.kinds import read_task_input, resolve_backend_model
@@ -38,6 +40,7 @@ async def submit(request: Request, owner: str, settings: Settings, store: TaskSt
     model = resolve_backend_model(settings, backend, params.get("model"))
     # the terms are checked before any audio_url fetch
     terms = SubmitTerms.of(request, params, default_lane(settings, owner, BATCH), settings)
+    await use_custom_voice(params, owner, VoiceStore.of(store))  # "voice_…": a custom voice
     options, audio = await read_task_input(params, settings, backend)
     task = await enqueue(store, settings, backend=backend, model=model, options=options,
                          audio=audio, owner=owner, terms=terms)

@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from common.audio import OUTPUT_FORMATS, AudioError, transcode
 from common.schemas import INTERACTIVE, TaskState
 from common.store import Task
+from common.store.voices import VoiceStore
 from common.stream_audio import STREAM_FORMATS
 from gateway.auth import owner_or_none
 from gateway.errors import RequestError
@@ -25,6 +26,7 @@ from gateway.serving.calls import (
     task_failed,
 )
 from gateway.serving.speech_stream import stream_reply
+from gateway.serving.voices import use_custom_voice
 from gateway.submit.enqueue import guard_store
 from gateway.submit.inputs import Params, read_params
 from gateway.submit.speech import tts_input
@@ -36,9 +38,11 @@ class SpeechServing:
         self.calls = calls
         self.settings = calls.settings
         self.store = calls.store
+        self.voices = VoiceStore.of(calls.store)
 
     async def create(self, request: Request, owner: str) -> Response:
         params = await read_params(request)
+        await use_custom_voice(params, owner, self.voices)
         backend, model = public_model(self.settings, params, "tts-1", "tts")
         fmt = response_format(params, tuple(OUTPUT_FORMATS), "mp3")
         stream_format = _stream_format(params, fmt)

@@ -218,6 +218,7 @@ async function loadConfig() {
   }
   setUpTranscribe();
   setUpSpeak();
+  setUpVoices(); // voices.js
   const current = location.hash.slice(1);
   const shown = tabs().find((t) => t.dataset.view === current && !t.hidden);
   if (!shown) showView("transcribe");
@@ -583,8 +584,22 @@ async function startLive() {
     return;
   }
   const scheme = location.protocol === "https:" ? "wss" : "ws";
-  // a browser cannot set headers on a WebSocket: the key travels as a subprotocol
-  const protocols = ["realtime", ...(apiKey() ? [`openai-insecure-api-key.${apiKey()}`] : [])];
+  // a browser cannot set headers on a WebSocket: a short-lived key minted for this session
+  // (POST /v1/realtime/client_secrets, it opens nothing else) travels as a subprotocol, so
+  // the API key itself never goes into the socket's handshake
+  let secret;
+  try {
+    const minted = await api("/v1/realtime/client_secrets", { method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ expires_after: { anchor: "created_at", seconds: 60 },
+        session: { type: "transcription" } }) });
+    secret = (await minted.json()).value;
+  } catch (err) {
+    setAsrState(err.status === 401 ? "The key was refused." : `Cannot connect: ${err.message}`);
+    endLive();
+    return;
+  }
+  const protocols = ["realtime", `openai-insecure-api-key.${secret}`];
   let socket;
   try {
     socket = new WebSocket(`${scheme}://${location.host}/v1/realtime?intent=transcription`,

@@ -27,6 +27,9 @@ LIST_PARAMS = frozenset({"timestamp_granularities", "timestamp_granularities[]",
                          "known_speaker_names", "known_speaker_names[]",
                          "known_speaker_references", "known_speaker_references[]"})
 
+#: parameters that may be a JSON object naming an id (`{"id": …}`), read as that id
+ID_OBJECT_PARAMS = frozenset({"voice"})
+
 
 @dataclass(slots=True)
 class Params:
@@ -38,6 +41,8 @@ class Params:
     problems: dict[str, str] = field(default_factory=dict)
     #: every upload under each name, in order (`files` keeps the last)
     file_lists: dict[str, list[UploadFile]] = field(default_factory=dict)
+    #: a custom voice's sample (`voice` = "voice_…"), read by the route that owns the voices
+    voice_sample: bytes | None = None
 
     @classmethod
     def of(cls, values: dict[str, str]) -> Params:
@@ -130,6 +135,8 @@ def _add_pairs(params: Params, pairs: list[tuple[str, str]]) -> None:
 
 def _add_json(params: Params, key: str, value: Any) -> None:
     params.problems.pop(key, None)
+    if key in ID_OBJECT_PARAMS and isinstance(value, dict) and isinstance(value.get("id"), str):
+        value = value["id"]  # OpenAI's `voice: {"id": "voice_…"}`: a custom voice
     if key in LIST_PARAMS:
         items = value if isinstance(value, list) else [value]
         if any(isinstance(item, list | dict) for item in items):

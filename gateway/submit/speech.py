@@ -52,6 +52,9 @@ async def tts_input(params: Params, settings: Settings, backend: str,
     if upload is not None:
         blob = await read_upload(upload, settings.max_upload_bytes)
         return options, AudioInput(blob, None, await _probe(blob, settings, backend))
+    if params.voice_sample is not None:  # a custom voice (gateway/serving/voices.py)
+        sample = params.voice_sample
+        return options, AudioInput(sample, None, await _probe(sample, settings, backend))
     if raw_path:
         path = resolve_allowed_path(raw_path, settings.allowed_roots, "speaker_wav")
         options["speaker_wav"] = str(path)

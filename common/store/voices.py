@@ -1,0 +1,128 @@
+"""Custom voices and their consents, per owner, kept until deleted (no TTL).
+
+Two kinds of object, stored alike: a record (a JSON string: the OpenAI fields plus what the
+checks found, for audit), the owner's index (a sorted set by creation time, for listing and
+the per-key limit) and the audio (the consent recording, the voice sample): in the blob
+directory when one is configured (`SPEECH_BLOB_DIR`/voices, so every host reads it), else in
+Redis. Every key names the owner, so another owner's id is simply not found.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from redis.asyncio import Redis
+
+from common import keys
+from common.blobs import BlobDir
+from common.store.tasks import TaskStore
+
+# KEYS: index, record, audio key | ARGV: id, score, record JSON, most ("" = no limit),
+# audio ("" = in the blob directory) -> 1 stored, 0 the owner has `most` already
+_CREATE = """
+if ARGV[4] ~= '' and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return 0 end
+redis.call('SET', KEYS[2], ARGV[3])
+if ARGV[5] ~= '' then redis.call('SET', KEYS[3], ARGV[5]) end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    record: Callable[[str, str], str]
+    index: Callable[[str], str]
+
+
+CONSENTS = Kind(keys.voice_consent, keys.voice_consents)
+VOICES = Kind(keys.custom_voice, keys.custom_voices)
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    items: list[dict[str, Any]]
+    has_more: bool
+
+
+class VoiceStore:
+    def __init__(self, redis: Redis, blob_dir: BlobDir | None) -> None:
+        self.redis = redis
+        self.blob_dir = blob_dir
+        self._create = redis.register_script(_CREATE)
+
+    @classmethod
+    def of(cls, store: TaskStore) -> VoiceStore:
+        blobs = store.blobs.dir
+        return cls(store.redis, None if blobs is None else BlobDir(blobs.root / "voices", 0))
+
+    async def create(self, kind: Kind, owner: str, record: dict[str, Any], audio: bytes,
+                     most: int | None = None) -> bool:
+        """Store a new object and its audio; False (nothing stored) when the owner has `most`."""
+        object_id = record["id"]
+        in_redis = self.blob_dir is None
+        if not in_redis:
+            assert self.blob_dir is not None
+            self.blob_dir.write(self._path(owner, object_id), audio)
+        stored = await self._create(
+            keys=[kind.index(owner), kind.record(owner, object_id),
+                  keys.voice_audio(owner, object_id)],
+            args=[object_id, int(time.time() * 1000), json.dumps(record),
+                  "" if most is None else most, audio if in_redis else ""])
+        if not stored and not in_redis:
+            assert self.blob_dir is not None
+            self.blob_dir.delete(self._path(owner, object_id))
+        return bool(stored)
+
+    async def get(self, kind: Kind, owner: str, object_id: str) -> dict[str, Any] | None:
+        raw = await self.redis.get(kind.record(owner, object_id))
+        return None if raw is None else json.loads(raw)
+
+    async def update(self, kind: Kind, owner: str, object_id: str,
+                     **fields: Any) -> dict[str, Any] | None:
+        """The record with `fields` changed; None if the owner has no such object."""
+        record = await self.get(kind, owner, object_id)
+        if record is None:
+            return None
+        record.update(fields)
+        await self.redis.set(kind.record(owner, object_id), json.dumps(record), xx=True)
+        return record
+
+    async def list(self, kind: Kind, owner: str, after: str | None, limit: int) -> Page:
+        """The owner's objects, newest first, from the one after `after`."""
+        index = kind.index(owner)
+        start = 0
+        if after:
+            rank = await self.redis.zrevrank(index, after)
+            start = 0 if rank is None else rank + 1
+        ids = [i.decode() if isinstance(i, bytes) else i
+               for i in await self.redis.zrevrange(index, start, start + limit)]
+        records = await self.redis.mget([kind.record(owner, i) for i in ids[:limit]]) if ids else []
+        return Page([json.loads(r) for r in records if r is not None], len(ids) > limit)
+
+    async def count(self, kind: Kind, owner: str) -> int:
+        return int(await self.redis.zcard(kind.index(owner)))
+
+    async def delete(self, kind: Kind, owner: str, object_id: str) -> bool:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(kind.record(owner, object_id))
+            pipe.zrem(kind.index(owner), object_id)
+            pipe.delete(keys.voice_audio(owner, object_id))
+            removed, *_ = await pipe.execute()
+        if self.blob_dir is not None:
+            self.blob_dir.delete(self._path(owner, object_id))
+        return bool(removed)
+
+    async def audio(self, owner: str, object_id: str) -> bytes | None:
+        if self.blob_dir is not None:
+            return self.blob_dir.read(self._path(owner, object_id))
+        return await self.redis.get(keys.voice_audio(owner, object_id))
+
+    def _path(self, owner: str, object_id: str) -> Path:
+        assert self.blob_dir is not None
+        return self.blob_dir.root / f"{hashlib.sha256(owner.encode()).hexdigest()[:24]}-{object_id}"

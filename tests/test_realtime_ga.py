@@ -1,0 +1,290 @@
+"""The GA realtime transcription fields (issue 26), against a real redis-server, gateway and
+faster-whisper worker (tiny.en): G.711 input with manual commits, `languages[]`, `keywords[]`,
+`delay`, completed events matched by item_id, and live turns that read like the same span of
+audio through the file path (same prefix padding, same prompt from the earlier turns)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import websockets
+
+from common import g711
+from common.audio import decode_audio, encode_wav
+from common.settings import Settings
+from gateway.auth import digest
+from gateway.realtime.protocol import Transcription
+from gateway.realtime.session import resolve, turn_prompt
+from harness import procs
+from tests.helpers import JFK, JFK_TEXT, wer
+from tests.test_realtime import (
+    AUTH,
+    KEY,
+    TRANSCRIPTION,
+    Raw,
+    check_turn_events,
+    connect,
+    sdk,
+    start_worker,
+)
+
+#: held-in recordings besides jfk: espeak-ng sentences with a second of silence between
+SENTENCES = ("The quick brown fox jumps over the lazy dog.",
+             "Please call Stella and ask her to bring these things with her.",
+             "Yesterday we walked along the old railway line.",
+             "It is easy to tell the depth of a well.")
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    workdir = tmp_path_factory.mktemp("realtime-ga")
+    server = procs.RedisServer(workdir / "redis").start()
+    gateway = procs.gateway(server.url, workdir, api_keys=[f"sha256:{digest(KEY)}"]).start()
+    env: dict[str, Any] = {"redis": server, "gateway": gateway.url, "workdir": workdir,
+                           "ws": gateway.url.replace("http://", "ws://") + "/v1/realtime"}
+    env["worker"] = start_worker(env)
+    yield env
+    env["worker"].stop()
+    gateway.stop()
+    server.stop()
+
+
+def g711_chunks(audio: np.ndarray, encoding: str) -> list[str]:
+    data = g711.encode(audio, encoding)
+    return [base64.b64encode(data[i:i + 800]).decode() for i in range(0, len(data), 800)]
+
+
+@pytest.mark.parametrize("encoding", ["audio/pcmu", "audio/pcma"])
+def test_g711_session_with_manual_commit_transcribes_jfk(live: dict[str, Any],
+                                                          encoding: str) -> None:
+    """Through the openai SDK: `audio/pcmu` / `audio/pcma` at 8 kHz, turn_detection null,
+    one commit; the session echoes the format and the transcript reads as jfk."""
+    async def run() -> tuple[Any, str]:
+        client = sdk(live)
+        async with client.realtime.connect(extra_query={"intent": "transcription"}) as conn:
+            await conn.session.update(session={
+                "type": "transcription", "audio": {"input": {
+                    "format": {"type": encoding},
+                    "transcription": {"model": "whisper-1", "languages": ["en"]},
+                    "turn_detection": None}}})  # type: ignore[typeddict-item]
+            for chunk in g711_chunks(decode_audio(JFK, 8000), encoding):
+                await conn.input_audio_buffer.append(audio=chunk)
+            await conn.input_audio_buffer.commit()
+            updated, committed = None, None
+            async with asyncio.timeout(60):
+                async for event in conn:
+                    assert event.type != "error", event
+                    if event.type == "session.updated":
+                        updated = event
+                    elif event.type == "input_audio_buffer.committed":
+                        committed = event.item_id
+                    elif event.type == f"{TRANSCRIPTION}.completed":
+                        assert event.item_id == committed
+                        return updated, event.transcript
+        raise AssertionError("no completed event")
+
+    updated, transcript = asyncio.run(run())
+    assert updated.session.audio.input.format.type == encoding
+    assert updated.session.audio.input.turn_detection is None
+    assert wer(JFK_TEXT, transcript) <= 0.25, transcript
+
+
+def test_ga_transcription_fields_reach_the_task_options() -> None:
+    settings = Settings(redis_url="redis://127.0.0.1:1/0")
+    target = resolve(settings, Transcription(languages=("xx", "EN-us", "de")))
+    assert target.options["language"] == "en"  # the first one the backend supports
+    assert "language" not in resolve(settings, Transcription(languages=("xx",))).options
+    target = resolve(settings, Transcription(prompt="A talk.", keywords=("Kennedy", "Americans")))
+    assert target.options["prompt"] == "A talk. Kennedy, Americans"
+    assert resolve(settings, Transcription(delay="minimal")).options["beam_size"] == 1
+    assert resolve(settings, Transcription(delay="xhigh")).options["beam_size"] == 10
+    assert "beam_size" not in resolve(settings, Transcription(delay="medium")).options
+    assert turn_prompt("Kennedy", ["And so,", " my fellow "]) == "Kennedy And so, my fellow"
+    long = turn_prompt("", ["word " * 1000])
+    assert 0 < len(long) <= 800 and long.startswith("word")
+
+
+def test_ga_fields_are_echoed_and_checked(live: dict[str, Any]) -> None:
+    async def run() -> None:
+        client = await connect(live)
+        await client.send(type="session.update", session={"type": "transcription", "audio": {
+            "input": {"transcription": {"model": "whisper-1", "languages": ["fr", "en"],
+                                        "keywords": ["Kennedy"], "delay": "low"}}}})
+        await client.wait(lambda: client.of("session.updated"), 10)
+        echoed = client.of("session.updated")[0]["session"]["audio"]["input"]["transcription"]
+        assert echoed["languages"] == ["fr", "en"] and echoed["keywords"] == ["Kennedy"]
+        assert echoed["delay"] == "low"
+        for bad, param in (({"delay": "slow"}, "delay"), ({"keywords": "Kennedy"}, "keywords"),
+                           ({"languages": [""]}, "languages"),
+                           ({"previous_turns_prompt": "yes"}, "previous_turns_prompt")):
+            errors = len(client.of("error"))
+            await client.send(type="session.update", session={
+                "type": "transcription", "audio": {"input": {"transcription": bad}}})
+            error = (await client.next_error(errors))["error"]
+            assert error["param"] == f"session.audio.input.transcription.{param}", error
+        errors = len(client.of("error"))
+        await client.send(type="session.update", session={
+            "type": "transcription", "audio": {"input": {"format": {"type": "audio/g729"}}}})
+        assert (await client.next_error(errors))["error"]["param"].endswith("format.type")
+        await client.socket.close()
+
+    asyncio.run(run())
+
+
+def test_completed_events_match_their_turns_by_item_id(live: dict[str, Any]) -> None:
+    """Three manual commits in a row, each its own item: every completed event names the item
+    its audio was committed as (whatever order they finish in)."""
+    async def run() -> Raw:
+        client = await connect(live)
+        await client.send(type="session.update", session={"type": "transcription", "audio": {
+            "input": {"format": {"type": "audio/pcm", "rate": 16000},
+                      "transcription": {"model": "whisper-1", "language": "en",
+                                        "previous_turns_prompt": False},
+                      "turn_detection": None}}})
+        await client.wait(lambda: client.of("session.updated"), 10)
+        for text in SENTENCES[:3]:
+            # a commit holds only what was appended: give it the onset a VAD turn would have
+            audio = np.concatenate([np.zeros(4800, np.float32),
+                                    espeak(text, live["workdir"] / "one.wav")])
+            pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+            await client.send(type="input_audio_buffer.append",
+                              audio=base64.b64encode(pcm).decode())
+            await client.send(type="input_audio_buffer.commit")
+        await client.wait(lambda: len(client.of(f"{TRANSCRIPTION}.completed")) == 3, 90)
+        await client.socket.close()
+        return client
+
+    client = asyncio.run(run())
+    check_turn_events(client, vad=False)
+    committed = [e["item_id"] for e in client.of("input_audio_buffer.committed")]
+    texts = {e["item_id"]: e["transcript"] for e in client.of(f"{TRANSCRIPTION}.completed")}
+    for item, sentence in zip(committed, SENTENCES, strict=False):
+        # each item's text is its own sentence's, not a neighbour's
+        closest = min(SENTENCES[:3], key=lambda candidate: wer(candidate, texts[item]))
+        assert closest == sentence and wer(sentence, texts[item]) <= 0.5, texts
+
+
+def espeak(text: str, path: Path) -> np.ndarray:
+    subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(path), text], check=True,
+                   capture_output=True)
+    return decode_audio(path, 16000)
+
+
+def held_in(workdir: Path) -> list[tuple[str, np.ndarray, str]]:
+    silence = np.zeros(16000, np.float32)
+    parts = [part for text in SENTENCES
+             for part in (espeak(text, workdir / "sentence.wav"), silence)]
+    return [("jfk", decode_audio(JFK, 16000), JFK_TEXT),
+            ("espeak", np.concatenate(parts), " ".join(SENTENCES))]
+
+
+def test_live_turns_read_as_the_same_span_through_the_file_path(live: dict[str, Any]) -> None:
+    """Server VAD with its defaults (prefix padding 300 ms, 500 ms of silence) cuts each
+    recording into turns; each turn's span [audio_start_ms, audio_end_ms), sent as a file with
+    the prompt the session gave it (the earlier turns' text), reads the same: the live word
+    error is within 0.05 of the file path's."""
+    async def session(audio: np.ndarray) -> Raw:
+        client = await connect(live)
+        await client.send(type="session.update", session={"type": "transcription", "audio": {
+            "input": {"format": {"type": "audio/pcm", "rate": 16000},
+                      "transcription": {"model": "whisper-1", "language": "en"}}}})
+        await client.wait(lambda: client.of("session.updated"), 10)
+        padded = np.concatenate([audio, np.zeros(32000, np.float32)])
+        pcm = (np.clip(padded, -1, 1) * 32767).astype("<i2")
+        for i in range(0, len(pcm), 1600):
+            await client.send(type="input_audio_buffer.append",
+                              audio=base64.b64encode(pcm[i:i + 1600].tobytes()).decode())
+        await client.wait(lambda: client.of("input_audio_buffer.speech_stopped")
+                          and len(client.of("input_audio_buffer.speech_started"))
+                          == len(client.of("input_audio_buffer.speech_stopped"))
+                          and client.all_answered(), 90)
+        await client.socket.close()
+        return client
+
+    for name, audio, reference in held_in(live["workdir"]):
+        client = asyncio.run(session(audio))
+        check_turn_events(client, vad=True)
+        starts = [e["audio_start_ms"] for e in client.of("input_audio_buffer.speech_started")]
+        ends = [e["audio_end_ms"] for e in client.of("input_audio_buffer.speech_stopped")]
+        assert len(starts) >= 2, (name, starts)
+        texts = {e["item_id"]: e["transcript"] for e in client.of(f"{TRANSCRIPTION}.completed")}
+        turns = [texts[e["item_id"]] for e in client.of("input_audio_buffer.committed")]
+        # the same spans, as files, each with the prompt the session built from the turns
+        # before it
+        pcm16 = (np.clip(np.concatenate([audio, np.zeros(32000, np.float32)]), -1, 1)
+                 * 32767).astype("<i2").astype(np.float32) / 32768.0
+        file_texts: list[str] = []
+        for i, (start, end) in enumerate(zip(starts, ends, strict=True)):
+            span = encode_wav(pcm16[start * 16:end * 16], 16000)
+            data = {"model": "whisper-1", "language": "en", "prompt": turn_prompt("", turns[:i])}
+            reply = httpx.post(f"{live['gateway']}/v1/audio/transcriptions", headers=AUTH,
+                               files={"file": ("span.wav", span)}, data=data, timeout=60)
+            assert reply.status_code == 200, reply.text
+            file_texts.append(reply.json()["text"])
+        live_wer = wer(reference, " ".join(turns))
+        file_wer = wer(reference, " ".join(file_texts))
+        assert abs(live_wer - file_wer) <= 0.05, (name, turns, file_texts)
+        assert live_wer <= 0.25, (name, turns)
+
+
+# --- ephemeral keys ------------------------------------------------------------------------
+
+def test_an_ephemeral_key_opens_a_session_until_it_expires(live: dict[str, Any]) -> None:
+    """Minted through the SDK (`realtime.client_secrets.create`): the key opens the WebSocket
+    only, with the session it was minted with, charges the minting key's usage, and is
+    refused (close 1008) once it expires."""
+    client = openai.OpenAI(api_key=KEY, base_url=f"{live['gateway']}/v1", max_retries=0)
+    usage = httpx.get(f"{live['gateway']}/v1/usage", headers=AUTH).json()
+    before = usage["day"]["audio_seconds"]["used"]
+    secret = client.realtime.client_secrets.create(
+        expires_after={"anchor": "created_at", "seconds": 10},
+        session={"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcmu"}, "turn_detection": None,
+            "transcription": {"model": "whisper-1", "language": "en"}}}})
+    assert secret.value.startswith("ek_") and secret.session.type == "transcription"
+    assert secret.expires_at - time.time() <= 10
+    with pytest.raises(openai.BadRequestError):  # only transcription sessions here
+        client.realtime.client_secrets.create(session={"type": "realtime"})
+    ephemeral = ["realtime", f"openai-insecure-api-key.{secret.value}"]
+
+    async def run() -> Raw:
+        raw = await connect(live, headers=None, subprotocols=ephemeral)
+        created = raw.of("session.created")[0]["session"]["audio"]["input"]
+        assert created["format"] == {"type": "audio/pcmu"} and created["turn_detection"] is None
+        for chunk in g711_chunks(decode_audio(JFK, 8000), "audio/pcmu"):
+            await raw.send(type="input_audio_buffer.append", audio=chunk)
+        await raw.send(type="input_audio_buffer.commit")
+        await raw.wait(raw.all_answered, 60)
+        await raw.socket.close()
+        return raw
+
+    raw = asyncio.run(run())
+    transcript = raw.of(f"{TRANSCRIPTION}.completed")[0]["transcript"]
+    assert wer(JFK_TEXT, transcript) <= 0.25, transcript
+    # the turn was charged to the key that minted the secret
+    usage = httpx.get(f"{live['gateway']}/v1/usage", headers=AUTH).json()
+    assert usage["day"]["audio_seconds"]["used"] >= before + 10
+    # an ephemeral key is no API key
+    bearer = {"Authorization": f"Bearer {secret.value}"}
+    assert httpx.get(f"{live['gateway']}/v1/models", headers=bearer).status_code == 401
+    time.sleep(max(0.0, secret.expires_at - time.time()) + 1.1)
+
+    async def expired() -> websockets.ConnectionClosed:
+        socket = await websockets.connect(f"{live['ws']}?intent=transcription",
+                                          subprotocols=ephemeral)  # type: ignore[list-item]
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await socket.recv()
+        return closed.value
+
+    closed = asyncio.run(expired())
+    assert closed.rcvd is not None and closed.rcvd.code == 1008 and "expired" in closed.rcvd.reason

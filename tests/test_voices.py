@@ -1,0 +1,181 @@
+"""Custom voices with consent (issue 26) through the real openai SDK, against a real
+redis-server, a keyed gateway and three workers: faster-whisper (tiny.en) checks the consent
+phrase, voiceprint (Resemblyzer's bundled encoder) checks the sample's speaker, XTTS (the
+tiny checkpoint) speaks with the voice. Speakers are espeak-ng voices: `en-us` consents and
+gives its sample; `en-us+Annie` (voiceprint score ~0.68 against en-us, under the threshold
+0.75: bench/voiceprint_threshold.py) is another person."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import redis
+
+from common.audio import decode_audio, encode_wav, probe_audio
+from common.settings import CONSENT_PHRASES
+from gateway.auth import digest
+from harness import procs
+from tests.tiny import env_python, tiny_model
+
+KEY, OTHER = "voices-key-0123456789", "voices-other-0123456789"
+SAMPLE_TEXT = ("Please call Stella and ask her to bring these things with her from the store: "
+               "six spoons of fresh snow peas and a snack for her brother Bob.")
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    xtts_python, voiceprint_python = env_python("xtts"), env_python("voiceprint")
+    if not xtts_python.exists() or not voiceprint_python.exists():
+        pytest.skip(".venvs/xtts or .venvs/voiceprint is missing (scripts/install.sh)")
+    workdir = tmp_path_factory.mktemp("voices")
+    server = procs.RedisServer(workdir / "redis").start()
+    models = {"faster-whisper": {"tiny.en": "bundled"}, "xtts": {"tiny": str(tiny_model("xtts"))},
+              "voiceprint": {"resemblyzer": "bundled"}}
+    settings = {"models": models, "default_models": {"xtts": "tiny"}}
+    services = [
+        procs.gateway(server.url, workdir, api_keys=[digest(KEY), digest(OTHER)],
+                      max_voices_per_key="2", **settings),
+        procs.worker(server.url, workdir, models=models, idle_unload_seconds="-1"),
+        procs.worker(server.url, workdir, backend="voiceprint", python=voiceprint_python,
+                     models=models, idle_unload_seconds="-1"),
+        procs.worker(server.url, workdir, backend="xtts", python=xtts_python, models=models,
+                     device="cpu", idle_unload_seconds="-1"),
+    ]
+    clips = {"consent": ("en-us", CONSENT_PHRASES["en"]),
+             "not-consent": ("en-us", "The quick brown fox jumps over the lazy dog."),
+             "sample": ("en-us", SAMPLE_TEXT), "other-sample": ("en-us+Annie", SAMPLE_TEXT)}
+    for name, (voice, text) in clips.items():
+        subprocess.run(["espeak-ng", "-v", voice, "-w", str(workdir / f"{name}.wav"), text],
+                       check=True, capture_output=True)
+    try:
+        for service in services:
+            service.start(wait=False)
+        for service in services:
+            procs.wait_until(service.healthy, 180, f"{service.args[-1]} health", 0.2)
+        yield {"url": services[0].url, "workdir": workdir, "redis": server.url}
+    finally:
+        for service in reversed(services):
+            service.stop()
+        server.stop()
+
+
+def client(stack: dict[str, Any], key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(api_key=key, base_url=f"{stack['url']}/v1", max_retries=0,
+                         timeout=300)
+
+
+def clip(stack: dict[str, Any], name: str) -> Path:
+    return stack["workdir"] / f"{name}.wav"
+
+
+def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
+    sdk, other = client(stack), client(stack, OTHER)
+    config = httpx.get(f"{stack['url']}/api/config", headers={"authorization": f"Bearer {KEY}"})
+    assert config.json()["consent_phrases"]["en"] == CONSENT_PHRASES["en"]
+
+    # a consent must read the phrase of its language
+    with clip(stack, "not-consent").open("rb") as recording, \
+            pytest.raises(openai.BadRequestError) as refused:
+        sdk.audio.voice_consents.create(name="fox", language="en-US", recording=recording)
+    assert refused.value.code == "consent_phrase_mismatch", refused.value.body
+    with clip(stack, "consent").open("rb") as recording:
+        consent = sdk.audio.voice_consents.create(name="me", language="en-US",
+                                                  recording=recording)
+    assert consent.id.startswith("cons_") and consent.object == "audio.voice_consent"
+    assert consent.language == "en-US" and consent.name == "me"
+    assert sdk.audio.voice_consents.retrieve(consent.id).id == consent.id
+    assert sdk.audio.voice_consents.update(consent.id, name="me, renamed").name == "me, renamed"
+    assert [c.id for c in sdk.audio.voice_consents.list()] == [consent.id]
+
+    # a sample must be the consenting speaker's
+    with clip(stack, "other-sample").open("rb") as sample, \
+            pytest.raises(openai.BadRequestError) as mismatch:
+        sdk.audio.voices.create(name="not me", consent=consent.id, audio_sample=sample)
+    assert mismatch.value.code == "voice_mismatch", mismatch.value.body
+    with clip(stack, "sample").open("rb") as sample:
+        voice = sdk.audio.voices.create(name="my voice", consent=consent.id,
+                                        audio_sample=sample)
+    assert voice.id.startswith("voice_") and voice.object == "audio.voice"
+    assert voice.type == "audio_sample" and voice.name == "my voice"
+    listed = sdk.get("/audio/voices", cast_to=dict)
+    assert [v["id"] for v in listed["data"]] == [voice.id] and not listed["has_more"]
+    # durable: records, indexes and audio carry no TTL
+    store = redis.Redis.from_url(stack["redis"])
+    stored = [*store.scan_iter("sg:voice*"), *store.scan_iter("sg:consent*")]
+    assert len(stored) >= 6 and all(store.ttl(key) == -1 for key in stored), stored
+
+    # speech with the voice: whole, streamed, and through the Sage submit
+    spoken = sdk.audio.speech.create(model="tts-1", voice={"id": voice.id}, input="Hello there.",
+                                     response_format="wav")
+    assert probe_audio(spoken.read()).duration > 0.1
+    with sdk.audio.speech.with_streaming_response.create(
+            model="tts-1", voice={"id": voice.id}, input="Hello there.",
+            response_format="pcm", stream_format="audio") as streamed:
+        assert sum(len(chunk) for chunk in streamed.iter_bytes()) > 1000
+    submitted = httpx.post(f"{stack['url']}/api/xtts-submit",
+                           headers={"authorization": f"Bearer {KEY}"},
+                           data={"text": "Hello there.", "voice": voice.id}, timeout=60)
+    assert submitted.status_code == 200, submitted.text
+    deadline = time.monotonic() + 300
+    while (state := httpx.get(f"{stack['url']}/api/status", params={
+            "taskid": submitted.json()["taskid"]}, headers={"authorization": f"Bearer {KEY}"},
+            timeout=30).json())["status"] not in ("SUCCEEDED", "FAILED"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert state["status"] == "SUCCEEDED", state
+
+    # another key sees none of it
+    with pytest.raises(openai.NotFoundError):
+        other.audio.voice_consents.retrieve(consent.id)
+    with pytest.raises(openai.NotFoundError):
+        other.audio.voices.delete(voice.id)
+    with pytest.raises(openai.NotFoundError):
+        other.audio.speech.create(model="tts-1", voice={"id": voice.id}, input="Hello.")
+    assert other.get("/audio/voices", cast_to=dict)["data"] == []
+
+    # deleted: gone from the list, and speaks no more
+    deleted = sdk.audio.voices.delete(voice.id)
+    assert deleted.deleted and deleted.id == voice.id
+    assert sdk.get("/audio/voices", cast_to=dict)["data"] == []
+    with pytest.raises(openai.NotFoundError):
+        sdk.audio.speech.create(model="tts-1", voice={"id": voice.id}, input="Hello.")
+    assert sdk.audio.voice_consents.delete(consent.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        sdk.audio.voice_consents.retrieve(consent.id)
+
+
+def test_limits_of_samples_and_voices_per_key(stack: dict[str, Any]) -> None:
+    """A sample over 30 s is refused; past SPEECH_MAX_VOICES_PER_KEY (2 here) a voice is
+    refused, until one is deleted."""
+    sdk = client(stack)
+    with clip(stack, "consent").open("rb") as recording:
+        consent = sdk.audio.voice_consents.create(name="me", language="en", recording=recording)
+    sample = decode_audio(clip(stack, "sample"), 16000)
+    long = encode_wav(np.concatenate([sample] * (31 * 16000 // len(sample) + 1)), 16000)
+    with pytest.raises(openai.BadRequestError) as too_long:
+        sdk.audio.voices.create(name="long", consent=consent.id, audio_sample=("l.wav", long))
+    assert too_long.value.param == "audio_sample" and "30 s" in str(too_long.value.message)
+    made = []
+    for name in ("one", "two"):
+        with clip(stack, "sample").open("rb") as audio:
+            made.append(sdk.audio.voices.create(name=name, consent=consent.id,
+                                                audio_sample=audio))
+    with clip(stack, "sample").open("rb") as audio, \
+            pytest.raises(openai.BadRequestError) as full:
+        sdk.audio.voices.create(name="three", consent=consent.id, audio_sample=audio)
+    assert full.value.code == "too_many_voices"
+    # withdrawing the consent deletes its voices
+    assert sdk.audio.voice_consents.delete(consent.id).deleted
+    assert sdk.get("/audio/voices", cast_to=dict)["data"] == []
+    with pytest.raises(openai.NotFoundError):
+        sdk.audio.speech.create(model="tts-1", voice={"id": made[0].id}, input="Hello.")
