@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from redis.asyncio import Redis
 
 from common import keys
-from common.settings import QUOTA_PERIODS, KeyQuotas
+from common.api_keys import QUOTA_PERIODS, KeyQuotas
 
 #: a period's hash outlives the period by this much (a task finishing just after midnight
 #: still finds the hash its charge went to, and gateways' clocks may differ a little)

@@ -17,7 +17,8 @@ import hashlib
 import hmac
 
 from common.schemas import TaskState
-from common.settings import Settings, webhook_key
+from common.settings import Settings
+from common.webhook_keys import webhook_key
 from gateway.errors import RequestError
 from gateway.policy.hosts import checked_url
 

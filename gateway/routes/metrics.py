@@ -16,8 +16,9 @@ from prometheus_client.core import (
     Metric,
 )
 
+from common.api_keys import USAGE_UNITS
 from common.catalog import enabled_backends
-from common.settings import USAGE_UNITS, Settings
+from common.settings import Settings
 from common.store import StoreError, TaskStore
 from common.store.metrics import BUCKETS, Snapshot, snapshot
 from gateway.auth import METRICS_ROUTE

@@ -3,7 +3,8 @@ total and per backend, with its key's quotas (gateway/policy/quotas.py charges i
 
 from __future__ import annotations
 
-from common.settings import USAGE_UNITS, KeyQuotas, Settings
+from common.api_keys import USAGE_UNITS, KeyQuotas
+from common.settings import Settings
 from common.store import TaskStore
 from gateway.protocol import UnitUsage, UsageAmount, UsagePeriod, UsageReport
 from gateway.submit.enqueue import guard_store
