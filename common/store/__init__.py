@@ -13,8 +13,8 @@ gateway's bounded client (`connection`)."""
 from redis.exceptions import RedisError as StoreError
 
 from common.store.breakers import Admission, Breaker, BreakerPolicy
-from common.store.record import Task, new_task_id
-from common.store.tasks import Duplicate, QueueFull, TaskStore, TooManyInFlight
+from common.store.record import Duplicate, QueueFull, Task, TooManyInFlight, new_task_id
+from common.store.tasks import TaskStore
 from common.store.usage import Charge, QuotaExceeded
 from common.store.worker import WorkerStore
 

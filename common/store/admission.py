@@ -65,6 +65,64 @@ class Backlog:
     def running_by_model(self) -> dict[str, float]:
         return dict(self.models[RUNNING])
 
+# The backlog (keys.backlog): queued tasks and their work per lane, running ones, and the
+# same work per model (a task's 'work': audio-seconds, or characters for TTS; a task queued
+# before 'work' existed counts its 'audio_seconds'), kept by the submit and by every script
+# that moves a task out of PENDING or out of RUNNING. A task's 'queued' and 'running_counted'
+# fields say it is counted, so nothing is subtracted twice; its 'backlog_model' says under
+# which model its work is counted (absent on a task queued before per-model sums: only the
+# lane totals hold it). Per model also how many run and the sum of their start times
+# ('running:count:<model>', 'running:since:<model>'; the task's 'running_since'): what is
+# left of the running work is its processing time less the time it has run.
+BACKLOG_LUA = """
+local function enqueue(task, backlog, lane, seconds)
+  local model = redis.call('HGET', task, 'model') or ''
+  redis.call('HSET', task, 'queued', 1, 'backlog_model', model)
+  redis.call('HINCRBY', backlog, lane .. ':tasks', 1)
+  redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds', seconds)
+  redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds:' .. model, seconds)
+end
+local function unqueue(task, backlog, running)
+  if redis.call('HDEL', task, 'queued') == 1 then
+    local f = redis.call('HMGET', task, 'lane', 'work', 'audio_seconds', 'backlog_model')
+    local lane, seconds, model = f[1] or 'batch', tonumber(f[2] or f[3] or '') or 0, f[4]
+    redis.call('HINCRBY', backlog, lane .. ':tasks', -1)
+    redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds', -seconds)
+    if model then redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds:' .. model, -seconds) end
+    if running then
+      redis.call('HSET', task, 'running_counted', 1)
+      redis.call('HINCRBY', backlog, 'running:tasks', 1)
+      redis.call('HINCRBYFLOAT', backlog, 'running:seconds', seconds)
+      if model then redis.call('HINCRBYFLOAT', backlog, 'running:seconds:' .. model, seconds) end
+    end
+  end
+end
+local function run_since(task, backlog, now)
+  local model = redis.call('HGET', task, 'backlog_model')
+  if model and redis.call('HEXISTS', task, 'running_counted') == 1
+      and redis.call('HSETNX', task, 'running_since', now) == 1 then
+    redis.call('HINCRBYFLOAT', backlog, 'running:since:' .. model, now)
+    redis.call('HINCRBY', backlog, 'running:count:' .. model, 1)
+  end
+end
+local function unrun(task, backlog)
+  local since = redis.call('HGET', task, 'running_since')
+  if since and redis.call('HDEL', task, 'running_since') == 1 then
+    local model = redis.call('HGET', task, 'backlog_model') or ''
+    redis.call('HINCRBYFLOAT', backlog, 'running:since:' .. model, -tonumber(since))
+    redis.call('HINCRBY', backlog, 'running:count:' .. model, -1)
+  end
+  if redis.call('HDEL', task, 'running_counted') == 1 then
+    local f = redis.call('HMGET', task, 'work', 'audio_seconds', 'backlog_model')
+    local seconds, model = tonumber(f[1] or f[2] or '') or 0, f[3]
+    redis.call('HINCRBY', backlog, 'running:tasks', -1)
+    redis.call('HINCRBYFLOAT', backlog, 'running:seconds', -seconds)
+    if model then redis.call('HINCRBYFLOAT', backlog, 'running:seconds:' .. model, -seconds) end
+  end
+end
+"""
+
+
 
 @dataclass(frozen=True, slots=True)
 class Rates:

@@ -86,3 +86,29 @@ class Task:
     @property
     def work_units(self) -> float:
         return self.work if self.work is not None else (self.audio_seconds or 0.0)
+
+
+# --- what a submit may be refused with (nothing is written then) ---
+
+class QueueFull(Exception):
+    """A submit found its backend with its most queued tasks: `queued` are waiting."""
+
+    def __init__(self, queued: int) -> None:
+        super().__init__(queued)
+        self.queued = queued
+
+
+class TooManyInFlight(Exception):
+    """A submit whose owner already has its most tasks queued or running (`in_flight`)."""
+
+    def __init__(self, in_flight: int) -> None:
+        super().__init__(in_flight)
+        self.in_flight = in_flight
+
+
+class Duplicate(Exception):
+    """A submit repeated an idempotency key: `task_id` is the task the first one made."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(task_id)
+        self.task_id = task_id

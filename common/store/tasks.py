@@ -28,67 +28,10 @@ from common.store.devices import DeviceView, devices
 from common.store.live import LiveWorkers
 from common.store.poll import PollReader
 from common.store.positions import Positions
-from common.store.record import Task
+from common.store.record import Duplicate, QueueFull, Task, TooManyInFlight
 from common.store.replicas import NotReplicated, ReplicaWait
 from common.store.usage import Charge, UsageStore
 from common.store.values import one_line, text
-
-# The backlog (keys.backlog): queued tasks and their work per lane, running ones, and the
-# same work per model (a task's 'work': audio-seconds, or characters for TTS; a task queued
-# before 'work' existed counts its 'audio_seconds'), kept by the submit and by every script
-# that moves a task out of PENDING or out of RUNNING. A task's 'queued' and 'running_counted'
-# fields say it is counted, so nothing is subtracted twice; its 'backlog_model' says under
-# which model its work is counted (absent on a task queued before per-model sums: only the
-# lane totals hold it). Per model also how many run and the sum of their start times
-# ('running:count:<model>', 'running:since:<model>'; the task's 'running_since'): what is
-# left of the running work is its processing time less the time it has run.
-_BACKLOG = """
-local function enqueue(task, backlog, lane, seconds)
-  local model = redis.call('HGET', task, 'model') or ''
-  redis.call('HSET', task, 'queued', 1, 'backlog_model', model)
-  redis.call('HINCRBY', backlog, lane .. ':tasks', 1)
-  redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds', seconds)
-  redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds:' .. model, seconds)
-end
-local function unqueue(task, backlog, running)
-  if redis.call('HDEL', task, 'queued') == 1 then
-    local f = redis.call('HMGET', task, 'lane', 'work', 'audio_seconds', 'backlog_model')
-    local lane, seconds, model = f[1] or 'batch', tonumber(f[2] or f[3] or '') or 0, f[4]
-    redis.call('HINCRBY', backlog, lane .. ':tasks', -1)
-    redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds', -seconds)
-    if model then redis.call('HINCRBYFLOAT', backlog, lane .. ':seconds:' .. model, -seconds) end
-    if running then
-      redis.call('HSET', task, 'running_counted', 1)
-      redis.call('HINCRBY', backlog, 'running:tasks', 1)
-      redis.call('HINCRBYFLOAT', backlog, 'running:seconds', seconds)
-      if model then redis.call('HINCRBYFLOAT', backlog, 'running:seconds:' .. model, seconds) end
-    end
-  end
-end
-local function run_since(task, backlog, now)
-  local model = redis.call('HGET', task, 'backlog_model')
-  if model and redis.call('HEXISTS', task, 'running_counted') == 1
-      and redis.call('HSETNX', task, 'running_since', now) == 1 then
-    redis.call('HINCRBYFLOAT', backlog, 'running:since:' .. model, now)
-    redis.call('HINCRBY', backlog, 'running:count:' .. model, 1)
-  end
-end
-local function unrun(task, backlog)
-  local since = redis.call('HGET', task, 'running_since')
-  if since and redis.call('HDEL', task, 'running_since') == 1 then
-    local model = redis.call('HGET', task, 'backlog_model') or ''
-    redis.call('HINCRBYFLOAT', backlog, 'running:since:' .. model, -tonumber(since))
-    redis.call('HINCRBY', backlog, 'running:count:' .. model, -1)
-  end
-  if redis.call('HDEL', task, 'running_counted') == 1 then
-    local f = redis.call('HMGET', task, 'work', 'audio_seconds', 'backlog_model')
-    local seconds, model = tonumber(f[1] or f[2] or '') or 0, f[3]
-    redis.call('HINCRBY', backlog, 'running:tasks', -1)
-    redis.call('HINCRBYFLOAT', backlog, 'running:seconds', -seconds)
-    if model then redis.call('HINCRBYFLOAT', backlog, 'running:seconds:' .. model, -seconds) end
-  end
-end
-"""
 
 # A task with a callback_url owes its webhook from the moment it is terminal: it joins the
 # deliverers' due set (keys.webhooks_due) in the same call, so no crash loses it.
@@ -106,7 +49,7 @@ end
 # WAV or its error says it all from then on), its owner's usage is settled (usage.LUA), its
 # watchers hear of it, and its webhook is owed. What else must happen exactly once per task,
 # atomically with its terminal state, belongs here.
-_CLOSE = _BACKLOG + usage.LUA + _WEBHOOK_DUE + """
+_CLOSE = admission.BACKLOG_LUA + usage.LUA + _WEBHOOK_DUE + """
 local function close(task, backlog, input, speech, events, state, now, retention, webhooks)
   local counted = redis.call('HGET', task, 'in_flight')
   if counted and redis.call('HDEL', task, 'in_flight') == 1 then
@@ -140,7 +83,7 @@ end
 # Each entry carries its own number in the backend's add order (our counter, not Redis's
 # group "entries-read", which Redis 7.0 loses when it reloads the AOF): a queue position
 # is then one subtraction from the first entry not yet handed to a worker.
-_SUBMIT = _BACKLOG + usage.LUA + """
+_SUBMIT = admission.BACKLOG_LUA + usage.LUA + """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   -- this very submit, sent again after its reply was lost (ids are random): answer as the
   -- first one did; the HSET (same value) makes a WAIT after it cover the stored record
@@ -256,30 +199,6 @@ close(KEYS[1], KEYS[5], KEYS[4], KEYS[7], KEYS[3], 'FAILED', ARGV[5], ARGV[6], K
 if ARGV[3] ~= '' then redis.call('XACK', KEYS[2], ARGV[4], ARGV[3]) end
 return 1
 """
-
-
-class QueueFull(Exception):
-    """A submit found its backend with its most queued tasks: `queued` are waiting."""
-
-    def __init__(self, queued: int) -> None:
-        super().__init__(queued)
-        self.queued = queued
-
-
-class TooManyInFlight(Exception):
-    """A submit whose owner already has its most tasks queued or running (`in_flight`)."""
-
-    def __init__(self, in_flight: int) -> None:
-        super().__init__(in_flight)
-        self.in_flight = in_flight
-
-
-class Duplicate(Exception):
-    """A submit repeated an idempotency key: `task_id` is the task the first one made."""
-
-    def __init__(self, task_id: str) -> None:
-        super().__init__(task_id)
-        self.task_id = task_id
 
 
 #: a terminal write waits up to this many `redis_wait_timeout_ms` for its replica: a worker
@@ -477,7 +396,7 @@ class TaskStore:
                       state.value, repr(time.time()), self.retention,
                       json.dumps(result) if result is not None else "", one_line(error),
                       error_code, b"" if output_file or output is None else output,
-                      output_file, _measured_usage(task, state, result),
+                      output_file, usage.measured(task.charge, state, result),
                       json.dumps(result.get("usage") or {}) if result is not None else ""],
                 tries=FINISH_WAITS))
         except NotReplicated as short:
@@ -522,11 +441,3 @@ class TaskStore:
 
     async def publish(self, task_id: str, event: dict[str, Any]) -> None:
         await self.redis.publish(keys.events(task_id), json.dumps(event))
-
-
-def _measured_usage(task: Task, state: TaskState, result: dict[str, Any] | None) -> str:
-    """What a SUCCEEDED task's result says it used, in its charge's unit ("" = unknown)."""
-    if state != TaskState.SUCCEEDED or not task.charge or not result:
-        return ""
-    value = (result.get("usage") or {}).get(task.charge.get("unit"))
-    return repr(float(value)) if isinstance(value, int | float) and value >= 0 else ""

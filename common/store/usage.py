@@ -20,6 +20,7 @@ import json
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -235,3 +236,11 @@ class UsageStore:
                                          args=args)
         if refused:
             raise charge.refusal(int(refused[1]), float(refused[2]), now)
+
+
+def measured(charge: dict[str, Any] | None, state: str, result: dict[str, Any] | None) -> str:
+    """What a SUCCEEDED task's result says it used, in its charge's unit ("" = unknown)."""
+    if state != "SUCCEEDED" or not charge or not result:
+        return ""
+    value = (result.get("usage") or {}).get(charge.get("unit"))
+    return repr(float(value)) if isinstance(value, int | float) and value >= 0 else ""
