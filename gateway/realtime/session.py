@@ -46,9 +46,8 @@ from gateway.realtime.protocol import (
 )
 from gateway.realtime.vad import SAMPLE_RATE
 from gateway.serving.calls import SyncCalls, still_running, task_failed
-from gateway.submit.asr import MAX_PROMPT_CHARACTERS, asr_params
+from gateway.submit.asr import MAX_PROMPT_CHARACTERS, AsrRequest, asr_options
 from gateway.submit.audio import AudioInput
-from gateway.submit.inputs import Params
 from gateway.submit.terms import SubmitTerms
 
 log = logging.getLogger("gateway.realtime")
@@ -83,14 +82,12 @@ def resolve(settings: Settings, transcription: Transcription,
     except (UnknownModel, UnknownBackend) as exc:
         raise ProtocolError("invalid_value", f"{exc}; GET /v1/models lists them",
                             f"{MODEL_PARAM}.model", event_id) from None
-    language = transcription.language or _first_supported(backend, transcription.languages)
-    prompt = " ".join(filter(None, (transcription.prompt, ", ".join(transcription.keywords))))
-    values = {"language": language or "", "prompt": prompt}
-    if (beams := DELAYS.get(transcription.delay or "medium")) is not None:
-        values["beam_size"] = str(beams)
-    params = Params.of(values)
+    request = AsrRequest(
+        language=transcription.language or _first_supported(backend, transcription.languages),
+        prompt=" ".join(filter(None, (transcription.prompt, ", ".join(transcription.keywords)))),
+        beam_size=DELAYS.get(transcription.delay or "medium"))
     try:
-        options = asr_params(params, settings, backend)
+        options = asr_options(request, settings, backend)
     except RequestError as exc:
         name = "keywords" if exc.param == "prompt" and transcription.keywords else exc.param
         raise ProtocolError("invalid_value", exc.message, f"{MODEL_PARAM}.{name}",

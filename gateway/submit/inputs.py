@@ -44,13 +44,6 @@ class Params:
     #: a custom voice's sample (`voice` = "voice_…"), read by the route that owns the voices
     voice_sample: bytes | None = None
 
-    @classmethod
-    def of(cls, values: dict[str, str]) -> Params:
-        """Plain values (a live session's config), checked like a form's: NUL, bad Unicode."""
-        params = cls({}, {}, {})
-        _add_pairs(params, list(values.items()))
-        return params
-
     def get(self, *names: str) -> str | None:
         for name in names:
             self.check(name)
@@ -129,7 +122,7 @@ def _add_pairs(params: Params, pairs: list[tuple[str, str]]) -> None:
         params.lists.setdefault(key, []).append(value)
         if counts[key] > 1 and key not in LIST_PARAMS:
             params.problems[key] = "was given more than once"
-        elif problem := _text_problem(value):
+        elif problem := text_problem(value):
             params.problems[key] = problem
 
 
@@ -148,11 +141,12 @@ def _add_json(params: Params, key: str, value: Any) -> None:
         params.problems[key] = f"must be a single value, not a JSON {kind}"
     elif value is not None:
         params.values[key] = _scalar(value)
-        if problem := _text_problem(params.values[key]):
+        if problem := text_problem(params.values[key]):
             params.problems[key] = problem
 
 
-def _text_problem(value: str) -> str | None:
+def text_problem(value: str) -> str | None:
+    """Why `value` is no usable text (a NUL, a lone surrogate); None when it is."""
     if "\x00" in value:
         return "contains a NUL character"
     try:
