@@ -127,6 +127,11 @@ def test_failover_loses_no_accepted_task(tmp_path: Path, speech_clip: Path) -> N
                 elif n == KILL_AFTER:
                     accepted_again = when - killed
         finals = {task_id: _final(gateway.url, task_id) for task_id in accepted}
+        # an OpenAI call waits on the gateway's pub/sub connection: it found the new primary
+        with speech_clip.open("rb") as handle:
+            call = httpx.post(f"{gateway.url}/v1/audio/transcriptions", timeout=60,
+                              files={"file": (speech_clip.name, handle)},
+                              data={"model": "whisper-1"})
     finally:
         poller.halt.set()
         poller.join(20)
@@ -136,6 +141,7 @@ def test_failover_loses_no_accepted_task(tmp_path: Path, speech_clip: Path) -> N
         group.stop()
     print(f"accepted again after {accepted_again:.1f} s, {len(refusals)} refusals, "
           f"{len(poller.codes)} polls, held {held}")
+    assert call.status_code == 200 and call.json()["text"].strip(), call.text
     assert len(set(accepted)) == SUBMITS  # one task per submit, none twice
     assert {view["status"] for view in finals.values()} == {"SUCCEEDED"}, finals
     assert refusals, "no submit was refused while there was no primary"

@@ -5,8 +5,9 @@ positions and depths (`positions`), input and output blobs (`blobs`), live worke
 (`queue`), metrics every process records and the gateway reads (`metrics`), usage and
 quotas per key (`usage`), all of a worker's side in one object (`worker.WorkerStore`), the
 gateway's pub/sub multiplexer (`events`), the sweeper's stream reads (`upkeep`), custom
-voices and their consents (`voices`), ephemeral realtime keys (`client_secrets`) and the
-gateway's bounded client (`connection`)."""
+voices and their consents (`voices`), ephemeral realtime keys (`client_secrets`), every
+process's Redis client, plain or through Sentinel, with its one retry policy (`connection`)
+and the wait for a replica after a submit or a terminal write (`replicas`)."""
 
 # what any store call raises when Redis is unreachable, too slow, or its pool exhausted:
 # callers answer "unavailable" and never need to import redis themselves
