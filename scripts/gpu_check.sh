@@ -189,8 +189,43 @@ sys.exit(0 if ok_total and ok_peak else 1)
 PY
 }
 
+# Cross-request batching on the GPU (bench/batching.py --device cuda): throughput and
+# p50/p99 against the batch size per backend, every batch size's texts identical to B=1's
+# (greedy), and one stream's latency with batching on within 2 % of off. The rows go to
+# bench/README.md (*Cross-request batching*). FW_MODEL / QWEN3_MODEL / PARAKEET_MODEL: the
+# checkpoints to measure (defaults: bundled tiny.en and the tiny checkpoints).
+check_batching() {
+    local failed=0 backend py source out
+    for backend in faster-whisper parakeet qwen3; do
+        case $backend in
+            faster-whisper) py=$(python_for core); source=${FW_MODEL:-bundled} ;;
+            parakeet) py=$(python_for nemo)
+                source=${PARAKEET_MODEL:-models/tiny/parakeet/parakeet-tiny.nemo} ;;
+            qwen3) py=$(python_for hf); source=${QWEN3_MODEL:-models/tiny/qwen3} ;;
+        esac
+        echo "== batching: $backend ($py, $source)"
+        out=$("$py" bench/batching.py --backend "$backend" --source "$source" --device cuda \
+            --tasks 32 --sizes 1,2,4,8,16 2>&1) || { echo "$out"; echo "FAIL $backend bench"; failed=1; continue; }
+        echo "$out"
+        "$py" - "bench/results/batching-$backend-cuda.json" <<'PY' || failed=1
+import json, sys
+found = json.load(open(sys.argv[1]))
+ok = True
+for row in found["sizes"]:
+    same, total = map(int, row["same_text"].split("/"))
+    good = same == total and row["succeeded"] == row["tasks"]
+    print(("PASS" if good else "FAIL"), f"B<={row['batch_max']}: {row['same_text']} same text")
+    ok &= good
+ratio = found["one_stream"]["ratio"]
+print(("PASS" if ratio <= 1.02 else "FAIL"), f"one stream on/off latency ratio {ratio}")
+sys.exit(0 if ok and ratio <= 1.02 else 1)
+PY
+    done
+    return $failed
+}
+
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(faster_whisper torch_cap parakeet device_broker)
+[ ${#sections[@]} -eq 0 ] && sections=(faster_whisper torch_cap parakeet device_broker batching)
 status=0
 for section in "${sections[@]}"; do
     "check_$section" || status=1
