@@ -8,7 +8,7 @@ concurrency (8 and 32 connections), wrk runs `--seconds` against one URL; the ta
 status ÷ `/health` ≥ 0.8. wrk (Debian's `wrk`) runs one thread and stays far from the
 gateway's ceiling (its CPU % is reported with the gateway's and Redis's).
 
-Then submits (POST /api/faster-whisper-submit of a 1 s FLAC upload: parsing, the probe, the
+Then submits (POST /api/faster-whisper-submit of a 1 s WAV upload: parsing, the probe, the
 submit script), for their cost next to the polls' (no target). `--profile` also samples the
 gateway with py-spy (`--py-spy PATH`; pip install py-spy) during one extra run per case and
 prints the frames where its event loop spends its time.
@@ -33,6 +33,7 @@ import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 from bench import common as bc  # noqa: E402
+from common.audio import decode_audio, encode_wav  # noqa: E402
 from common.schemas import TaskState  # noqa: E402
 from common.settings import Settings  # noqa: E402
 from common.store import Task, TaskStore, new_task_id  # noqa: E402
@@ -105,7 +106,7 @@ def upload_script(clip: bytes, folder: Path) -> Path:
     """A wrk script POSTing `clip` as a multipart upload (as Sage's client would)."""
     boundary = "sgbench0boundary"
     body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
-            f"filename=\"clip1s.flac\"\r\nContent-Type: audio/flac\r\n\r\n").encode() + clip + \
+            f"filename=\"clip1s.wav\"\r\nContent-Type: audio/wav\r\n\r\n").encode() + clip + \
         f"\r\n--{boundary}--\r\n".encode()
     (folder / "body.bin").write_bytes(body)
     script = folder / "upload.lua"
@@ -170,7 +171,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="sample the gateway too")
     parser.add_argument("--py-spy", default=shutil.which("py-spy") or "py-spy")
     parser.add_argument("--no-submit", dest="submit", action="store_false",
-                        help="skip the submit case (POST of a 1 s FLAC, no target)")
+                        help="skip the submit case (POST of a 1 s WAV, no target)")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         raise SystemExit("wrk is not installed (apt-get install wrk)")
@@ -180,8 +181,8 @@ def main() -> None:
     with bc.Stack(NAME, workers=0) as stack, tempfile.TemporaryDirectory() as tmp:
         assert stack.redis is not None
         folder = Path(tmp)
-        upload = upload_script(bc.make_clip(bc.JFK, 1.0, folder / "clip.flac").read_bytes(),
-                               folder)
+        clip = encode_wav(decode_audio(bc.JFK)[:16000], 16000)  # 1 s; no ffmpeg needed
+        upload = upload_script(clip, folder)
         ids = asyncio.run(_write_tasks(stack.redis.url))
         pids = {name: pid for name, pid in stack.pids().items() if name in ("gateway", "redis")}
         urls = {"health": f"{stack.url}/health",

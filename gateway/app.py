@@ -79,6 +79,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        idle_seconds=settings.body_timeout_seconds,
                        deadline_seconds=settings.body_deadline_seconds,
                        error_reply=errors.refusal_reply)
+    app.add_middleware(sage.StatusFastPath)  # GET /api/status: Sage's poll, off the router
 
     # anyone: liveness, readiness, the try-it page's files (exactly auth.PUBLIC_ROUTES)
     public = [health.public, ui.router]

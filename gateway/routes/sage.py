@@ -3,12 +3,15 @@ HTTP 200 JSON with `status`."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
+import re
 
-from gateway.auth import Owner
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.auth import Owner, caller
 from gateway.dependencies import SettingsDep, StoreDep
-from gateway.errors import sage_errors
+from gateway.errors import RequestError, sage_body, sage_errors, unexpected
 from gateway.serving import sage
 
 router = APIRouter(tags=["Sage"])
@@ -50,3 +53,34 @@ async def status_of(request: Request, backend: str, owner: Owner, settings: Sett
                     store: StoreDep) -> Response:
     del backend  # ids are unique across backends
     return await sage.status(request, owner, settings, store)
+
+
+#: the GET status routes' paths (`/api/status`, `/api/{backend}-status`)
+_STATUS_PATH = re.compile(r"/api/(?:[^/]+-)?status")
+
+
+class StatusFastPath:
+    """The GET status poll, Sage's most frequent request, answered before FastAPI's router
+    and dependency machinery (which cost a poll more than its Redis call): the same serving
+    function, the same key check (`auth.caller`) and the same HTTP 200 refusals as the
+    routes above, which still serve POST and document both."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] != "http" or scope["method"] != "GET"
+                or not _STATUS_PATH.fullmatch(scope["path"])):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        state = scope["app"].state
+        response: Response
+        try:
+            owner = caller(request, state.settings)
+            response = await sage.status(request, owner, state.settings, state.store)
+        except RequestError as exc:
+            response = JSONResponse(sage_body(exc))  # HTTP 200: see errors.SAGE_STATUS_ROUTES
+        except Exception as exc:  # what the app's handler would answer (a 500, logged)
+            response = await unexpected(request, exc)
+        await response(scope, receive, send)
