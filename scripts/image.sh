@@ -42,9 +42,16 @@ build() {
     for location in $(python3 -m pip config get global.find-links 2>/dev/null || true); do
         [ -d "$location" ] && mounts+=(--volume "$location:$location:ro") && wheels=$location
     done
+    # and the CA bundle of a host that reaches the registries through a TLS proxy
+    local ca=""
+    if [ -f "${SSL_CERT_FILE:-}" ]; then
+        ca=/run/host-ca-bundle.crt
+        mounts+=(--volume "$SSL_CERT_FILE:$ca:ro")
+    fi
     local started=$SECONDS
     "${podman[@]}" build --format docker "${limits[@]}" "${mounts[@]}" \
         --build-arg "BASE=$base" --build-arg "ENVS=$envs" --build-arg "WHEELS=$wheels" \
+        --build-arg "CA_BUNDLE=$ca" \
         -t "$IMAGE:$envs" -f Containerfile .
     local size
     size=$("${podman[@]}" image inspect --format '{{.Size}}' "$IMAGE:$envs")
@@ -55,14 +62,16 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 smoke() {
     local envs=${1:-core}
-    local port redis_port name=speech-gateway-smoke-$$
+    local port redis_port
+    name=speech-gateway-smoke-$$  # global: the EXIT trap stops it
     port=$(free_port)
     redis_port=$(free_port)
     "${podman[@]}" image exists "$IMAGE:$envs" || { echo "image: build $envs first" >&2; exit 2; }
     # host networking on free loopback ports: this runs beside whatever else the host serves
     "${podman[@]}" run -d --rm --name "$name" --network=host "${limits[@]}" \
         -e SPEECH_HOST=127.0.0.1 -e SPEECH_PORT="$port" -e SPEECH_REDIS_PORT="$redis_port" \
-        -e SPEECH_REDIS_URL="redis://127.0.0.1:$redis_port/0" "$IMAGE:$envs" >/dev/null
+        -e SPEECH_REDIS_URL="redis://127.0.0.1:$redis_port/0" "$IMAGE:$envs" >/dev/null \
+        2> >(grep -v 'systemd connection' >&2)  # (no systemd: podman runs the check on demand)
     trap '"${podman[@]}" stop -t 30 "$name" >/dev/null 2>&1 || true' EXIT
     local url=http://127.0.0.1:$port ready=false
     for _ in $(seq 240); do

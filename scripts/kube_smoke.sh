@@ -27,12 +27,11 @@ echo "kube: $(grep -c '^kind:' "$work/rendered.yaml") objects rendered," \
 # podman's runtime and the containers' limits, as scripts/image.sh runs them (crun fails on
 # some hosts; kube play takes no --ulimit, so they come from a containers.conf of its own)
 runtime=${PODMAN_RUNTIME:-$(command -v runc >/dev/null && echo runc || true)}
-cat > "$work/containers.conf" <<CONF
-[containers]
-default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
-[engine]
-${runtime:+runtime = "$runtime"}
-CONF
+{
+    echo '[containers]'
+    echo 'default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]'
+    if [ -n "$runtime" ]; then printf '[engine]\nruntime = "%s"\n' "$runtime"; fi
+} > "$work/containers.conf"
 export CONTAINERS_CONF=$work/containers.conf
 podman=(podman ${runtime:+--runtime "$runtime"})
 

@@ -28,7 +28,12 @@ def test_containerfile_copies_existing_paths_and_uses_the_installer() -> None:
     for sources in copies:
         for source in sources.split():
             assert (ROOT / source).exists(), f"Containerfile copies missing {source}"
-    assert re.search(r"^RUN scripts/install\.sh all", text, flags=re.M)
+    assert re.search(r"^ARG BASE=\S+\nFROM \$\{BASE\}$", text, flags=re.M)
+    # the service's installer, without the test tools, its cache gone in the same step
+    install = re.search(r"^RUN (?:.*\\\n)*?.*scripts/install\.sh \$ENVS(?:.*\\\n)*.*$", text,
+                        flags=re.M)
+    assert install and "--tests" not in install.group()
+    assert "rm -rf /tmp/uv-cache" in install.group()
     user = re.findall(r"^USER\s+(\S+)", text, flags=re.M)
     assert user and user[-1] not in ("root", "0")
     assert "HEALTHCHECK" in text and "/health" in text
