@@ -168,15 +168,15 @@ def main() -> None:
     for row in rows:
         texts = row.pop("texts")
         row["same_text"] = f"{sum(a == b for a, b in zip(base, texts, strict=True))}/{len(base)}"
-    print(bc.table(f"{args.backend} on {args.device}: {args.tasks} clips of {args.seconds} s, "
+    bc.table(f"{args.backend} on {args.device}: {args.tasks} clips of {args.seconds} s, "
                    "greedy", ["batch max", "mean batch", "tasks/s", "audio s/s", "p50 s",
                               "p99 s", "same text"],
                    [[r["batch_max"], r["mean_batch"], r["tasks_per_s"], r["audio_s_per_s"],
-                     r["latency_p50_s"], r["latency_p99_s"], r["same_text"]] for r in rows]))
-    print(bc.table("one stream, batching on (50 ms) vs off",
+                     r["latency_p50_s"], r["latency_p99_s"], r["same_text"]] for r in rows])
+    bc.table("one stream, batching on (50 ms) vs off",
                    ["reps", "median on s", "median off s", "ratio", "p99 on s", "p99 off s"],
                    [[stream["reps"], stream["median_on_s"], stream["median_off_s"],
-                     stream["ratio"], stream["p99_on_s"], stream["p99_off_s"]]]))
+                     stream["ratio"], stream["p99_on_s"], stream["p99_off_s"]]])
     print(f"B=1 overhead: {bc.verdict(stream['ratio'], 1.02, at_most=True)}")
     payload = {"backend": args.backend, "device": args.device, "sizes": rows,
                "one_stream": stream}

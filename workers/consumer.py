@@ -65,6 +65,7 @@ class Consumer:
         self.load_seconds: float | None = None  # of the load the current task caused
         self.device_wait_seconds: float | None = None  # that load's wait for device memory
         self.current_batch = 0  # tasks in the engine call under way, when they share one
+        self.load_observed = False  # the current call's load is in the metrics already
         #: observations for the next task's metrics (a batch's, recorded once)
         self.observations: dict[str, float] = {}
         self.batch_engine = batching.batch_engine(host.engine, settings)
@@ -138,6 +139,7 @@ class Consumer:
             return
         started = time.time()
         self.current_task, self.load_seconds, self.device_wait_seconds = task.id, None, None
+        self.load_observed = False
         lease = asyncio.create_task(self._keep_lease([delivery]))
         try:
             outcome: Outcome | TaskError
@@ -206,6 +208,8 @@ class Consumer:
                 found, lambda member: batching.batch_key(engine, member[0].model,
                                                          member[0].params),
                 self.settings.batch_max_size):
+            if self.stopping.is_set():  # asked to stop (or exit): the rest stay pending
+                return
             if len(members) == 1:
                 self.observations["batch_size"] = 1
                 with logs.task_context(members[0][0].id):
@@ -231,7 +235,7 @@ class Consumer:
         started = time.time()
         self.current_task, self.load_seconds, self.device_wait_seconds = (
             opened[0][0].id, None, None)
-        self.current_batch = len(opened)
+        self.current_batch, self.load_observed = len(opened), False
         held = [delivery for _, delivery, _ in opened]
         lease = asyncio.create_task(self._keep_lease(held))
         try:
@@ -282,10 +286,12 @@ class Consumer:
                         "end_to_end_seconds": finished - task.created_at,
                         "inference_seconds": inference, **self.observations}
         self.observations = {}
-        if self.load_seconds is not None:
-            observations["model_load_seconds"] = self.load_seconds
-        if self.device_wait_seconds is not None:
-            observations["device_wait_seconds"] = self.device_wait_seconds
+        if not self.load_observed:  # a load a batch shared is observed once
+            self.load_observed = True
+            if self.load_seconds is not None:
+                observations["model_load_seconds"] = self.load_seconds
+            if self.device_wait_seconds is not None:
+                observations["device_wait_seconds"] = self.device_wait_seconds
         if state == TaskState.SUCCEEDED and task.audio_seconds:
             observations["realtime_factor"] = inference / task.audio_seconds
         with contextlib.suppress(RedisError):
