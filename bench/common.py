@@ -501,7 +501,8 @@ class Bare:
 
     def __init__(self, omp_wait_policy: str = "") -> None:
         env = {k: v for k, v in os.environ.items()
-               if not k.startswith("SPEECH_") and k != "OMP_WAIT_POLICY"}
+               if not k.startswith("SPEECH_") and k not in ("OMP_WAIT_POLICY",
+                                                            "MALLOC_ARENA_MAX")}
         if omp_wait_policy:
             env["OMP_WAIT_POLICY"] = omp_wait_policy
         self.policy = omp_wait_policy or "default"

@@ -308,6 +308,7 @@ def worker(redis_url: str, workdir: Path, backend: str = "faster-whisper",
     port = free_port()
     settings.setdefault("consumer", f"test-{backend}-{port}")
     env = service_env(redis_url, backend=backend, worker_port=str(port), **settings)
+    env["MALLOC_ARENA_MAX"] = "2"  # as deploy/supervisord.conf runs workers (bench/README.md)
     args = [str(python), "-m", "workers"]
     return Service(args, env, workdir / f"worker-{backend}-{port}.log",
                    f"http://127.0.0.1:{port}")

@@ -58,7 +58,8 @@ stopasgroup=true
 killasgroup=true
 environment=SPEECH_BACKEND="{name}",SPEECH_DEVICE="%(ENV_{prefix}_DEVICE)s",\
 SPEECH_MEMORY_CAP_MIB="%(ENV_{prefix}_MEMORY_CAP_MIB)s",\
-SPEECH_IDLE_UNLOAD_SECONDS="%(ENV_{prefix}_IDLE_UNLOAD_SECONDS)s",OMP_WAIT_POLICY="PASSIVE"
+SPEECH_IDLE_UNLOAD_SECONDS="%(ENV_{prefix}_IDLE_UNLOAD_SECONDS)s",OMP_WAIT_POLICY="PASSIVE",\
+MALLOC_ARENA_MAX="2"
 stdout_logfile=%(ENV_SPEECH_RUN_DIR)s/logs/%(program_name)s_%(process_num)02d.log
 stdout_logfile_maxbytes=50MB
 stdout_logfile_backups=5

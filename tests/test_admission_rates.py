@@ -10,6 +10,7 @@ end-to-end check that workers record per-model rates is in test_admission.py.)""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import Iterator
 
@@ -169,3 +170,40 @@ def test_a_backlog_from_before_per_model_sums_still_counts_whole() -> None:
     assert backlog.running_by_model() == {"": 1.0}
     view = admission.Outlook(backlog, facts.Rates(None, {"fast": 2.0, "slow": 1.0}), 1)
     assert view.ahead(keys.BATCH) == (3, pytest.approx(6.0 / 2 + 5.0 / 1.5))
+
+
+def test_a_poll_reads_in_one_call_what_the_separate_reads_say(redis_url: str) -> None:
+    """store.poll (one Lua call) against the record, the position and the outlook read
+    apart, for a batch task behind interactive work, an interactive one, a finished one
+    (its result and usage as stored, unparsed) and one stored before `usage` was kept."""
+    async def scenario() -> None:
+        redis = Redis.from_url(redis_url)
+        store = TaskStore(redis, 60)
+        backend = "qwen3"
+        await store.ensure_queue(backend)
+        await WorkerStore(redis, Settings(backend=backend), "poller").beat({})
+        await facts.RateRecorder(redis, backend).record(FAST, 10.0, 1.0)
+        batch = [await queue(store, FAST, 2.0, backend=backend) for _ in range(3)]
+        fast = await queue(store, FAST, 1.0, keys.INTERACTIVE, backend=backend)
+        for task in (batch[-1], fast):
+            poll = await store.poll.read(task.id)
+            assert poll is not None and poll.task.state == TaskState.PENDING
+            assert poll.position == await store.positions.of(task) == (
+                1 if task is fast else 4)
+            assert poll.outlook == tuple(await store.outlook.facts(backend))
+            assert poll.task.lane == task.lane and poll.task.work_units == task.work_units
+        done = batch[0]
+        attempt = await store.start(done.id, "poller", 1, backend)
+        result = {"text": "hi", "usage": {"audio_seconds": 2.0}}
+        assert await store.finish(done, TaskState.SUCCEEDED, attempt=attempt,
+                                  entry_id=done.entry_id, result=result)
+        poll = await store.poll.read(done.id)
+        assert poll is not None and poll.position is None and poll.outlook is None
+        assert json.loads(poll.result or b"") == result
+        assert json.loads(poll.usage or b"") == result["usage"]
+        await redis.hdel(keys.task(done.id), "usage")  # a task finished before this field
+        assert (await store.poll.read(done.id)).usage is None  # type: ignore[union-attr]
+        assert await store.poll.read("no-such-task") is None
+        await redis.aclose()
+
+    asyncio.run(scenario())

@@ -1,8 +1,6 @@
 """The task lifecycle in Redis: submit, start, finish, cancel, and close() that every terminal
-write ends with; the record is record.py's, positions positions.py's, blobs blobs.py's.
-
-Every state change that must be atomic with another write (submit + enqueue, terminal
-state + ack, cancel + dequeue) is one Lua call, so no crash can leave half of it.
+write ends with. Every state change that must be atomic with another write (submit +
+enqueue, terminal state + ack, cancel + dequeue) is one Lua call, so no crash leaves half.
 """
 
 from __future__ import annotations
