@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from common.schemas import DiarizationOptions, Segment, Transcription
+from workers import speaker_clusters
 
 BUNDLED = "bundled"
 SAMPLE_RATE = 16000
@@ -34,10 +35,6 @@ MAX_WHOLE_REGION_SECONDS = 3.0
 #: windows shorter than this embed poorly: they are assigned to the nearest speaker found
 #: from the longer ones, never allowed to found a speaker of their own
 MIN_RELIABLE_SECONDS = 1.0
-#: average-linkage cosine distance under which two groups of windows are one speaker, when
-#: the count is estimated (Resemblyzer, in 1.5-3 s windows: one clean voice merges by ~0.2,
-#: JFK's noisy 1961 recording by 0.37; the two espeak voices of the tests stay 0.45 apart)
-CLUSTER_DISTANCE = 0.4
 #: an estimated speaker needs this many windows: a lone window that matches nobody (a cough,
 #: applause, a shout) joins the nearest speaker instead
 MIN_CLUSTER_WINDOWS = 2
@@ -224,41 +221,25 @@ def _normed(vector: np.ndarray) -> np.ndarray:
 
 def _cluster(embeddings: np.ndarray, windows: list[tuple[int, int]],
              bounds: tuple[int, int]) -> np.ndarray:
-    """A cluster number per window: found on the reliable (long) windows, every window then
-    going to the nearest centroid."""
-    from sklearn.cluster import AgglomerativeClustering
-
+    """A cluster number per window: found on the reliable (long) windows
+    (workers/speaker_clusters.py), every window then going to the nearest centroid."""
     lengths = np.array([end - start for start, end in windows])
     reliable = lengths >= MIN_RELIABLE_SECONDS * SAMPLE_RATE
     if reliable.sum() < 2:
         reliable = np.ones(len(windows), dtype=bool)
     base = embeddings[reliable]
-    fewest, most = bounds
-    most = min(most, len(base))
-    fewest = min(fewest, most)
-    if len(base) < 2 or most == 1:
-        return np.zeros(len(windows), dtype=int)
-
-    def cluster(**kwargs: Any) -> np.ndarray:
-        return AgglomerativeClustering(metric="cosine", linkage="average",
-                                       **kwargs).fit_predict(base)
-
-    found = _absorb_small(base, cluster(n_clusters=None, distance_threshold=CLUSTER_DISTANCE))
-    count = len(set(found))
-    if not fewest <= count <= most:
-        count = min(max(count, fewest), most)
-        found = (cluster(n_clusters=count) if count > 1
-                 else np.zeros(len(base), dtype=int))
-    centroids = np.stack([_normed(base[found == c].mean(axis=0)) for c in range(count)])
-    return np.argmax(embeddings @ centroids.T, axis=1)
+    found = speaker_clusters.cluster(base, bounds)
+    if bounds[0] < bounds[1]:  # an estimated count: a speaker is more than one stray window
+        found = _absorb_small(base, found, bounds[0])
+    return speaker_clusters.nearest(embeddings, base, found)
 
 
-def _absorb_small(embeddings: np.ndarray, found: np.ndarray) -> np.ndarray:
-    """Clusters of fewer than MIN_CLUSTER_WINDOWS windows join the nearest larger one (when
-    there is one); clusters renumbered 0, 1, …"""
+def _absorb_small(embeddings: np.ndarray, found: np.ndarray, fewest: int) -> np.ndarray:
+    """Clusters of fewer than MIN_CLUSTER_WINDOWS windows join the nearest larger one (while
+    more than `fewest` remain); clusters renumbered 0, 1, …"""
     sizes = np.bincount(found)
     large = [c for c in range(len(sizes)) if sizes[c] >= MIN_CLUSTER_WINDOWS]
-    if not large or len(large) == len(sizes):
+    if not large or len(large) == len(sizes) or len(large) < fewest:
         return found
     centroids = np.stack([_normed(embeddings[found == c].mean(axis=0)) for c in large])
     nearest = np.array(large)[np.argmax(embeddings @ centroids.T, axis=1)]
