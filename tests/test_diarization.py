@@ -145,11 +145,13 @@ def test_an_unusable_diarizer_source_fails_only_the_task_that_asks() -> None:
     from workers.models import ModelSlot
 
     engine = FasterWhisperEngine(Settings(_env_file=None))  # type: ignore[call-arg]
-    slot = ModelSlot(engine, "cpu", {"tiny.en": "bundled"}, Diarizer("/models/pyannote"))
-    with pytest.raises(KeyError, match=r"pyannote\.audio pipelines are a planned option"):
-        slot.acquire("tiny.en", diarize=True)
-    assert slot.loaded_models == ["tiny.en"] and slot.diarizer_handle is None
-    slot.unload()
+    for source, why in (("/models/pyannote", r"is not supported: 'bundled'"),
+                        ("pyannote:/nonexistent", r"holds no pyannote pipeline")):
+        slot = ModelSlot(engine, "cpu", {"tiny.en": "bundled"}, Diarizer(source))
+        with pytest.raises(KeyError, match=why):
+            slot.acquire("tiny.en", diarize=True)
+        assert slot.loaded_models == ["tiny.en"] and slot.diarizer_handle is None
+        slot.unload()
 
 
 # --- the service ------------------------------------------------------------------------------

@@ -2,16 +2,17 @@
 
 `bundled` (the only source today): silero-vad (its package ships the model) finds the speech
 regions, Resemblyzer's GE2E encoder (its package ships the weights) embeds windows of them,
-and scikit-learn's agglomerative clustering (cosine, average linkage) groups the windows into
-speakers: as many as asked, or as many as the threshold finds. Everything runs on CPU.
+and spectral clustering (workers/speaker_clusters.py, Google's `spectralcluster`) groups the
+windows into speakers: as many as asked, or as many as the eigen-gap finds. Everything runs on
+CPU.
 
 This module only knows how: load, run, unload. When it loads, when it is unloaded, what a
 failed load means and whether memory allows it are the worker's rules (workers/models.py
 holds the diarizer beside the model, so it is loaded on the first task that asks, counted in
 the memory cap, unloaded with the model, and its load failures are the model's).
 
-A pyannote.audio pipeline directory is a possible later source on GPU hosts; it is refused
-today with a message saying so.
+`pyannote:DIR` (workers/pyannote_diarizer.py): a pyannote.audio pipeline from a local
+checkpoint directory, for GPU hosts, under the same rules.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from common.schemas import DiarizationOptions, Segment, Transcription
-from workers import speaker_clusters
+from workers import pyannote_diarizer, speaker_clusters
 
 BUNDLED = "bundled"
 SAMPLE_RATE = 16000
@@ -78,15 +79,24 @@ class Diarizer:
         self.source = source
         self.name_threshold = name_threshold
 
-    def check_source(self) -> None:
-        if self.source != BUNDLED:
-            raise DiarizerUnusable(
-                f"diarization model {self.source!r} is not supported: this build runs "
-                f"{BUNDLED!r} (silero-vad + Resemblyzer); pyannote.audio pipelines are a "
-                "planned option")
+    @property
+    def is_pyannote(self) -> bool:
+        return pyannote_diarizer.directory(self.source) is not None
 
-    def load(self) -> DiarizerHandle:
+    def check_source(self) -> None:
+        if self.source == BUNDLED:
+            return
+        if not self.is_pyannote:
+            raise DiarizerUnusable(
+                f"diarization model {self.source!r} is not supported: {BUNDLED!r} (silero-vad + "
+                f"Resemblyzer) or {pyannote_diarizer.PREFIX}DIR (a pyannote.audio pipeline)")
+        if (problem := pyannote_diarizer.problem(self.source)) is not None:
+            raise DiarizerUnusable(f"diarization model {self.source!r}: {problem}")
+
+    def load(self, device: str = "cpu") -> DiarizerHandle | pyannote_diarizer.PyannoteHandle:
         self.check_source()
+        if self.is_pyannote:
+            return pyannote_diarizer.load(self.source, device)
         from resemblyzer import VoiceEncoder
         from silero_vad import load_silero_vad
 
@@ -95,15 +105,25 @@ class Diarizer:
         encoder.eval()
         return DiarizerHandle(vad, encoder, mel_filters())
 
-    def unload(self, handle: DiarizerHandle) -> None:
+    def unload(self, handle: DiarizerHandle | pyannote_diarizer.PyannoteHandle) -> None:
+        if isinstance(handle, pyannote_diarizer.PyannoteHandle):
+            pyannote_diarizer.unload(handle)
+            return
         handle.vad = handle.encoder = handle.mel_basis = None
 
     # --- one task ---------------------------------------------------------------------------
 
-    def diarize(self, handle: DiarizerHandle, audio: np.ndarray, options: DiarizationOptions,
+    def diarize(self, handle: DiarizerHandle | pyannote_diarizer.PyannoteHandle,
+                audio: np.ndarray, options: DiarizationOptions,
                 references: dict[str, np.ndarray] | None = None) -> Diarization:
         """Turns of `audio` (mono float32 at 16 kHz); `references` maps a known speaker's name
         to its clip (16 kHz)."""
+        if isinstance(handle, pyannote_diarizer.PyannoteHandle):
+            found, centroids = pyannote_diarizer.diarize(handle, audio, options.bounds())
+            voices = {name: pyannote_diarizer.embed(handle, clip)
+                      for name, clip in (references or {}).items()}
+            return _labelled([(start, end, speaker) for start, end, speaker in found],
+                             self._names(centroids, voices), 1.0)
         import torch
         from silero_vad import get_speech_timestamps
 
@@ -116,33 +136,41 @@ class Diarizer:
                 return Diarization([])
             embeddings = np.stack([_embed(handle, audio[start:end]) for start, end in windows])
             clusters = _cluster(embeddings, windows, options.bounds())
-            names = (self._names(handle, embeddings, clusters, references)
-                     if references else {})
-        turns = _turns(windows, clusters)
-        order: dict[int, str] = {}
-        for _, _, cluster in turns:
-            order.setdefault(cluster, label(len(order)))
-        final = [Turn(round(start / SAMPLE_RATE, 3), round(end / SAMPLE_RATE, 3),
-                      names.get(cluster, order[cluster])) for start, end, cluster in turns]
-        speakers = list(dict.fromkeys(turn.speaker for turn in final))
-        return Diarization(final, speakers)
+            names: dict[Any, str] = {}
+            if references:
+                centroids = {int(c): _normed(embeddings[clusters == c].mean(axis=0))
+                             for c in set(clusters)}
+                names = self._names(centroids, {name: _embed(handle, clip)
+                                                for name, clip in references.items()})
+        return _labelled(_turns(windows, clusters), names, SAMPLE_RATE)
 
-    def _names(self, handle: DiarizerHandle, embeddings: np.ndarray, clusters: np.ndarray,
-               references: dict[str, np.ndarray]) -> dict[int, str]:
+    def _names(self, centroids: dict[Any, np.ndarray],
+               voices: dict[str, np.ndarray]) -> dict[Any, str]:
         """cluster -> a known speaker's name, each name to the cluster most like it, from
         `name_threshold` up."""
-        centroids = {c: _normed(embeddings[clusters == c].mean(axis=0)) for c in set(clusters)}
-        voices = {name: _embed(handle, clip) for name, clip in references.items()}
-        scores = sorted(((float(np.dot(centroid, voice)), cluster, name)
+        scores = sorted(((float(np.dot(_normed(centroid), _normed(voice))), str(cluster), name)
                          for cluster, centroid in centroids.items()
                          for name, voice in voices.items()), reverse=True)
-        named: dict[int, str] = {}
+        keys = {str(cluster): cluster for cluster in centroids}
+        named: dict[Any, str] = {}
         for score, cluster, name in scores:
             if score < self.name_threshold:
                 break
-            if cluster not in named and name not in named.values():
-                named[int(cluster)] = name
+            if keys[cluster] not in named and name not in named.values():
+                named[keys[cluster]] = name
         return named
+
+
+def _labelled(turns: list[tuple[Any, Any, Any]], names: dict[Any, str],
+              per_second: float) -> Diarization:
+    """Turns in `per_second` units with any cluster keys: SPEAKER_nn by first appearance, or
+    the known name."""
+    order: dict[Any, str] = {}
+    for _, _, cluster in turns:
+        order.setdefault(cluster, label(len(order)))
+    final = [Turn(round(start / per_second, 3), round(end / per_second, 3),
+                  names.get(cluster, order[cluster])) for start, end, cluster in turns]
+    return Diarization(final, list(dict.fromkeys(turn.speaker for turn in final)))
 
 
 def _windows(start: int, end: int) -> list[tuple[int, int]]:
