@@ -146,19 +146,19 @@ class Diarizer:
 
     def _names(self, centroids: dict[Any, np.ndarray],
                voices: dict[str, np.ndarray]) -> dict[Any, str]:
-        """cluster -> a known speaker's name, each name to the cluster most like it, from
-        `name_threshold` up."""
-        scores = sorted(((float(np.dot(_normed(centroid), _normed(voice))), str(cluster), name)
-                         for cluster, centroid in centroids.items()
-                         for name, voice in voices.items()), reverse=True)
-        keys = {str(cluster): cluster for cluster in centroids}
-        named: dict[Any, str] = {}
-        for score, cluster, name in scores:
-            if score < self.name_threshold:
-                break
-            if keys[cluster] not in named and name not in named.values():
-                named[keys[cluster]] = name
-        return named
+        """cluster -> a known speaker's name: the pairing of names and clusters most alike in
+        all (one name per cluster; two close voices still go to their own clusters), each pair
+        kept from `name_threshold` up."""
+        from scipy.optimize import linear_sum_assignment
+
+        if not centroids or not voices:
+            return {}
+        clusters, names = list(centroids), list(voices)
+        scores = np.array([[float(np.dot(_normed(centroids[c]), _normed(voices[n])))
+                            for n in names] for c in clusters])
+        rows, cols = linear_sum_assignment(-scores)
+        return {clusters[r]: names[c] for r, c in zip(rows, cols, strict=True)
+                if scores[r, c] >= self.name_threshold}
 
 
 def _labelled(turns: list[tuple[Any, Any, Any]], names: dict[Any, str],
