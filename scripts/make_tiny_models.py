@@ -55,7 +55,7 @@ RECIPES: dict[str, Recipe] = {
 RECIPES["vibevoice-random"] = replace(RECIPES["vibevoice"], args=())
 # not a backend: the pyannote.audio diarization pipeline an ASR worker loads with
 # SPEECH_DIARIZATION_MODEL=pyannote:DIR (tests/test_diarization_pyannote.py)
-RECIPES["pyannote"] = Recipe("pyannote", "pyannote.py")
+RECIPES["pyannote"] = Recipe("pyannote", "pyannote_pipeline.py")
 
 
 def python_of(env: str) -> Path:

@@ -1,6 +1,6 @@
 """pyannote.audio from a local checkpoint directory (issue 25): a real gateway and a
 faster-whisper worker running in `.venvs/pyannote` with SPEECH_DIARIZATION_MODEL=pyannote:DIR,
-DIR being the tiny randomly initialised pipeline scripts/tiny_models/pyannote.py saves in
+DIR being the tiny randomly initialised pipeline scripts/tiny_models/pyannote_pipeline.py saves in
 pyannote's own layout (loaded by `Pipeline.from_pretrained`, as a real checkpoint is).
 
 The pipeline is random, so its speakers mean nothing: what is checked is the path (a diarized

@@ -12,7 +12,7 @@ Each checkpoint is the dictionary Lightning writes (state_dict, hyper_parameters
 loads it as it loads the real one. The segmentation's last bias favours "one speaker" so the
 random model still finds speech. Run with the pyannote environment's Python:
 
-    .venvs/pyannote/bin/python scripts/tiny_models/pyannote.py --out models/tiny/pyannote
+    .venvs/pyannote/bin/python scripts/tiny_models/pyannote_pipeline.py --out models/tiny/pyannote
 """
 
 from __future__ import annotations
