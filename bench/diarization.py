@@ -1,13 +1,17 @@
-"""8. Speaker diarization: DER on the two-voice espeak-ng conversation, and its cost.
+"""8. Speaker diarization on the bench's own evaluation set: count, DER, and its cost.
 
-In-process, with the worker's own code paths: faster-whisper (bundled tiny.en, word
-timestamps on, as a diarized task runs it) transcribes harness/conversation.py's
-conversation (en-us+m3 and en-us+f4, six alternating turns, ~25 s), then the bundled
-diarizer (workers/diarize.py: silero-vad + Resemblyzer + agglomerative clustering) finds
-the turns, with num_speakers=2 and with the count estimated. Per case: the speakers found,
-the DER against the conversation's reference turns (0.25 s collar; target <= 0.15), how many
-transcript segments got their turn's voice, and diarization time / transcription time
-(median of --reps runs after one warm-up). Finishes in well under a minute.
+In-process, with the worker's own code paths. harness/diarization_set.py renders its seeded
+conversations (24: six each of 2, 3, 4 and 5 espeak-ng speakers, varied accents, variants,
+pitch, rate, turn lengths, pauses, a few overlaps) and the two-voice conversation of
+harness/conversation.py. On each, faster-whisper (bundled tiny.en, word timestamps on, as a
+diarized task runs it) transcribes, and the bundled diarizer (workers/diarize.py) finds the
+turns with the count estimated and with num_speakers given. Reported per speaker count: how
+often the estimate found the right count, the mean DER (0.25 s collar, and none) of both
+cases, and diarization time / transcription time over the whole set.
+
+Targets: count right >= 90 % and DER <= 0.10 with the estimate; DER <= 0.05 with
+num_speakers; diarization <= 1.0x the transcription time. Takes ~3-4 minutes on 2 cores
+(--count N takes the first N conversations).
 """
 
 from __future__ import annotations
@@ -26,70 +30,94 @@ from bench import common as bc  # noqa: E402
 from common.audio import decode_audio  # noqa: E402
 from common.schemas import DiarizationOptions, TranscriptionOptions  # noqa: E402
 from common.settings import Settings  # noqa: E402
-from harness import conversation  # noqa: E402
-from workers.diarize import Diarizer, Turn, attach, der  # noqa: E402
+from harness import conversation, diarization_set  # noqa: E402
+from workers.diarize import Diarizer, Turn, der  # noqa: E402
 from workers.engines.base import ModelRef  # noqa: E402
 from workers.engines.faster_whisper import FasterWhisperEngine  # noqa: E402
 
-DER_TARGET = 0.15
+COUNT_TARGET, DER_TARGET, DER_KNOWN_TARGET, COST_TARGET = 0.90, 0.10, 0.05, 1.0
+
+
+def cases(root: Path, count: int) -> list[tuple[str, Path, list[Turn]]]:
+    """(name, path, reference turns): the two-voice conversation, then the set."""
+    talk = root / "two-voices.wav"
+    found = [("two-voices", talk, [Turn(t.start, t.end, t.speaker)
+                                   for t in conversation.build(talk)])]
+    for item in diarization_set.build(root, range(count)):
+        found.append((f"set-{item.spec.index:02d}", item.path,
+                      [Turn(t.start, t.end, t.speaker) for t in item.turns]))
+    return found
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--count", type=int, default=diarization_set.COUNT)
     args = parser.parse_args()
     started = bc.machine()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "conversation.wav"
-        reference = conversation.build(path)
-        audio = decode_audio(path, 16000)
-    truth = [Turn(t.start, t.end, t.speaker) for t in reference]
     engine = FasterWhisperEngine(Settings(_env_file=None))  # type: ignore[call-arg]
     model = engine.load(ModelRef("tiny.en", "bundled"), "cpu")
     diarizer = Diarizer()
     with bc.timed() as load:
         handle = diarizer.load()
     options = TranscriptionOptions(language="en", word_timestamps=True)
-    rows, cases = [], {}
-    for case, asked in (("num_speakers=2", DiarizationOptions(num_speakers=2)),
-                        ("estimated", DiarizationOptions())):
-        transcribe_s, diarize_s = [], []
-        for rep in range(args.reps + 1):  # the first is a warm-up
+    results = []
+    transcribe_s = diarize_s = audio_s = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, path, truth in cases(Path(tmp), args.count):
+            audio = decode_audio(path, 16000)
+            speakers = len({t.speaker for t in truth})
             t0 = time.perf_counter()
-            transcription = engine.transcribe(model, audio, options, lambda _: None)
+            engine.transcribe(model, audio, options, lambda _: None)
             t1 = time.perf_counter()
-            found = diarizer.diarize(handle, audio, asked)
+            estimated = diarizer.diarize(handle, audio, DiarizationOptions())
             t2 = time.perf_counter()
-            if rep:
-                transcribe_s.append(t1 - t0)
-                diarize_s.append(t2 - t1)
-        attach(transcription, found)
-        mapping: dict[str, set[str]] = {}
-        for segment in transcription.segments:
-            voice = max(reference, key=lambda t: min(segment.end, t.end)
-                        - max(segment.start, t.start)).speaker
-            mapping.setdefault(segment.speaker or "", set()).add(voice)
-        right = sum(1 for segment in transcription.segments
-                    if len(mapping[segment.speaker or ""]) == 1)
-        error = der(truth, found.turns)
-        strict = der(truth, found.turns, collar=0.0)
-        ratio = bc.median(diarize_s) / bc.median(transcribe_s)
-        cases[case] = {"speakers": found.speakers, "der": round(error, 4),
-                       "der_no_collar": round(strict, 4),
-                       "segments": len(transcription.segments), "segments_right": right,
-                       "transcribe_s": bc.summary(transcribe_s),
-                       "diarize_s": bc.summary(diarize_s), "diarize_over_transcribe": ratio}
-        rows.append([case, len(found.speakers), round(error, 4),
-                     bc.verdict(error, DER_TARGET, at_most=True), round(strict, 4),
-                     f"{right}/{len(transcription.segments)}",
-                     bc.median(transcribe_s), bc.median(diarize_s), ratio])
-    seconds = len(audio) / 16000
-    bc.table(f"Diarization: {seconds:.1f} s, {len(reference)} turns, 2 espeak voices; "
-             f"diarizer load {load[0]:.2f} s",
-             ["case", "speakers", "DER", f"<= {DER_TARGET}", "DER, no collar", "segments right",
-              "transcribe s", "diarize s", "diarize/transcribe"], rows)
-    bc.write_json("diarization", {"audio_seconds": seconds, "turns": len(reference),
-                                  "diarizer_load_s": load[0], "cases": cases}, started)
+            told = diarizer.diarize(handle, audio, DiarizationOptions(num_speakers=speakers))
+            transcribe_s += t1 - t0
+            diarize_s += t2 - t1
+            audio_s += len(audio) / 16000
+            results.append({
+                "name": name, "speakers": speakers, "found": len(estimated.speakers),
+                "der": der(truth, estimated.turns),
+                "der_no_collar": der(truth, estimated.turns, 0.0),
+                "der_told": der(truth, told.turns),
+                "der_told_no_collar": der(truth, told.turns, 0.0)})
+            print(f"  {name}: {speakers} speakers, found {len(estimated.speakers)}, "
+                  f"DER {results[-1]['der']:.3f} (told {results[-1]['der_told']:.3f})",
+                  flush=True)
+    rows, groups = [], {}
+    for result in results:
+        groups.setdefault(result["speakers"], []).append(result)
+    groups["all"] = results
+    summary = {}
+    for key, group in groups.items():
+        def mean(field: str, group: list[dict] = group) -> float:
+            return round(sum(r[field] for r in group) / len(group), 4)
+        right = sum(r["found"] == r["speakers"] for r in group) / len(group)
+        summary[str(key)] = {"conversations": len(group), "count_right": round(right, 3),
+                             **{f: mean(f) for f in ("der", "der_no_collar", "der_told",
+                                                     "der_told_no_collar")}}
+        rows.append([key, len(group), f"{right:.0%}", mean("der"), mean("der_no_collar"),
+                     mean("der_told"), mean("der_told_no_collar")])
+    total = summary["all"]
+    ratio = diarize_s / transcribe_s
+    bc.table(f"Diarization: {len(results)} conversations, {audio_s:.0f} s of audio; diarizer "
+             f"load {load[0]:.2f} s; diarize/transcribe {ratio:.2f} "
+             f"({diarize_s:.1f} s / {transcribe_s:.1f} s)",
+             ["speakers", "conversations", "count right", "DER", "DER, no collar",
+              "DER told", "DER told, no collar"], rows)
+    verdicts = [["count right", total["count_right"], COUNT_TARGET,
+                 bc.verdict(total["count_right"], COUNT_TARGET, at_most=False)],
+                ["DER, estimated", total["der"], DER_TARGET,
+                 bc.verdict(total["der"], DER_TARGET, at_most=True)],
+                ["DER, num_speakers", total["der_told"], DER_KNOWN_TARGET,
+                 bc.verdict(total["der_told"], DER_KNOWN_TARGET, at_most=True)],
+                ["diarize/transcribe", round(ratio, 3), COST_TARGET,
+                 bc.verdict(ratio, COST_TARGET, at_most=True)]]
+    bc.table("Targets", ["measure", "value", "target", "verdict"], verdicts)
+    bc.write_json("diarization", {"audio_seconds": audio_s, "diarizer_load_s": load[0],
+                                  "transcribe_s": transcribe_s, "diarize_s": diarize_s,
+                                  "diarize_over_transcribe": ratio, "by_speakers": summary,
+                                  "conversations": results}, started)
 
 
 if __name__ == "__main__":

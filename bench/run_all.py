@@ -94,9 +94,12 @@ def headline(name: str) -> list[str]:
         return [f"{label}: {t['value']:.3f} (target {t['target']}: {ok[t['met']]})"
                 for label, t in data["targets"].items()]
     if name == "diarization":
-        return [f"{case}: {len(c['speakers'])} speakers, DER {c['der']:.3f} (target <= 0.15: "
-                f"{ok[c['der'] <= 0.15]}), diarize/transcribe {c['diarize_over_transcribe']:.2f}"
-                for case, c in data["cases"].items()]
+        total = data["by_speakers"]["all"]
+        return [f"count right {total['count_right']:.0%} (target >= 90 %: "
+                f"{ok[total['count_right'] >= 0.9]}), DER {total['der']:.3f} (<= 0.10: "
+                f"{ok[total['der'] <= 0.10]}), told {total['der_told']:.3f} (<= 0.05: "
+                f"{ok[total['der_told'] <= 0.05]}), diarize/transcribe "
+                f"{data['diarize_over_transcribe']:.2f}"]
     if name == "realtime":
         return [f"{mode}: end of turn -> completed p50 {m['end_to_completed']['p50']:.0f} ms, "
                 f"p99 {m['end_to_completed']['p99']:.0f} ms" for mode, m in data["modes"].items()]

@@ -161,7 +161,8 @@ class Settings(BaseSettings):
     parakeet_dtype: str = "auto"  # auto (bf16 on cuda, fp32 on cpu) | bfloat16 | float32
     #: speaker diarization (`diarize=true`, workers/diarize.py): `bundled` = silero-vad's
     #: speech regions + Resemblyzer's speaker encoder (weights shipped in their PyPI packages),
-    #: clustered with scikit-learn, on CPU
+    #: spectrally clustered, on CPU; `pyannote:DIR` = a pyannote.audio pipeline from a local
+    #: checkpoint directory, on the worker's device (needs .venvs/pyannote; docs/backends.md)
     diarization_model: str = "bundled"
     #: a diarized speaker takes a known speaker's name from this cosine similarity up
     diarization_name_threshold: float = Field(default=0.75, ge=0.0, le=1.0)

@@ -43,10 +43,14 @@ class RefTurn:
     text: str
 
 
-def speak(voice: str, text: str) -> np.ndarray:
+def speak(voice: str, text: str, pitch: int | None = None,
+          rate: int | None = None) -> np.ndarray:
+    """`text` in espeak-ng's `voice` (language+variant), at its pitch (0-99) and rate (wpm)."""
+    extra = [*(["-p", str(pitch)] if pitch is not None else []),
+             *(["-s", str(rate)] if rate is not None else [])]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "speech.wav"
-        subprocess.run(["espeak-ng", "-v", voice, "-w", str(path), text], check=True,
+        subprocess.run(["espeak-ng", "-v", voice, *extra, "-w", str(path), text], check=True,
                        capture_output=True)
         return decode_audio(path, SAMPLE_RATE)
 

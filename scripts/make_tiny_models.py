@@ -53,6 +53,9 @@ RECIPES: dict[str, Recipe] = {
 }
 # untaught: what a model that has learnt nothing answers (tests/test_engines_hf.py)
 RECIPES["vibevoice-random"] = replace(RECIPES["vibevoice"], args=())
+# not a backend: the pyannote.audio diarization pipeline an ASR worker loads with
+# SPEECH_DIARIZATION_MODEL=pyannote:DIR (tests/test_diarization_pyannote.py)
+RECIPES["pyannote"] = Recipe("pyannote", "pyannote_pipeline.py")
 
 
 def python_of(env: str) -> Path:

@@ -20,7 +20,7 @@ import pytest
 from common.audio import decode_audio, encode_wav
 from common.backends import BACKENDS
 from common.schemas import DiarizationOptions, Segment, Transcription, Word
-from harness import conversation, procs
+from harness import conversation, diarization_set, procs
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import queue_counts, submit_file, wait_done
 from tests.tiny import env_python, tiny_model
@@ -145,11 +145,74 @@ def test_an_unusable_diarizer_source_fails_only_the_task_that_asks() -> None:
     from workers.models import ModelSlot
 
     engine = FasterWhisperEngine(Settings(_env_file=None))  # type: ignore[call-arg]
-    slot = ModelSlot(engine, "cpu", {"tiny.en": "bundled"}, Diarizer("/models/pyannote"))
-    with pytest.raises(KeyError, match=r"pyannote\.audio pipelines are a planned option"):
-        slot.acquire("tiny.en", diarize=True)
-    assert slot.loaded_models == ["tiny.en"] and slot.diarizer_handle is None
-    slot.unload()
+    for source, why in (("/models/pyannote", r"is not supported: 'bundled'"),
+                        ("pyannote:/nonexistent", r"holds no pyannote pipeline")):
+        slot = ModelSlot(engine, "cpu", {"tiny.en": "bundled"}, Diarizer(source))
+        with pytest.raises(KeyError, match=why):
+            slot.acquire("tiny.en", diarize=True)
+        assert slot.loaded_models == ["tiny.en"] and slot.diarizer_handle is None
+        slot.unload()
+
+
+# --- the evaluation set (harness/diarization_set.py), in-process ----------------------------------
+
+@pytest.fixture(scope="module")
+def diarizer_handle() -> Iterator[tuple[Diarizer, object]]:
+    diarizer = Diarizer()
+    handle = diarizer.load()
+    yield diarizer, handle
+    diarizer.unload(handle)
+
+
+def reference(item: diarization_set.Conversation) -> list[Turn]:
+    return [Turn(t.start, t.end, t.speaker) for t in item.turns]
+
+
+def test_the_set_is_seeded() -> None:
+    assert diarization_set.spec(3) == diarization_set.spec(3)
+    assert diarization_set.spec(3) != diarization_set.spec(4)
+    assert [len(diarization_set.spec(i).voices) for i in range(4)] == [2, 3, 4, 5]
+    for index in range(diarization_set.COUNT):
+        item = diarization_set.spec(index)
+        assert len({v.variant for v in item.voices}) == len(item.voices)
+        assert {line.speaker for line in item.lines} == set(range(len(item.voices)))
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 3])
+def test_the_count_is_estimated_on_unseen_voices(tmp_path: Path, diarizer_handle: tuple,
+                                                  index: int) -> None:
+    """Conversations of 2, 3, 4 and 5 speakers the estimate was never tuned on (the bench
+    measures the whole set: bench/diarization.py)."""
+    diarizer, handle = diarizer_handle
+    item = diarization_set.build(tmp_path, [index])[0]
+    audio = decode_audio(item.path)
+    found = diarizer.diarize(handle, audio, DiarizationOptions())
+    assert len(found.speakers) == item.speakers, found.speakers
+    assert der(reference(item), found.turns) <= 0.10
+    told = diarizer.diarize(handle, audio, DiarizationOptions(num_speakers=item.speakers))
+    assert der(reference(item), told.turns) <= 0.05
+
+
+def test_known_speakers_with_close_voices(tmp_path: Path, diarizer_handle: tuple) -> None:
+    """Two voices of one espeak variant, apart only in accent, pitch and rate: each name still
+    goes to its own voice (names and speakers are paired as a whole, not greedily)."""
+    diarizer, handle = diarizer_handle
+    voices = (diarization_set.Voice("en-us", "m3", 45, 165),
+              diarization_set.Voice("en-gb", "m3", 58, 150))
+    lines = tuple(diarization_set.Line(i % 2, text, 0.5)
+                  for i, text in enumerate(diarization_set.SENTENCES[:8]))
+    item = diarization_set.render(diarization_set.Spec(-1, voices, lines),
+                                  tmp_path / "close.wav")
+    names = {"S0": "ann", "S1": "bea"}
+    references = {names[f"S{i}"]: voice.say(" ".join(diarization_set.SENTENCES[10 + i * 2:
+                                                                               12 + i * 2]))
+                  for i, voice in enumerate(voices)}
+    found = diarizer.diarize(handle, decode_audio(item.path), DiarizationOptions(num_speakers=2),
+                             references)
+    assert sorted(found.speakers) == ["ann", "bea"], found.speakers
+    for turn in item.turns:
+        said = max(found.turns, key=lambda t: min(t.end, turn.end) - max(t.start, turn.start))
+        assert said.speaker == names[turn.speaker], (turn, found.turns)
 
 
 # --- the service ------------------------------------------------------------------------------

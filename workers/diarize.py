@@ -2,16 +2,17 @@
 
 `bundled` (the only source today): silero-vad (its package ships the model) finds the speech
 regions, Resemblyzer's GE2E encoder (its package ships the weights) embeds windows of them,
-and scikit-learn's agglomerative clustering (cosine, average linkage) groups the windows into
-speakers: as many as asked, or as many as the threshold finds. Everything runs on CPU.
+and spectral clustering (workers/speaker_clusters.py, Google's `spectralcluster`) groups the
+windows into speakers: as many as asked, or as many as the eigen-gap finds. Everything runs on
+CPU.
 
 This module only knows how: load, run, unload. When it loads, when it is unloaded, what a
 failed load means and whether memory allows it are the worker's rules (workers/models.py
 holds the diarizer beside the model, so it is loaded on the first task that asks, counted in
 the memory cap, unloaded with the model, and its load failures are the model's).
 
-A pyannote.audio pipeline directory is a possible later source on GPU hosts; it is refused
-today with a message saying so.
+`pyannote:DIR` (workers/pyannote_diarizer.py): a pyannote.audio pipeline from a local
+checkpoint directory, for GPU hosts, under the same rules.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from common.schemas import DiarizationOptions, Segment, Transcription
+from workers import pyannote_diarizer, speaker_clusters
 
 BUNDLED = "bundled"
 SAMPLE_RATE = 16000
@@ -34,10 +36,6 @@ MAX_WHOLE_REGION_SECONDS = 3.0
 #: windows shorter than this embed poorly: they are assigned to the nearest speaker found
 #: from the longer ones, never allowed to found a speaker of their own
 MIN_RELIABLE_SECONDS = 1.0
-#: average-linkage cosine distance under which two groups of windows are one speaker, when
-#: the count is estimated (Resemblyzer, in 1.5-3 s windows: one clean voice merges by ~0.2,
-#: JFK's noisy 1961 recording by 0.37; the two espeak voices of the tests stay 0.45 apart)
-CLUSTER_DISTANCE = 0.4
 #: an estimated speaker needs this many windows: a lone window that matches nobody (a cough,
 #: applause, a shout) joins the nearest speaker instead
 MIN_CLUSTER_WINDOWS = 2
@@ -81,15 +79,24 @@ class Diarizer:
         self.source = source
         self.name_threshold = name_threshold
 
-    def check_source(self) -> None:
-        if self.source != BUNDLED:
-            raise DiarizerUnusable(
-                f"diarization model {self.source!r} is not supported: this build runs "
-                f"{BUNDLED!r} (silero-vad + Resemblyzer); pyannote.audio pipelines are a "
-                "planned option")
+    @property
+    def is_pyannote(self) -> bool:
+        return pyannote_diarizer.directory(self.source) is not None
 
-    def load(self) -> DiarizerHandle:
+    def check_source(self) -> None:
+        if self.source == BUNDLED:
+            return
+        if not self.is_pyannote:
+            raise DiarizerUnusable(
+                f"diarization model {self.source!r} is not supported: {BUNDLED!r} (silero-vad + "
+                f"Resemblyzer) or {pyannote_diarizer.PREFIX}DIR (a pyannote.audio pipeline)")
+        if (problem := pyannote_diarizer.problem(self.source)) is not None:
+            raise DiarizerUnusable(f"diarization model {self.source!r}: {problem}")
+
+    def load(self, device: str = "cpu") -> DiarizerHandle | pyannote_diarizer.PyannoteHandle:
         self.check_source()
+        if self.is_pyannote:
+            return pyannote_diarizer.load(self.source, device)
         from resemblyzer import VoiceEncoder
         from silero_vad import load_silero_vad
 
@@ -98,15 +105,25 @@ class Diarizer:
         encoder.eval()
         return DiarizerHandle(vad, encoder, mel_filters())
 
-    def unload(self, handle: DiarizerHandle) -> None:
+    def unload(self, handle: DiarizerHandle | pyannote_diarizer.PyannoteHandle) -> None:
+        if isinstance(handle, pyannote_diarizer.PyannoteHandle):
+            pyannote_diarizer.unload(handle)
+            return
         handle.vad = handle.encoder = handle.mel_basis = None
 
     # --- one task ---------------------------------------------------------------------------
 
-    def diarize(self, handle: DiarizerHandle, audio: np.ndarray, options: DiarizationOptions,
+    def diarize(self, handle: DiarizerHandle | pyannote_diarizer.PyannoteHandle,
+                audio: np.ndarray, options: DiarizationOptions,
                 references: dict[str, np.ndarray] | None = None) -> Diarization:
         """Turns of `audio` (mono float32 at 16 kHz); `references` maps a known speaker's name
         to its clip (16 kHz)."""
+        if isinstance(handle, pyannote_diarizer.PyannoteHandle):
+            found, centroids = pyannote_diarizer.diarize(handle, audio, options.bounds())
+            voices = {name: pyannote_diarizer.embed(handle, clip)
+                      for name, clip in (references or {}).items()}
+            return _labelled([(start, end, speaker) for start, end, speaker in found],
+                             self._names(centroids, voices), 1.0)
         import torch
         from silero_vad import get_speech_timestamps
 
@@ -119,33 +136,41 @@ class Diarizer:
                 return Diarization([])
             embeddings = np.stack([_embed(handle, audio[start:end]) for start, end in windows])
             clusters = _cluster(embeddings, windows, options.bounds())
-            names = (self._names(handle, embeddings, clusters, references)
-                     if references else {})
-        turns = _turns(windows, clusters)
-        order: dict[int, str] = {}
-        for _, _, cluster in turns:
-            order.setdefault(cluster, label(len(order)))
-        final = [Turn(round(start / SAMPLE_RATE, 3), round(end / SAMPLE_RATE, 3),
-                      names.get(cluster, order[cluster])) for start, end, cluster in turns]
-        speakers = list(dict.fromkeys(turn.speaker for turn in final))
-        return Diarization(final, speakers)
+            names: dict[Any, str] = {}
+            if references:
+                centroids = {int(c): _normed(embeddings[clusters == c].mean(axis=0))
+                             for c in set(clusters)}
+                names = self._names(centroids, {name: _embed(handle, clip)
+                                                for name, clip in references.items()})
+        return _labelled(_turns(windows, clusters), names, SAMPLE_RATE)
 
-    def _names(self, handle: DiarizerHandle, embeddings: np.ndarray, clusters: np.ndarray,
-               references: dict[str, np.ndarray]) -> dict[int, str]:
-        """cluster -> a known speaker's name, each name to the cluster most like it, from
-        `name_threshold` up."""
-        centroids = {c: _normed(embeddings[clusters == c].mean(axis=0)) for c in set(clusters)}
-        voices = {name: _embed(handle, clip) for name, clip in references.items()}
-        scores = sorted(((float(np.dot(centroid, voice)), cluster, name)
-                         for cluster, centroid in centroids.items()
-                         for name, voice in voices.items()), reverse=True)
-        named: dict[int, str] = {}
-        for score, cluster, name in scores:
-            if score < self.name_threshold:
-                break
-            if cluster not in named and name not in named.values():
-                named[int(cluster)] = name
-        return named
+    def _names(self, centroids: dict[Any, np.ndarray],
+               voices: dict[str, np.ndarray]) -> dict[Any, str]:
+        """cluster -> a known speaker's name: the pairing of names and clusters most alike in
+        all (one name per cluster; two close voices still go to their own clusters), each pair
+        kept from `name_threshold` up."""
+        from scipy.optimize import linear_sum_assignment
+
+        if not centroids or not voices:
+            return {}
+        clusters, names = list(centroids), list(voices)
+        scores = np.array([[float(np.dot(_normed(centroids[c]), _normed(voices[n])))
+                            for n in names] for c in clusters])
+        rows, cols = linear_sum_assignment(-scores)
+        return {clusters[r]: names[c] for r, c in zip(rows, cols, strict=True)
+                if scores[r, c] >= self.name_threshold}
+
+
+def _labelled(turns: list[tuple[Any, Any, Any]], names: dict[Any, str],
+              per_second: float) -> Diarization:
+    """Turns in `per_second` units with any cluster keys: SPEAKER_nn by first appearance, or
+    the known name."""
+    order: dict[Any, str] = {}
+    for _, _, cluster in turns:
+        order.setdefault(cluster, label(len(order)))
+    final = [Turn(round(start / per_second, 3), round(end / per_second, 3),
+                  names.get(cluster, order[cluster])) for start, end, cluster in turns]
+    return Diarization(final, list(dict.fromkeys(turn.speaker for turn in final)))
 
 
 def _windows(start: int, end: int) -> list[tuple[int, int]]:
@@ -224,41 +249,25 @@ def _normed(vector: np.ndarray) -> np.ndarray:
 
 def _cluster(embeddings: np.ndarray, windows: list[tuple[int, int]],
              bounds: tuple[int, int]) -> np.ndarray:
-    """A cluster number per window: found on the reliable (long) windows, every window then
-    going to the nearest centroid."""
-    from sklearn.cluster import AgglomerativeClustering
-
+    """A cluster number per window: found on the reliable (long) windows
+    (workers/speaker_clusters.py), every window then going to the nearest centroid."""
     lengths = np.array([end - start for start, end in windows])
     reliable = lengths >= MIN_RELIABLE_SECONDS * SAMPLE_RATE
     if reliable.sum() < 2:
         reliable = np.ones(len(windows), dtype=bool)
     base = embeddings[reliable]
-    fewest, most = bounds
-    most = min(most, len(base))
-    fewest = min(fewest, most)
-    if len(base) < 2 or most == 1:
-        return np.zeros(len(windows), dtype=int)
-
-    def cluster(**kwargs: Any) -> np.ndarray:
-        return AgglomerativeClustering(metric="cosine", linkage="average",
-                                       **kwargs).fit_predict(base)
-
-    found = _absorb_small(base, cluster(n_clusters=None, distance_threshold=CLUSTER_DISTANCE))
-    count = len(set(found))
-    if not fewest <= count <= most:
-        count = min(max(count, fewest), most)
-        found = (cluster(n_clusters=count) if count > 1
-                 else np.zeros(len(base), dtype=int))
-    centroids = np.stack([_normed(base[found == c].mean(axis=0)) for c in range(count)])
-    return np.argmax(embeddings @ centroids.T, axis=1)
+    found = speaker_clusters.cluster(base, bounds)
+    if bounds[0] < bounds[1]:  # an estimated count: a speaker is more than one stray window
+        found = _absorb_small(base, found, bounds[0])
+    return speaker_clusters.nearest(embeddings, base, found)
 
 
-def _absorb_small(embeddings: np.ndarray, found: np.ndarray) -> np.ndarray:
-    """Clusters of fewer than MIN_CLUSTER_WINDOWS windows join the nearest larger one (when
-    there is one); clusters renumbered 0, 1, …"""
+def _absorb_small(embeddings: np.ndarray, found: np.ndarray, fewest: int) -> np.ndarray:
+    """Clusters of fewer than MIN_CLUSTER_WINDOWS windows join the nearest larger one (while
+    more than `fewest` remain); clusters renumbered 0, 1, …"""
     sizes = np.bincount(found)
     large = [c for c in range(len(sizes)) if sizes[c] >= MIN_CLUSTER_WINDOWS]
-    if not large or len(large) == len(sizes):
+    if not large or len(large) == len(sizes) or len(large) < fewest:
         return found
     centroids = np.stack([_normed(embeddings[found == c].mean(axis=0)) for c in large])
     nearest = np.array(large)[np.argmax(embeddings @ centroids.T, axis=1)]

@@ -75,7 +75,9 @@ class EngineHost:
 
     async def start(self) -> None:
         """Before any model: bound torch's share of the GPU; make the device's budget seen."""
-        if self.device == "cuda" and self.engine.uses_torch and self.settings.memory_cap_mib > 0:
+        diarizer = self.slot.diarizer
+        torch_here = self.engine.uses_torch or bool(diarizer and diarizer.is_pyannote)
+        if self.device == "cuda" and torch_here and self.settings.memory_cap_mib > 0:
             await self._call(memory.apply_torch_cap, self.settings.memory_cap_mib)
         with contextlib.suppress(Exception):  # Redis not up yet: the first reserve registers
             await self.holding.budget.register()

@@ -94,7 +94,7 @@ class ModelSlot:
         started = time.perf_counter()
         error = None
         try:
-            handle = self.diarizer.load()
+            handle = self.diarizer.load(self.device)
         except Exception as exc:  # any load error: the process will exit, as for a model
             error = f"{type(exc).__name__}: {exc}"
         self.loading = None
@@ -148,7 +148,8 @@ class ModelSlot:
             self.diarizer.unload(diarizer)
             log.info("unloaded the diarizer")
         del handle, diarizer
-        memory.release_all(self.engine.uses_torch)
+        # the diarizer runs on torch even beside an engine that does not (faster-whisper)
+        memory.release_all(self.engine.uses_torch or self.diarizer is not None)
         log.info("unloaded model %s", name)
 
     def idle_for(self) -> float:

@@ -1,0 +1,81 @@
+"""pyannote.audio from a local checkpoint directory (issue 25): a real gateway and a
+faster-whisper worker running in `.venvs/pyannote` with SPEECH_DIARIZATION_MODEL=pyannote:DIR,
+DIR being the tiny randomly initialised pipeline scripts/tiny_models/pyannote_pipeline.py saves in
+pyannote's own layout (loaded by `Pipeline.from_pretrained`, as a real checkpoint is).
+
+The pipeline is random, so its speakers mean nothing: what is checked is the path (a diarized
+task end to end, labels on every segment, the pipeline loaded with the model and unloaded with
+it, its memory given back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from harness import conversation, procs
+from harness.procs import wait_until
+from tests.helpers import submit_file, wait_done
+from tests.tiny import env_python, tiny_model
+
+pytestmark = [pytest.mark.timeout(600),
+              pytest.mark.skipif(not env_python("pyannote").exists(),
+                                 reason="the pyannote environment is not installed "
+                                        "(scripts/install.sh pyannote)")]
+IDLE_UNLOAD_SECONDS = 3
+
+
+@pytest.fixture(scope="module")
+def service(workdir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    root = tmp_path_factory.mktemp("pyannote")
+    talk = root / "conversation.wav"
+    conversation.build(talk)
+    pipeline = tiny_model("pyannote")
+    redis = procs.RedisServer(workdir / "redis-pyannote").start()
+    models = {"faster-whisper": {"tiny.en": "bundled"}}
+    gateway = procs.gateway(redis.url, workdir, allowed_roots=[str(root)], models=models).start()
+    worker = procs.worker(redis.url, workdir, python=env_python("pyannote"),
+                          allowed_roots=[str(root)], models=models,
+                          diarization_model=f"pyannote:{pipeline}",
+                          idle_unload_seconds=str(IDLE_UNLOAD_SECONDS)).start()
+    yield {"gateway": gateway.url, "worker": worker.url, "talk": talk}
+    worker.stop()
+    gateway.stop()
+    redis.stop()
+
+
+def test_a_diarized_task_runs_on_the_tiny_pipeline_and_its_memory_goes_back(
+        service: dict) -> None:
+    base, health = service["gateway"], f"{service['worker']}/health"
+
+    def unloaded() -> dict | None:
+        reply = httpx.get(health, timeout=5).json()
+        return reply if not reply["loaded_models"] and not reply["diarizer_loaded"] else None
+
+    cycles = []
+    for params in ({"num_speakers": 2}, {}, {"min_speakers": 1, "max_speakers": 3}):
+        reply = submit_file(base, service["talk"], diarize="true", **params)
+        assert reply.status_code == 200, reply.text
+        final = wait_done(base, reply.json()["taskid"], timeout=300)
+        assert final["status"] == "SUCCEEDED", final
+        result = final["result"]
+        assert result["segments"] and result["speakers"], result
+        for segment in result["segments"]:
+            assert segment["speaker"] in result["speakers"]
+        assert list(result["speakers"]) == [f"SPEAKER_{i:02d}"
+                                            for i in range(len(result["speakers"]))]
+        if "num_speakers" in params:
+            assert len(result["speakers"]) <= 2
+        loaded = httpx.get(health, timeout=5).json()
+        assert loaded["diarizer_loaded"] and loaded["loaded_models"] == ["tiny.en"]
+        idle = wait_until(unloaded, 30, "idle unload", 0.2)
+        cycles.append((loaded["memory"]["rss_mib"], idle["memory"]["rss_mib"]))
+    # the pipeline's weights (~27 MB: WeSpeaker ResNet34 + PyanNet) and tiny.en (~75 MB) go
+    # with each unload; the first cycle pays the imports (torch, pyannote), and the worker's
+    # idle RSS wanders by tens of MB between cycles (CTranslate2's loads)
+    for loaded_mib, idle_mib in cycles[1:]:
+        assert loaded_mib - idle_mib > 30, cycles
+    assert max(idle for _, idle in cycles[1:]) - min(idle for _, idle in cycles[1:]) < 150, cycles
