@@ -135,6 +135,51 @@ def test_a_clip_that_fails_to_decode_fails_alone(redis: procs.RedisServer) -> No
     assert pending_count(redis.client()) == 0
 
 
+def test_a_batch_that_would_not_fit_the_memory_cap_is_split(redis: procs.RedisServer) -> None:
+    """Each clip of a call needs SPEECH_BATCH_ITEM_MIB; the cap leaves room for two."""
+    import psutil
+
+    rss_mib = psutil.Process().memory_info().rss / 2**20
+    settings = settings_for(redis.url, batch_item_mib=1000,
+                            memory_cap_mib=int(rss_mib + 2500))
+
+    async def scenario() -> tuple[Worker, list[Task]]:
+        ids = [await submit(redis.url, clip) for clip in clips()[:4]]
+        worker = await drain(settings)
+        return worker, await tasks(redis.url, ids)
+
+    worker, done = asyncio.run(scenario())
+    assert all(t.state == TaskState.SUCCEEDED for t in done), done
+    assert worker.host.last_batch_calls == [2, 2]
+    assert histogram(redis, "batch_size")["sum"] == 4.0
+
+
+def test_a_batch_whose_load_breaks_fails_every_task_once(redis: procs.RedisServer,
+                                                         tmp_path: Path) -> None:
+    """A half-built load ends the process: each task of the batch that asked for it is
+    stored FAILED before the exit, so none is redelivered to crash the next worker."""
+    from tests.test_breakers import corrupt_model
+
+    settings = settings_for(redis.url).model_copy(
+        update={"models": {BACKEND: {"tiny.en": str(corrupt_model(tmp_path / "corrupt"))}}})
+    exits: list[int] = []
+
+    async def scenario() -> list[Task]:
+        ids = [await submit(redis.url, clip) for clip in clips()[:3]]
+        client = Redis.from_url(redis.url)
+        await Worker(settings, FasterWhisperEngine(settings), client, handle_signals=False,
+                     exit=exits.append, burst=True).run()
+        await client.aclose()
+        return await tasks(redis.url, ids)
+
+    done = asyncio.run(scenario())
+    assert exits == [1]
+    assert all(t.state == TaskState.FAILED and t.error_code == "model_load_failed"
+               and t.attempt == 1 for t in done), done
+    counters = redis.client().hgetall(keys.counters(BACKEND))
+    assert int(counters[b"load_failures"]) == 1  # one call, one load, one exit
+
+
 def test_a_task_cancelled_while_its_batch_forms_never_runs(redis: procs.RedisServer) -> None:
     async def scenario() -> list[Task]:
         client = Redis.from_url(redis.url)

@@ -69,11 +69,11 @@ class ModelBreakers:
         log.error("%s; exiting", report.error)
         if task is not None:
             with contextlib.suppress(RedisError):
-                await self._fail_loading_task(task, report.error)
+                await self.fail_loading_task(task, report.error)
         await self._count_failure(report)
         await self.exit_after_load_failure()
 
-    async def _fail_loading_task(self, task: Task, error: str) -> None:
+    async def fail_loading_task(self, task: Task, error: str) -> None:
         """Store the task FAILED before the exit, so it is not redelivered to crash the next
         worker too; fenced by the attempt this worker opened for it."""
         current = await self.store.get(task.id)

@@ -264,7 +264,8 @@ class Consumer:
                 except TaskError as exc:
                     results[index] = exc
             outcomes = await self.host.execute_batch(
-                model, items, on_load=functools.partial(self._loaded, tasks[where[0]][0])
+                model, items, on_load=functools.partial(self._loaded_together,
+                                                        [tasks[i][0] for i in where])
             ) if items else []
         except TaskError as exc:  # the breaker, the load or the cap: every task's
             outcomes = [exc] * len(where)
@@ -415,6 +416,15 @@ class Consumer:
         """One more of a worker-side counter on /metrics; Redis may well refuse it too."""
         with contextlib.suppress(RedisError):
             await self.store.record((counter,))
+
+    async def _loaded_together(self, tasks: list[Task], report: LoadReport) -> None:
+        """A batch's load: after a half-built one (the process will exit) every task of the
+        batch is stored FAILED first, so none is redelivered to crash the next worker."""
+        if not report.ok and report.allocated:
+            for task in tasks[1:]:
+                with contextlib.suppress(RedisError):
+                    await self.breakers.fail_loading_task(task, report.error)
+        await self._loaded(tasks[0], report)
 
     async def _loaded(self, task: Task, report: LoadReport) -> None:
         """The host's report of the model `task` asked for: a load's time goes into the

@@ -60,6 +60,7 @@ class EngineHost:
         self.running_calls = 0  # engine calls in progress (queue or direct HTTP): "busy"
         self.on_load = on_load  # for calls that bring none (direct HTTP, preload)
         self.learned_item_mib = 0.0  # a batch's clip, as the last batch call measured it
+        self.last_batch_calls: list[int] = []  # the sizes of the last batch's engine calls
         # the device memory broker: a reservation before every load, back after every unload
         self.holding = DeviceHolding(budget, self.slot, self._call, engine.uses_torch,
                                      self.device)
@@ -120,6 +121,9 @@ class EngineHost:
             results: list[Outcome | TaskError] = []
             sizes = batching.plan(len(items), self.batch_item_mib,
                                   await self._call(self._batch_headroom))
+            if len(sizes) > 1:
+                log.info("a batch of %d split to fit memory: calls of %s", len(items), sizes)
+            self.last_batch_calls = sizes
             for size in sizes:
                 chunk = items[len(results):len(results) + size]
                 results += await self._call(self._run_batch, engine, handle, model, chunk)
