@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import redis
 
-from common.backends import BACKENDS
+from common.backends import BACKENDS, WORKER_PROCESS_ENV
 from common.settings import Settings
 from gateway.realtime.protocol import max_message_bytes
 
@@ -308,7 +308,7 @@ def worker(redis_url: str, workdir: Path, backend: str = "faster-whisper",
     port = free_port()
     settings.setdefault("consumer", f"test-{backend}-{port}")
     env = service_env(redis_url, backend=backend, worker_port=str(port), **settings)
-    env["MALLOC_ARENA_MAX"] = "2"  # as deploy/supervisord.conf runs workers (bench/README.md)
+    env.update(WORKER_PROCESS_ENV)  # as every deployment runs workers
     args = [str(python), "-m", "workers"]
     return Service(args, env, workdir / f"worker-{backend}-{port}.log",
                    f"http://127.0.0.1:{port}")

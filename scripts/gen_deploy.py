@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the backend table, when run as a script
 import gen_k8s  # noqa: E402  (beside this file)
 
-from common.backends import BACKENDS, KINDS, Backend  # noqa: E402
+from common.backends import BACKENDS, KINDS, WORKER_PROCESS_ENV, Backend  # noqa: E402
 
 SUPERVISORD = ROOT / "deploy" / "supervisord.conf"
 DEFAULTS = ROOT / "deploy" / "defaults.env"
@@ -58,8 +58,7 @@ stopasgroup=true
 killasgroup=true
 environment=SPEECH_BACKEND="{name}",SPEECH_DEVICE="%(ENV_{prefix}_DEVICE)s",\
 SPEECH_MEMORY_CAP_MIB="%(ENV_{prefix}_MEMORY_CAP_MIB)s",\
-SPEECH_IDLE_UNLOAD_SECONDS="%(ENV_{prefix}_IDLE_UNLOAD_SECONDS)s",OMP_WAIT_POLICY="PASSIVE",\
-MALLOC_ARENA_MAX="2"
+SPEECH_IDLE_UNLOAD_SECONDS="%(ENV_{prefix}_IDLE_UNLOAD_SECONDS)s",{process_env}
 stdout_logfile=%(ENV_SPEECH_RUN_DIR)s/logs/%(program_name)s_%(process_num)02d.log
 stdout_logfile_maxbytes=50MB
 stdout_logfile_backups=5
@@ -72,8 +71,9 @@ def python_variable(env: str) -> str:
 
 
 def worker_programs() -> str:
+    process_env = ",".join(f'{name}="{value}"' for name, value in WORKER_PROCESS_ENV.items())
     return "\n".join(PROGRAM.format(name=row.name, prefix=row.prefix,
-                                    python=python_variable(row.env))
+                                    python=python_variable(row.env), process_env=process_env)
                      for row in BACKENDS.values())
 
 

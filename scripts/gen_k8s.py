@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from common import keys
-from common.backends import BACKENDS, Backend
+from common.backends import BACKENDS, WORKER_PROCESS_ENV, Backend
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = ROOT / "deploy" / "k8s" / "base" / "workers.yaml"
@@ -65,7 +65,7 @@ def worker_deployment(row: Backend) -> dict[str, object]:
         {"name": "SPEECH_WORKER_HOST",
          "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "SPEECH_WORKER_PORT", "value": str(WORKER_PORT)},
-        {"name": "OMP_WAIT_POLICY", "value": "PASSIVE"},
+        *({"name": name, "value": value} for name, value in WORKER_PROCESS_ENV.items()),
     ]
     probe = {"tcpSocket": {"port": "worker"}, "periodSeconds": 10}
     container = {
