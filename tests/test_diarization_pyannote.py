@@ -63,7 +63,8 @@ def test_a_diarized_task_runs_on_the_tiny_pipeline_and_its_memory_goes_back(
         # idle unload may come before any look, on a busy machine)
         samples: list[float] = []
 
-        def done_with_both_seen(task_id: str = reply.json()["taskid"]) -> dict | None:
+        def done_with_both_seen(task_id: str = reply.json()["taskid"],
+                                samples: list[float] = samples) -> dict | None:
             health_now = httpx.get(health, timeout=5).json()
             if health_now["diarizer_loaded"] and health_now["loaded_models"] == ["tiny.en"]:
                 samples.append(health_now["memory"]["rss_mib"])
