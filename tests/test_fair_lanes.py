@@ -100,7 +100,8 @@ def test_an_interactive_call_waits_for_the_running_task_not_an_aged_backlog(
     time.sleep(1.5)  # the whole backlog is past its promotion age
     worker = procs.worker(env["redis"].url, env["workdir"], idle_unload_seconds="-1",
                           allowed_roots=[str(env["clips"])], preload="true",
-                          batch_promotion_seconds="1", batch_promotion_every="4").start()
+                          batch_promotion_seconds="1", batch_promotion_every="4",
+                          batch_window_ms="0").start()  # lanes, one task at a time
     try:
         for tid in batch[:3]:  # a rate is measured
             wait_task(env["gateway"], tid, headers=auth("batchy"), timeout=60)
