@@ -438,7 +438,9 @@ def limited(live: dict[str, Any]) -> Iterator[str]:
                             api_keys=[LIVE_KEY],
                             realtime_max_buffer_seconds="1.5", realtime_max_session_seconds="5",
                             realtime_idle_timeout_seconds="1.5",
-                            realtime_max_sessions="2", send_timeout_seconds="2").start()
+                            realtime_max_sessions="2", send_timeout_seconds="2",
+                            # the process's cap is under test, not one key's share of it
+                            realtime_key_share="1").start()
     yield gateway.url.replace("http://", "ws://") + "/v1/realtime"
     gateway.stop()
 
