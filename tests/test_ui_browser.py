@@ -141,7 +141,9 @@ class Console:
 
 
 def new_page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": DESKTOP, "height": 900})
+    # Playwright's string predicates run through eval, which the page's own CSP
+    # (script-src 'self', tests/test_fair_minor.py) refuses: bypassed for the driver only
+    context = browser.new_context(viewport={"width": DESKTOP, "height": 900}, bypass_csp=True)
     context.grant_permissions(["microphone"])
     page = context.new_page()
     page.set_default_timeout(TASK_TIMEOUT_MS)
