@@ -46,13 +46,19 @@ class RefTurn:
 def speak(voice: str, text: str, pitch: int | None = None,
           rate: int | None = None) -> np.ndarray:
     """`text` in espeak-ng's `voice` (language+variant), at its pitch (0-99) and rate (wpm)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = speak_to(Path(tmp) / "speech.wav", text, voice, pitch, rate)
+        return decode_audio(path, SAMPLE_RATE)
+
+
+def speak_to(path: Path, text: str, voice: str = "en-us", pitch: int | None = None,
+             rate: int | None = None) -> Path:
+    """`text` spoken by espeak-ng into the WAV file `path` (returned)."""
     extra = [*(["-p", str(pitch)] if pitch is not None else []),
              *(["-s", str(rate)] if rate is not None else [])]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "speech.wav"
-        subprocess.run(["espeak-ng", "-v", voice, *extra, "-w", str(path), text], check=True,
-                       capture_output=True)
-        return decode_audio(path, SAMPLE_RATE)
+    subprocess.run(["espeak-ng", "-v", voice, *extra, "-w", str(path), text], check=True,
+                   capture_output=True)
+    return path
 
 
 def build(path: Path, turns: tuple[tuple[str, str], ...] = TURNS) -> list[RefTurn]:

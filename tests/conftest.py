@@ -1,12 +1,12 @@
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from harness import procs
+from harness.conversation import speak_to
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -53,6 +53,5 @@ def stack(workdir: Path, redis_server: procs.RedisServer, allowed_dir: Path) -> 
 def speech_clip(workdir: Path) -> Path:
     """A short clip of real speech with a known text (espeak-ng)."""
     path = workdir / "hello.wav"
-    subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(path), "Hello world. Testing one two."],
-                   check=True, capture_output=True)
+    speak_to(path, "Hello world. Testing one two.")
     return path

@@ -5,7 +5,6 @@ second."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +19,7 @@ from common.settings import Settings
 from common.store import Task, TaskStore, new_task_id
 from gateway.jobs.sweeper import Sweeper
 from harness import procs
+from harness.conversation import speak_to
 from tests.helpers import queue_counts, wait_done
 
 
@@ -30,8 +30,7 @@ def admission(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
     clips = workdir / "clips"
     clips.mkdir()
     clip = clips / "short.wav"
-    subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(clip), "Hello world."],
-                   check=True, capture_output=True)
+    speak_to(clip, "Hello world.")
     server = procs.RedisServer(workdir / "redis").start()
     gateway = procs.gateway(server.url, workdir, allowed_roots=[str(clips)]).start()
     yield {"redis": server, "gateway": gateway.url, "workdir": workdir, "clips": clips,

@@ -7,7 +7,6 @@ container that understates its length is charged, and counted in the backlog, ne
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +19,7 @@ from common import keys
 from common.store.queue import Queue
 from gateway.auth import digest
 from harness import procs
+from harness.conversation import speak_to
 from tests.audio_fakes import decoded_seconds, lying_matroska, silence_opus
 from tests.helpers import wait_task
 
@@ -37,8 +37,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     clips = workdir / "clips"
     clips.mkdir()
     clip = clips / "short.wav"
-    subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(clip), "Hello world."],
-                   check=True, capture_output=True)
+    speak_to(clip, "Hello world.")
     server = procs.RedisServer(workdir / "redis").start()
     entries = [{"key": "sha256:" + digest(KEYS["batchy"]), "name": "batchy"},
                {"key": "sha256:" + digest(KEYS["live"]), "name": "live", "interactive": True},

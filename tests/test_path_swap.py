@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from common.paths import PathNotAllowed, open_allowed
 from harness import procs
+from harness.conversation import speak_to
 from tests.helpers import JFK, JFK_TEXT, wait_done, wer
 
 SECRET_WORDS = "purple elephants guard the secret vault"
@@ -25,8 +25,7 @@ def dirs(tmp_path: Path) -> dict[str, Path]:
     (allowed / "sub").mkdir(parents=True)
     (outside / "sub").mkdir(parents=True)
     secret = outside / "secret.wav"
-    subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(secret), SECRET_WORDS], check=True,
-                   capture_output=True)
+    speak_to(secret, SECRET_WORDS)
     shutil.copy(secret, outside / "sub" / "input.wav")
     return {"allowed": allowed, "outside": outside, "secret": secret, "work": tmp_path}
 

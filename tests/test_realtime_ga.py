@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from gateway.auth import digest
 from gateway.realtime.protocol import Transcription
 from gateway.realtime.session import resolve, turn_prompt
 from harness import procs
+from harness.conversation import speak_to
 from tests.helpers import JFK, JFK_TEXT, wer
 from tests.test_realtime import (
     AUTH,
@@ -175,8 +175,7 @@ def test_completed_events_match_their_turns_by_item_id(live: dict[str, Any]) -> 
 
 
 def espeak(text: str, path: Path) -> np.ndarray:
-    subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(path), text], check=True,
-                   capture_output=True)
+    speak_to(path, text)
     return decode_audio(path, 16000)
 
 

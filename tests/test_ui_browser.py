@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import time
 import wave
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import pytest
 from common.audio import wav_pcm
 from gateway.auth import digest
 from harness import procs
+from harness.conversation import speak_to
 from harness.procs import ROOT, TEST_AUDIO
 from tests.helpers import JFK, JFK_TEXT, normalise, wer
 from tests.tiny import env_python, tiny_model
@@ -84,8 +84,7 @@ def ui_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any
 def speech_wav(ui_stack: dict[str, Any]) -> Path:
     """What Chromium's fake microphone plays: real speech with a known text."""
     path = ui_stack["workdir"] / "mic.wav"
-    subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(path), "Hello world. Testing one two."],
-                   check=True, capture_output=True)
+    speak_to(path, "Hello world. Testing one two.")
     return path
 
 
@@ -380,8 +379,7 @@ def test_voices_panel_consent_sample_speak_delete(ui_stack: dict[str, Any], page
     phrase = httpx.get(f"{ui_stack['url']}/api/config").json()["consent_phrases"]["en"]
     for name, text in (("consent", phrase), ("sample", "Please call Stella and ask her to "
                        "bring these things with her from the store, and a snack for Bob.")):
-        subprocess.run(["espeak-ng", "-v", "en-us", "-w", str(workdir / f"{name}.wav"), text],
-                       check=True, capture_output=True)
+        speak_to(workdir / f"{name}.wav", text)
     open_view(page, ui_stack["url"], "voices")
     assert page.locator("#consent-phrase").text_content() == phrase
     assert page.locator("#consent-record").is_enabled()  # a microphone is offered too

@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from harness import procs
+from harness.conversation import speak_to
 from harness.procs import ROOT, wait_until
 from tests.helpers import queue_counts, status, wait_done
 from tests.tiny import env_python
@@ -39,8 +40,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     clips = workdir / "clips"
     clips.mkdir()
     for name, (voice, text) in CLIPS.items():
-        subprocess.run(["espeak-ng", "-v", voice, "-w", str(clips / f"{name}.wav"), text],
-                       check=True, capture_output=True)
+        speak_to(clips / f"{name}.wav", text, voice)
     (clips / "garbage.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEnot audio at all")
     port, redis_port = procs.free_port(), procs.free_port()
     redis_url = f"redis://127.0.0.1:{redis_port}/0"

@@ -7,7 +7,6 @@ gives its sample; `en-us+Annie` (voiceprint score ~0.68 against en-us, under the
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from common.audio import decode_audio, encode_wav, probe_audio
 from common.settings import CONSENT_PHRASES
 from gateway.auth import digest
 from harness import procs
+from harness.conversation import speak_to
 from tests.tiny import env_python, tiny_model
 
 KEY, OTHER = "voices-key-0123456789", "voices-other-0123456789"
@@ -55,8 +55,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
              "not-consent": ("en-us", "The quick brown fox jumps over the lazy dog."),
              "sample": ("en-us", SAMPLE_TEXT), "other-sample": ("en-us+Annie", SAMPLE_TEXT)}
     for name, (voice, text) in clips.items():
-        subprocess.run(["espeak-ng", "-v", voice, "-w", str(workdir / f"{name}.wav"), text],
-                       check=True, capture_output=True)
+        speak_to(workdir / f"{name}.wav", text, voice)
     try:
         for service in services:
             service.start(wait=False)
