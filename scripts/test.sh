@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs everything the tests need (system packages, every environment in deploy/envs, the
 # test tools, tiny model fixtures), checks style, then runs the whole suite. Arguments go to
-# pytest.
+# pytest (a later -n overrides the default: -n 0 runs the files one after another).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh --tests all
 .venvs/core/bin/ruff check .
-exec .venvs/core/bin/pytest "$@"
+# one worker process per core, each running whole files (a module's fixtures stay in one
+# process); the tests' servers bind free ports in per-process temp dirs, so they never meet
+exec .venvs/core/bin/pytest -n auto --dist loadfile "$@"

@@ -101,7 +101,7 @@ class DeviceHolding:
         # a reservation of 0 (no size known yet), or one for a class not measured yet, is a
         # measuring load: recorded, not refused
         over = (self.reserved_mib > 0 and not self._measuring
-                and peak_over(peak, self.reserved_mib))
+                and peak_over(peak, self.reserved_mib, self.device))
         if after_task or over:
             try:
                 await self.budget.record_peak(model, peak, self.held_class)
