@@ -6,6 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh --tests all
 .venvs/core/bin/ruff check .
+# the project's own modules too, once (see install.sh: every gateway and worker the tests
+# start would compile them again where PYTHONDONTWRITEBYTECODE is set)
+.venvs/core/bin/python -m compileall -q -j 0 bench common gateway harness scripts tests workers \
+    >/dev/null
 # one worker process per core, each running whole files (a module's fixtures stay in one
 # process); the tests' servers bind free ports in per-process temp dirs, so they never meet
 exec .venvs/core/bin/pytest -n auto --dist loadfile "$@"

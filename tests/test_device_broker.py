@@ -334,6 +334,62 @@ def test_a_busy_holder_finishes_and_a_killed_one_lapses(trio: dict) -> None:
         asyncio.run(ballast(release=True))
 
 
+def test_a_stopped_holder_keeps_its_reservation_until_it_resumes(trio: dict) -> None:
+    """A holder SIGSTOPped mid-task stops renewing, but its process (and on a card, its
+    memory) is still there: past its lease the load in line keeps waiting, nothing is
+    over-committed; resumed, the holder renews, finishes and yields, and the load goes on."""
+    gateway, workers, client = trio["gateway"], trio["workers"], trio["redis"].client()
+    fw = workers["faster-whisper"]
+    if fw.proc.poll() is not None:  # the test before killed it
+        fw.start()
+    device_id = next(iter(httpx.get(f"{gateway}/ready", timeout=10).json()["devices"]))
+    holders_key = keys.device_holders(device_id)
+    fw_consumer = httpx.get(f"{fw.url}/health").json()["consumer"]
+
+    async def ballast(release: bool = False) -> bool:  # half the budget, held throughout
+        redis = Redis.from_url(trio["redis"].url)
+        ledger = DeviceLedger(redis, device_id, "ballast-2")
+        try:
+            if release:
+                return await ledger.release()
+            return (await ledger.reserve("other", "ballast", MIB, 2 * MIB, 600.0)).reserved
+        finally:
+            await redis.aclose()
+
+    def vibevoice_waiting() -> bool:
+        line = httpx.get(f"{gateway}/ready", timeout=10).json()["devices"][device_id]["waiting"]
+        return any(w["backend"] == "vibevoice" for w in line)
+
+    def every_holder() -> dict[str, Any]:  # lapsed leases included: what is still counted
+        return {k.decode(): json.loads(v) for k, v in client.hgetall(holders_key).items()}
+
+    wait_until(lambda: asyncio.run(ballast()), 60, "the ballast reservation", 0.1)
+    stopped = False
+    try:
+        long_id = submit_file(gateway, LONG).json()["taskid"]
+        wait_until(lambda: _live(client, holders_key).get(fw_consumer, {}).get("busy") == 1,
+                   60, "fw busy")
+        vv_id = submit_file(gateway, JFK, backend="vibevoice").json()["taskid"]
+        wait_until(vibevoice_waiting, 30, "vibevoice in line")
+        os.kill(fw.pid, signal.SIGSTOP)
+        stopped = True
+        time.sleep(LEASE + 1.0)  # the lease lapsed; the line polls every 0.1 s
+        assert fw_consumer not in _live(client, holders_key)  # lapsed ...
+        held = every_holder()
+        assert fw_consumer in held  # ... but not taken away
+        assert sum(h["mib"] for h in held.values()) <= 2 * MIB, held
+        assert vibevoice_waiting()  # still in line
+        os.kill(fw.pid, signal.SIGCONT)
+        stopped = False
+        # (stopped past the tests' 1.5 s heartbeat, its task may have been failed meanwhile)
+        assert wait_done(gateway, long_id, timeout=120)["status"] in ("SUCCEEDED", "FAILED")
+        assert wait_done(gateway, vv_id, timeout=120)["status"] == "SUCCEEDED"
+    finally:
+        if stopped:
+            os.kill(fw.pid, signal.SIGCONT)
+        asyncio.run(ballast(release=True))
+
+
 def _live(client: Any, key: str) -> dict[str, Any]:
     """The unexpired holders in `key`, as the broker counts them."""
     seconds, micros = client.time()

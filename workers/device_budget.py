@@ -16,6 +16,7 @@ import time
 from common.schemas import ErrorCode
 from common.settings import Settings
 from common.store import WorkerStore
+from workers import processes
 from workers.execute import TaskError
 
 log = logging.getLogger("worker.device")
@@ -78,6 +79,7 @@ class BrokeredBudget(DeviceBudget):
         self.budget_mib = budget_mib
         self.poll_seconds = settings.device_poll_seconds
         self.ledger = store.device_ledger(device_id)
+        self.process = processes.identity()
 
     async def register(self) -> None:
         await self.ledger.register(self.budget_mib)
@@ -92,7 +94,8 @@ class BrokeredBudget(DeviceBudget):
             while True:
                 answer = await self.ledger.reserve(self.backend, model, need, self.budget_mib,
                                                    settings.device_lease_seconds, peak_class,
-                                                   settings.device_peak_max_age_seconds)
+                                                   settings.device_peak_max_age_seconds,
+                                                   self.process, await self._alive_holders())
                 self.last_measured = answer.measured
                 if answer.reserved:
                     reserved = True
@@ -122,6 +125,12 @@ class BrokeredBudget(DeviceBudget):
         finally:
             if not reserved:  # failed, timed out or cancelled: out of the line
                 await asyncio.shield(self.ledger.leave_line())
+
+    async def _alive_holders(self) -> list[str]:
+        """Holders whose processes still exist here: their reservations stand, renewed or not."""
+        holders = await self.ledger.holder_processes()
+        return [name for name, process in holders.items()
+                if name != self.ledger.consumer and process and processes.alive(process)]
 
     async def mark(self, busy: bool) -> bool:
         return await self.ledger.mark(busy, self.settings.device_lease_seconds)

@@ -109,8 +109,13 @@ local function unrun(task, backlog)
   local since = redis.call('HGET', task, 'running_since')
   if since and redis.call('HDEL', task, 'running_since') == 1 then
     local model = redis.call('HGET', task, 'backlog_model') or ''
-    redis.call('HINCRBYFLOAT', backlog, 'running:since:' .. model, -tonumber(since))
-    redis.call('HINCRBY', backlog, 'running:count:' .. model, -1)
+    if redis.call('HINCRBY', backlog, 'running:count:' .. model, -1) <= 0 then
+      -- none left: exactly 0, not the residue of adding and subtracting epoch seconds
+      -- (~1e-7 each time), which would add up over a backlog's life
+      redis.call('HSET', backlog, 'running:since:' .. model, 0)
+    else
+      redis.call('HINCRBYFLOAT', backlog, 'running:since:' .. model, -tonumber(since))
+    end
   end
   if redis.call('HDEL', task, 'running_counted') == 1 then
     local f = redis.call('HMGET', task, 'work', 'audio_seconds', 'backlog_model')

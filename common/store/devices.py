@@ -4,7 +4,8 @@ hold it (each a lease its worker renews), the loads waiting in line, and evictio
 Every change is one Lua call, timed by Redis's own clock (`TIME`), so workers on hosts
 whose clocks differ still agree on who has expired:
 
-- `reserve`: purge expired holders and waiters; a need above the whole budget is refused at
+- `reserve`: purge expired holders (but those whose process its host sees alive: a stopped
+  worker still holds its memory) and waiters; a need above the whole budget is refused at
   once; the first load in line (FIFO by arrival) whose need fits takes its reservation;
   otherwise it stays in line, and the head of the line asks idle holders (no task running),
   least recently used first, to yield just enough (an `evict` flag their host honours);
@@ -19,35 +20,36 @@ The gateway reads `devices` for /ready and /metrics.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
 
 from common import keys
-from common.store.values import LUA_NOW_S
+from common.store.values import LUA_NOW_S, text
 
-# a consumer's reservation in the holders hash, or nil (a lapsed one is dropped on the way)
+# a consumer's reservation in the holders hash, or nil. One whose lease lapsed but is still
+# there was never given to anyone (`reserve` purges lapsed holders unless their process is
+# alive), so its holder may renew it: a worker that was stopped and resumed holds on.
 _HOLDER = LUA_NOW_S + """
 local function holder(key, consumer)
   local raw = redis.call('HGET', key, consumer)
   if not raw then return nil end
-  local h = cjson.decode(raw)
-  if h.expires < now then
-    redis.call('HDEL', key, consumer)
-    return nil
-  end
-  return h
+  return cjson.decode(raw)
 end
 """
 
+# `keep`: names whose lapsed lease still stands (a holder its host sees alive but not
+# renewing: SIGSTOPped, or stalled in a long call, still holds the memory it reserved)
 _PURGE = """
-local function live(key)
+local function live(key, keep)
   local all = redis.call('HGETALL', key)
   local found = {}
   for i = 1, #all, 2 do
     local entry = cjson.decode(all[i + 1])
-    if entry.expires < now then redis.call('HDEL', key, all[i]) else found[all[i]] = entry end
+    if entry.expires < now and not keep[all[i]] then redis.call('HDEL', key, all[i])
+    else found[all[i]] = entry end
   end
   return found
 end
@@ -72,7 +74,8 @@ end
 # KEYS: device, holders, waiting, peaks, devices
 # ARGV: consumer, backend, model, need (MiB, from settings), budget, lease seconds, device id,
 #       the peak's field, the peaks' max age (seconds, 0 = never), the model's plain peak
-#       field ("" = the peak is the plain one)
+#       field ("" = the peak is the plain one), this process's identity (workers/processes.py),
+#       then the holders whose lapsed leases still stand (their processes are alive)
 # -> {1, need, reserved after, measured} taken | {0, need, place in line, measured} waiting |
 #    {-1, need, budget, measured} never fits (the device's `refused:<field>` says so until a
 #    reservation of it succeeds); measured: 1 when a recorded peak was known
@@ -80,7 +83,9 @@ _RESERVE = LUA_NOW_S + _PURGE + _PEAK + """
 redis.call('SADD', KEYS[5], ARGV[7])
 redis.call('HSET', KEYS[1], 'budget', ARGV[5])
 local me, lease, budget = ARGV[1], tonumber(ARGV[6]), tonumber(ARGV[5])
-local holders, waiting = live(KEYS[2]), live(KEYS[3])
+local alive = {}
+for i = 12, #ARGV do alive[ARGV[i]] = true end
+local holders, waiting = live(KEYS[2], alive), live(KEYS[3], {})
 local need = tonumber(ARGV[4])
 local peak = peak_of(KEYS[4], ARGV[8], need, budget, lease, tonumber(ARGV[9]))
 local measured = 0
@@ -109,7 +114,8 @@ if ahead == 0 and reserved + need <= budget then
   redis.call('HDEL', KEYS[3], me)
   redis.call('HDEL', KEYS[1], 'refused:' .. ARGV[8])
   redis.call('HSET', KEYS[2], me, cjson.encode({backend = ARGV[2], model = ARGV[3], mib = need,
-             busy = 1, evict = 0, last_used = now, expires = now + lease}))
+             busy = 1, evict = 0, last_used = now, expires = now + lease,
+             process = ARGV[11]}))
   return {1, need, reserved + need, measured}
 end
 redis.call('HSET', KEYS[3], me, cjson.encode({backend = ARGV[2], model = ARGV[3], need = need,
@@ -227,13 +233,21 @@ class DeviceLedger:
 
     async def reserve(self, backend: str, model: str, need_mib: float, budget_mib: int,
                       lease_seconds: float, peak_class: str = "",
-                      peak_max_age: float = 0.0) -> Reservation:
+                      peak_max_age: float = 0.0, process: str = "",
+                      alive: Sequence[str] = ()) -> Reservation:
+        """`process`: this worker's process identity, kept with its reservation; `alive`:
+        holders whose leases stand though lapsed (their processes still exist)."""
         status, need, value, measured = await self._reserve(
             keys=[*self._keys, keys.model_peaks(), keys.devices()],
             args=[self.consumer, backend, model, need_mib, budget_mib, lease_seconds,
                   self.device_id, peak_field(backend, model, peak_class), peak_max_age,
-                  peak_field(backend, model) if peak_class else ""])
+                  peak_field(backend, model) if peak_class else "", process, *alive])
         return Reservation(int(status), float(need), float(value), bool(measured))
+
+    async def holder_processes(self) -> dict[str, str]:
+        """Each holder's process identity (lapsed leases included; "" for none recorded)."""
+        raw = await self._redis.hgetall(self._keys[1])
+        return {text(name): json.loads(entry).get("process", "") for name, entry in raw.items()}
 
     async def release(self) -> bool:
         return bool(await self._release(keys=list(self._keys), args=[self.consumer]))
