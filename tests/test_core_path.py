@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from common import keys
-from harness.procs import TEST_AUDIO
+from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import (
     JFK,
     JFK_TEXT,
@@ -161,6 +161,8 @@ def test_fifty_concurrent_submits_each_run_exactly_once(stack: dict, speech_clip
 def test_cancel_pending_task_never_runs(stack: dict, speech_clip: Path) -> None:
     gateway = stack["gateway"]
     blocker = submit_file(gateway, TEST_AUDIO / "multilingual.mp3").json()["taskid"]
+    # the worker busy with the blocker first: otherwise it may take both in one batch
+    wait_until(lambda: status(gateway, blocker)["status"] == "RUNNING", 60, "the blocker", 0.02)
     victim = submit_file(gateway, speech_clip).json()["taskid"]
     reply = httpx.delete(f"{gateway}/v1/tasks/{victim}")
     assert reply.status_code == 200 and reply.json()["status"] == "CANCELLED"
