@@ -32,7 +32,7 @@ IDLE_UNLOAD_SECONDS = 3
 def service(workdir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     root = tmp_path_factory.mktemp("pyannote")
     talk = root / "conversation.wav"
-    conversation.build(talk)
+    conversation.build(talk, conversation.TURNS[:3])  # two voices, ~10 s: the path is the point
     pipeline = tiny_model("pyannote")
     redis = procs.RedisServer(workdir / "redis-pyannote").start()
     models = {"faster-whisper": {"tiny.en": "bundled"}}
