@@ -259,6 +259,7 @@ def _cluster(embeddings: np.ndarray, windows: list[tuple[int, int]],
     found = speaker_clusters.cluster(base, bounds)
     if bounds[0] < bounds[1]:  # an estimated count: a speaker is more than one stray window
         found = _absorb_small(base, found, bounds[0])
+        found = speaker_clusters.split_mixed(base, found, bounds[1])
     return speaker_clusters.nearest(embeddings, base, found)
 
 
