@@ -123,8 +123,11 @@ def test_the_first_piece_arrives_while_the_rest_is_spoken_and_pcm_is_the_wav(
     with ThreadPoolExecutor(1) as pool:
         frozen: Future[str] = pool.submit(freeze_after_first_piece, client, worker.pid)
         try:
+            # twice the sentences: the freeze, polled every 5 ms, has ~11 pieces' time
+            # (~5 s) to land before the task ends, however busy the machine
             with httpx.stream("POST", f"{stack['url']}/v1/audio/speech", timeout=TIMEOUT,
-                              json={**SPEECH, "response_format": "pcm",
+                              json={**SPEECH, "input": " ".join(SENTENCES * 2),
+                                    "response_format": "pcm",
                                     "stream_format": "audio"}) as reply:
                 assert reply.status_code == 200
                 assert reply.headers["content-type"] == f"audio/pcm; rate={RATE}"
@@ -136,7 +139,7 @@ def test_the_first_piece_arrives_while_the_rest_is_spoken_and_pcm_is_the_wav(
                 assert reply.headers["x-task-id"] == task_id
                 assert client.hget(keys.task(task_id), "state") == b"RUNNING"
                 spoken = client.xlen(keys.speech_chunks(task_id))
-                assert 1 <= spoken < len(SENTENCES)
+                assert 1 <= spoken < 2 * len(SENTENCES)
                 assert first and stored_pcm(client, task_id).startswith(first)
                 os.kill(worker.pid, signal.SIGCONT)
                 body = first + b"".join(pieces)

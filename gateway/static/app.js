@@ -1204,4 +1204,6 @@ function start() {
   loadConfig();
 }
 
-start();
+// after every deferred script ran (voices.js comes after this one, and the configuration's
+// reply could otherwise arrive before it is there)
+document.addEventListener("DOMContentLoaded", start);
