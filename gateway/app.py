@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from functools import partial
 
 from fastapi import APIRouter, Depends, FastAPI
+from starlette.types import Receive, Scope, Send
 
 from common import logs
 from common.settings import Settings, get_settings
@@ -44,6 +45,18 @@ from gateway.serving.transcription import TranscriptionServing
 from gateway.serving.voices import VoiceServing
 
 
+class Gateway(FastAPI):
+    """The app, with Sage's GET status poll answered before any of FastAPI's layers
+    (gateway/routes/sage.answer_status)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if sage.is_status_poll(scope):
+            scope["app"] = self  # what Starlette would set: request.app, url_for
+            await sage.answer_status(self.state, scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     logs.configure("gateway", settings.log_level)
@@ -71,7 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await store.close()
 
     # the API docs are ordinary routes (gateway/routes/docs.py), behind the key like the rest
-    app = FastAPI(title="speech-gateway", lifespan=lifespan,
+    app = Gateway(title="speech-gateway", lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
     app.openapi = partial(docs.openapi_schema, app)  # type: ignore[method-assign]
     app.add_middleware(BodyLimitMiddleware,
@@ -79,7 +92,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        idle_seconds=settings.body_timeout_seconds,
                        deadline_seconds=settings.body_deadline_seconds,
                        error_reply=errors.refusal_reply)
-    app.add_middleware(sage.StatusFastPath)  # GET /api/status: Sage's poll, off the router
 
     # anyone: liveness, readiness, the try-it page's files (exactly auth.PUBLIC_ROUTES)
     public = [health.public, ui.router]

@@ -7,7 +7,8 @@ import re
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.datastructures import State
+from starlette.types import Receive, Scope, Send
 
 from gateway.auth import Owner, caller
 from gateway.dependencies import SettingsDep, StoreDep
@@ -59,28 +60,25 @@ async def status_of(request: Request, backend: str, owner: Owner, settings: Sett
 _STATUS_PATH = re.compile(r"/api/(?:[^/]+-)?status")
 
 
-class StatusFastPath:
-    """The GET status poll, Sage's most frequent request, answered before FastAPI's router
-    and dependency machinery (which cost a poll more than its Redis call): the same serving
-    function, the same key check (`auth.caller`) and the same HTTP 200 refusals as the
-    routes above, which still serve POST and document both."""
+def is_status_poll(scope: Scope) -> bool:
+    """A GET of a status route: what `answer_status` answers."""
+    return (scope["type"] == "http" and scope["method"] == "GET"
+            and _STATUS_PATH.fullmatch(scope["path"]) is not None)
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (scope["type"] != "http" or scope["method"] != "GET"
-                or not _STATUS_PATH.fullmatch(scope["path"])):
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope, receive)
-        state = scope["app"].state
-        response: Response
-        try:
-            owner = caller(request, state.settings)
-            response = await sage.status(request, owner, state.settings, state.store)
-        except RequestError as exc:
-            response = JSONResponse(sage_body(exc))  # HTTP 200: see errors.SAGE_STATUS_ROUTES
-        except Exception as exc:  # what the app's handler would answer (a 500, logged)
-            response = await unexpected(request, exc)
-        await response(scope, receive, send)
+async def answer_status(state: State, scope: Scope, receive: Receive, send: Send) -> None:
+    """The GET status poll, Sage's most frequent request, answered before FastAPI's
+    middleware, router and dependency machinery (gateway.app.Gateway; they cost a poll more
+    than its Redis call): the same serving function, the same key check (`auth.caller`) and
+    the same HTTP 200 refusals as the routes above, which still serve POST and document
+    both. A GET's body is never read (`read_params`), so no body limit is skipped."""
+    request = Request(scope, receive)
+    response: Response
+    try:
+        owner = caller(request, state.settings)
+        response = await sage.status(request, owner, state.settings, state.store)
+    except RequestError as exc:
+        response = JSONResponse(sage_body(exc))  # HTTP 200: see errors.SAGE_STATUS_ROUTES
+    except Exception as exc:  # what the app's handler would answer (a 500, logged)
+        response = await unexpected(request, exc)
+    await response(scope, receive, send)
