@@ -289,18 +289,8 @@ def test_a_busy_holder_finishes_and_a_killed_one_lapses(trio: dict) -> None:
     def holders() -> dict[str, Any]:
         return _live(client, holders_key)
 
-    async def ballast(release: bool = False) -> bool:
-        redis = Redis.from_url(trio["redis"].url)
-        ledger = DeviceLedger(redis, device_id, "ballast")
-        try:
-            if release:
-                return await ledger.release()
-            answer = await ledger.reserve("other", "ballast", MIB, 2 * MIB, 600.0)
-            return answer.reserved
-        finally:
-            await redis.aclose()
-
-    wait_until(lambda: asyncio.run(ballast()), 30, "the ballast reservation", 0.1)
+    wait_until(lambda: asyncio.run(ballast(trio, device_id)), 30, "the ballast reservation",
+               0.1)
     try:
         long_id = submit_file(gateway, LONG).json()["taskid"]
         wait_until(lambda: holders().get(fw_consumer, {}).get("busy") == 1, 60, "fw busy")
@@ -322,16 +312,14 @@ def test_a_busy_holder_finishes_and_a_killed_one_lapses(trio: dict) -> None:
         submit_file(gateway, LONG).json()["taskid"]
         wait_until(lambda: holders().get(fw_consumer, {}).get("busy") == 1, 60, "fw busy")
         vv_id = submit_file(gateway, JFK, backend="vibevoice").json()["taskid"]
-        wait_until(lambda: any(w["backend"] == "vibevoice" for w in httpx.get(
-            f"{gateway}/ready", timeout=10).json()["devices"][device_id]["waiting"]),
-            30, "vibevoice in line")
+        wait_until(lambda: waiting(gateway, device_id, "vibevoice"), 30, "vibevoice in line")
         os.kill(workers["faster-whisper"].pid, signal.SIGKILL)
         killed = time.monotonic()
         wait_until(lambda: fw_consumer not in holders(), LEASE + 1.0, "the lease to lapse")
         assert time.monotonic() - killed <= LEASE + 1.0
         assert wait_done(gateway, vv_id, timeout=120)["status"] == "SUCCEEDED"
     finally:
-        asyncio.run(ballast(release=True))
+        asyncio.run(ballast(trio, device_id, release=True))
 
 
 def test_a_stopped_holder_keeps_its_reservation_until_it_resumes(trio: dict) -> None:
@@ -346,24 +334,14 @@ def test_a_stopped_holder_keeps_its_reservation_until_it_resumes(trio: dict) -> 
     holders_key = keys.device_holders(device_id)
     fw_consumer = httpx.get(f"{fw.url}/health").json()["consumer"]
 
-    async def ballast(release: bool = False) -> bool:  # half the budget, held throughout
-        redis = Redis.from_url(trio["redis"].url)
-        ledger = DeviceLedger(redis, device_id, "ballast-2")
-        try:
-            if release:
-                return await ledger.release()
-            return (await ledger.reserve("other", "ballast", MIB, 2 * MIB, 600.0)).reserved
-        finally:
-            await redis.aclose()
-
     def vibevoice_waiting() -> bool:
-        line = httpx.get(f"{gateway}/ready", timeout=10).json()["devices"][device_id]["waiting"]
-        return any(w["backend"] == "vibevoice" for w in line)
+        return waiting(gateway, device_id, "vibevoice")
 
     def every_holder() -> dict[str, Any]:  # lapsed leases included: what is still counted
         return {k.decode(): json.loads(v) for k, v in client.hgetall(holders_key).items()}
 
-    wait_until(lambda: asyncio.run(ballast()), 60, "the ballast reservation", 0.1)
+    wait_until(lambda: asyncio.run(ballast(trio, device_id)), 60, "the ballast reservation",
+               0.1)  # half the budget, held throughout
     stopped = False
     try:
         long_id = submit_file(gateway, LONG).json()["taskid"]
@@ -387,7 +365,25 @@ def test_a_stopped_holder_keeps_its_reservation_until_it_resumes(trio: dict) -> 
     finally:
         if stopped:
             os.kill(fw.pid, signal.SIGCONT)
-        asyncio.run(ballast(release=True))
+        asyncio.run(ballast(trio, device_id, release=True))
+
+
+async def ballast(trio: dict, device_id: str, release: bool = False) -> bool:
+    """Half the budget reserved (or given back) by another process's consumer, busy."""
+    redis = Redis.from_url(trio["redis"].url)
+    ledger = DeviceLedger(redis, device_id, "ballast")
+    try:
+        if release:
+            return await ledger.release()
+        return (await ledger.reserve("other", "ballast", MIB, 2 * MIB, 600.0)).reserved
+    finally:
+        await redis.aclose()
+
+
+def waiting(gateway: str, device_id: str, backend: str) -> bool:
+    """Whether a load of `backend` waits in the device's line (/ready)."""
+    line = httpx.get(f"{gateway}/ready", timeout=10).json()["devices"][device_id]["waiting"]
+    return any(w["backend"] == backend for w in line)
 
 
 def _live(client: Any, key: str) -> dict[str, Any]:

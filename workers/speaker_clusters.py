@@ -84,29 +84,30 @@ def cluster(embeddings: np.ndarray, bounds: tuple[int, int]) -> np.ndarray:
 
 
 def split_mixed(embeddings: np.ndarray, labels: np.ndarray, most: int) -> np.ndarray:
-    """Split each found speaker whose two halves are unlike (SPLIT_BELOW), while there are
-    fewer than `most`; speakers renumbered 0, 1, … A recording found to be one voice
-    (`one_speaker`'s spread check) stays one."""
+    """Split each found speaker whose two halves are unlike (SPLIT_BELOW), and the halves
+    again, while there are fewer than `most`; speakers renumbered 0, 1, … A recording found
+    to be one voice (`one_speaker`'s spread check) stays one."""
     labels = labels.copy()
-    while 1 < labels.max() + 1 < most:
-        for speaker in range(labels.max() + 1):
-            members = np.flatnonzero(labels == speaker)
-            if len(members) < 2 * SPLIT_MIN_WINDOWS:
-                continue
-            try:
-                halves = _clusterer(2, 2).predict(embeddings[members])
-            except ValueError:  # too alike to split at all (a degenerate affinity)
-                continue
-            first, second = members[halves == 0], members[halves == 1]
-            if min(len(first), len(second)) < SPLIT_MIN_WINDOWS:
-                continue
-            alike = float(_normed(embeddings[first].mean(axis=0))
-                          @ _normed(embeddings[second].mean(axis=0)))
-            if alike < SPLIT_BELOW:
-                labels[second] = labels.max() + 1
-                break
-        else:
-            break
+    if labels.max() < 1:
+        return labels
+    pending = list(range(labels.max() + 1))  # speakers not yet tried
+    while pending and labels.max() + 1 < most:
+        speaker = pending.pop(0)
+        members = np.flatnonzero(labels == speaker)
+        if len(members) < 2 * SPLIT_MIN_WINDOWS:
+            continue
+        try:
+            halves = _clusterer(2, 2).predict(embeddings[members])
+        except ValueError:  # too alike to split at all (a degenerate affinity)
+            continue
+        first, second = members[halves == 0], members[halves == 1]
+        if min(len(first), len(second)) < SPLIT_MIN_WINDOWS:
+            continue
+        alike = float(_normed(embeddings[first].mean(axis=0))
+                      @ _normed(embeddings[second].mean(axis=0)))
+        if alike < SPLIT_BELOW:
+            labels[second] = labels.max() + 1
+            pending += [speaker, int(labels.max())]
     return np.unique(labels, return_inverse=True)[1]
 
 
