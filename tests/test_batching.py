@@ -22,6 +22,7 @@ from common.audio import decode_audio, encode_wav
 from common.schemas import TaskState
 from common.settings import Settings
 from common.store import Task, TaskStore, new_task_id
+from common.store.worker import WorkerStore
 from harness import procs
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK_TEXT, pending_count, wer
@@ -272,3 +273,36 @@ def test_a_worker_killed_mid_batch_loses_nothing(redis: procs.RedisServer,
 
 async def _submit_all(redis_url: str, audios: list[bytes]) -> list[str]:
     return [await submit(redis_url, audio) for audio in audios]
+
+
+def test_the_sweep_for_company_is_one_round_trip_over_both_lanes(
+        redis: procs.RedisServer) -> None:
+    """A lone task pays one empty read for the window; a burst is taken in one read too,
+    interactive entries first."""
+    async def scenario() -> tuple[list[str], list[str], int, int]:
+        client = Redis.from_url(redis.url)
+        store = WorkerStore(client, settings_for(redis.url), "sweeper")
+        await store.ensure_queue()
+        before = await reads(client)
+        assert await store.sweep(3) == []
+        empty_calls = await reads(client) - before
+        ids = {}
+        for lane in (keys.BATCH, keys.BATCH, keys.INTERACTIVE, keys.BATCH, keys.INTERACTIVE):
+            task = Task(id=new_task_id(), backend=BACKEND, model="tiny.en",
+                        state=TaskState.PENDING, lane=lane, audio_seconds=1.0)
+            await TaskStore(client, 600).submit(task, b"\0" * 64)
+            ids[task.id] = lane
+        before = await reads(client)
+        found = await store.sweep(2)
+        calls = await reads(client) - before
+        await client.aclose()
+        return ([ids[d.task_id] for d in found], [d.lane for d in found], empty_calls, calls)
+
+    async def reads(client: Redis) -> int:
+        stats = await client.info("commandstats")
+        return int(stats.get("cmdstat_xreadgroup", {}).get("calls", 0))
+
+    owners, lanes, empty_calls, calls = asyncio.run(scenario())
+    assert (empty_calls, calls) == (1, 1)
+    assert lanes == [keys.INTERACTIVE, keys.INTERACTIVE, keys.BATCH, keys.BATCH]
+    assert owners == lanes  # each delivery is its own task's entry

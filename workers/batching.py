@@ -36,8 +36,9 @@ from workers.engines.base import BatchTranscriptionEngine, Engine
 from workers.execute import Outcome, Source, TaskError, asr_audio, run_engine, task_error
 
 T = TypeVar("T")
-#: reads new entries, waiting up to the given ms (None: not at all)
-Read = Callable[[int | None], Awaitable[list[Delivery]]]
+#: reads up to `count` new entries a lane in one round trip, waiting up to `block_ms` (None:
+#: not at all)
+Read = Callable[[int, int | None], Awaitable[list[Delivery]]]
 
 
 def batch_engine(engine: Engine, settings: Settings) -> BatchTranscriptionEngine | None:
@@ -72,20 +73,20 @@ class Gatherer:
         deadline = read_at + max(0.0, min(self.window,
                                           arrival(taken[0]) + self.window - time.time()))
         while len(taken) < self.max_size:
-            more = await read(None)
+            more = await read(self.max_size - len(taken), None)
             if not more:
                 if not (self.company or len(taken) > 1):
                     break  # alone: go at once
                 left_ms = int((deadline - time.monotonic()) * 1000)
                 if left_ms < 1:  # XREADGROUP's BLOCK 0 would wait for ever
                     break
-                more = await read(left_ms)
+                more = await read(self.max_size - len(taken), left_ms)
                 if not more:
                     break
             taken.extend(more)
         self.company = len(taken) > 1
         waited = time.monotonic() - read_at
-        return taken, waited  # a read that waits may bring one more than asked (one a lane)
+        return taken, waited  # a read may bring more than asked (up to `count` a lane)
 
 
 def batch_key(engine: BatchTranscriptionEngine, model: str,

@@ -121,7 +121,7 @@ class Consumer:
         """The batch window (workers/batching.Gatherer); its wait goes into the metrics."""
         assert self.gatherer is not None
         taken, waited = await self.gatherer.gather(
-            first, lambda block_ms: self.store.read(block_ms=block_ms))
+            first, self.store.sweep)
         self.observations = {"batch_window_wait_seconds": waited, "batch_size": 1}
         return taken
 

@@ -73,6 +73,15 @@ class Queue:
         return self._counted(
             await self._read({self.streams[lane]: ">" for lane in keys.LANES}, block_ms))
 
+    async def sweep(self, count: int, block_ms: int | None = None) -> list[Delivery]:
+        """Up to `count` new entries of each lane in one round trip, interactive first
+        (a batch gathering its company: workers/batching.py), waiting up to `block_ms` (None:
+        not at all) when both are empty."""
+        found = await self._read({self.streams[lane]: ">" for lane in keys.LANES}, block_ms,
+                                 count=count)
+        order = {lane: rank for rank, lane in enumerate(keys.LANES)}
+        return self._counted(sorted(found, key=lambda delivery: order[delivery.lane]))
+
     def _counted(self, found: list[Delivery]) -> list[Delivery]:
         """`found`, counted into the run of interactive entries since the last batch one."""
         for delivery in found:
@@ -80,9 +89,10 @@ class Queue:
             self.interactive_run = self.interactive_run + 1 if interactive else 0
         return found
 
-    async def _read(self, streams: dict[str, str], block_ms: int | None) -> list[Delivery]:
+    async def _read(self, streams: dict[str, str], block_ms: int | None,
+                    count: int = 1) -> list[Delivery]:
         lanes = {stream: lane for lane, stream in self.streams.items()}
-        reply = await self.redis.xreadgroup(keys.WORKER_GROUP, self.consumer, streams, count=1,
+        reply = await self.redis.xreadgroup(keys.WORKER_GROUP, self.consumer, streams, count=count,
                                             block=block_ms)
         return [_delivery(entry_id, fields, lanes[text(stream)])
                 for stream, entries in reply or [] for entry_id, fields in entries]

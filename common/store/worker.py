@@ -66,6 +66,10 @@ class WorkerStore:
         up to `block_ms` (None: not at all)."""
         return await self._queue.read(after=after, lane=lane, block_ms=block_ms)
 
+    async def sweep(self, count: int, block_ms: int | None = None) -> list[Delivery]:
+        """Up to `count` new entries a lane in one round trip, interactive first."""
+        return await self._queue.sweep(count, block_ms)
+
     async def claim_abandoned(self, min_idle_seconds: float) -> list[Delivery]:
         return await self._queue.claim_abandoned(min_idle_seconds)
 
