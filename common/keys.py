@@ -151,6 +151,13 @@ def in_flight(owner: str) -> str:
     return f"{PREFIX}in-flight:{owner or '-'}"
 
 
+def slots(kind: str, owner: str) -> str:
+    """Sorted set: the holders of an owner's leased slots of one kind ("sessions": live
+    sessions, "webhooks": deliveries on the way), scored by when each lease ends (epoch s);
+    common/store/slots.py."""
+    return f"{PREFIX}slots:{kind}:{owner or '-'}"
+
+
 def usage_total(owner: str) -> str:
     """Hash: an owner's all-time usage of SUCCEEDED tasks, "<unit>:<backend>" -> amount (what
     the per-key Prometheus counters report)."""

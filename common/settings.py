@@ -225,6 +225,9 @@ class Settings(BaseSettings):
     #: one key may hold at most this share of a process's sessions and of its waiting calls
     #: (`max_waiting_requests`; keys on)
     realtime_key_share: float = Field(default=0.5, gt=0, le=1)
+    #: one key's live sessions in every gateway process together (0: its share of one
+    #: process's, `realtime_key_share` x `realtime_max_sessions`)
+    realtime_sessions_per_key: int = Field(default=0, ge=0)
     #: audio faster than this x real time (after one buffer's burst) ends the session
     realtime_max_speed: float = Field(default=2.0, gt=0)
     #: earlier turns' text goes into the next turn's prompt (a session's
@@ -267,7 +270,8 @@ class Settings(BaseSettings):
     webhook_poll_seconds: float = Field(default=1.0, gt=0)
     #: deliveries one gateway process sends at once (each on its own: none waits for another)
     webhook_concurrency: int = Field(default=64, ge=1)
-    #: … of which one key's at most (its other due ones wait their turn)
+    #: one key's deliveries on the way at once, in every gateway process together (its other
+    #: due ones wait their turn)
     webhook_concurrency_per_key: int = Field(default=4, ge=1)
     #: redeliver calls one key may make per minute (0 = no limit); past it a 429
     webhook_redeliveries_per_minute: int = Field(default=30, ge=0)

@@ -354,7 +354,10 @@ def test_a_stopped_holder_keeps_its_reservation_until_it_resumes(trio: dict) -> 
         time.sleep(LEASE + 1.0)  # the lease lapsed; the line polls every 0.1 s
         assert fw_consumer not in _live(client, holders_key)  # lapsed ...
         held = every_holder()
-        assert fw_consumer in held  # ... but not taken away
+        assert fw_consumer in held  # ... but not taken away, and /ready says so
+        shown = httpx.get(f"{gateway}/ready", timeout=10).json()["devices"][device_id]
+        assert shown["lapsed"][fw_consumer]["lapsed_seconds"] > 0, shown
+        assert fw_consumer not in shown["holders"]
         assert sum(h["mib"] for h in held.values()) <= 2 * MIB, held
         assert vibevoice_waiting()  # still in line
         os.kill(fw.pid, signal.SIGCONT)

@@ -1,6 +1,6 @@
 """A device broker that heals (issue 30, finding 4), on a real redis-server: the ledger's Lua
 rules, and real in-process workers (faster-whisper's bundled tiny.en) on a cpu budget. Peaks
-are kept per model and class (plain, diarized), never lowered by a lighter task, age out,
+are kept per model and class (diarizer, audio length), never lowered by a lighter task, age out,
 and one past the whole budget is measured again after one lease; a load refused for memory
 shows on the device's view (/ready) until one fits."""
 
@@ -11,13 +11,19 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from redis.asyncio import Redis
 
+from common import keys
+from common.audio import decode_audio, encode_wav
 from common.schemas import TaskState
+from common.store import Task, TaskStore, new_task_id
 from common.store.devices import DeviceLedger, devices
 from harness import procs
+from tests.helpers import JFK
 from tests.test_consumer_inprocess import run_worker, submit, task_of, worker_settings
+from workers.device_budget import PeakClass
 
 LEASE = 1.0
 
@@ -108,3 +114,48 @@ def test_a_worker_recovers_within_one_lease_after_a_spurious_peak(
     asyncio.run(run_worker(settings))
     assert asyncio.run(task_of(redis.url, healed)).state == TaskState.SUCCEEDED
     assert asyncio.run(view()) == []
+
+
+def test_a_long_task_is_measured_in_its_own_length_class(redis: procs.RedisServer) -> None:
+    """A long file's peak (its decoded audio alone is 64 KB a second) is recorded apart from
+    the plain one, which it neither raises nor lowers."""
+    settings = worker_settings(redis.url, {"tiny.en": "bundled"}).model_copy(update={
+        "device_memory_mib": {"cpu": 100_000}})
+    speech = decode_audio(JFK.read_bytes(), 16000, None)
+    long_audio = encode_wav(np.concatenate([speech, np.zeros(150 * 16000, np.float32)]), 16000)
+
+    async def submit_long() -> str:
+        client = Redis.from_url(redis.url)
+        task = Task(id=new_task_id(), backend="faster-whisper", model="tiny.en",
+                    state=TaskState.PENDING, params={"vad_filter": True, "beam_size": 1},
+                    audio_seconds=len(long_audio) / 32000)
+        await TaskStore(client, 600).submit(task, long_audio)
+        await client.aclose()
+        return task.id
+
+    def peaks() -> dict[str, float]:
+        raw = redis.client().hgetall(keys.model_peaks())
+        return {k.decode(): float(v) for k, v in raw.items() if b"@" not in k}
+
+    plain_task = asyncio.run(submit(redis.url, "tiny.en"))
+    asyncio.run(run_worker(settings))
+    plain = peaks()
+    assert list(plain) == ["faster-whisper/tiny.en"]
+    long_task = asyncio.run(submit_long())
+    asyncio.run(run_worker(settings))
+    for task_id in (plain_task, long_task):
+        assert asyncio.run(task_of(redis.url, task_id)).state == TaskState.SUCCEEDED
+    after = peaks()
+    assert set(after) == {"faster-whisper/tiny.en", "faster-whisper/tiny.en:len1"}
+    assert after["faster-whisper/tiny.en"] == plain["faster-whisper/tiny.en"]
+
+
+def test_peak_classes_name_the_diarizer_and_the_length() -> None:
+    assert [PeakClass.of("", s).name for s in (None, 0, 120, 120.5, 600.5, 1800.5, 9e9)] == [
+        "", "", "", "len1", "len2", "len3", "len3"]
+    long_plain, short_diarized = PeakClass.of("", 700), PeakClass.of("diarized", 30)
+    assert long_plain.join(short_diarized).name == "diarized+len2"
+    assert short_diarized.join(PeakClass.of("", 30)) == short_diarized  # already covered
+    # a class not measured yet starts from the same diarizer's plain length, then plain
+    assert PeakClass.of("pyannote", 700).lighter.name == "pyannote"
+    assert short_diarized.lighter.name == long_plain.lighter.name == ""

@@ -40,13 +40,17 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                {"key": "sha256:" + digest(KEYS["b"]), "name": "b"},
                {"key": "sha256:" + digest(KEYS["metered"]), "name": "metered",
                 "quotas": {"audio_seconds_per_day": 4}}]
-    gateway = procs.gateway(server.url, workdir, api_keys=entries, realtime_max_sessions="4",
-                            realtime_key_share="0.5", realtime_max_buffer_seconds="2",
-                            max_waiting_requests="4").start()
-    yield {"gateway": gateway.url, "ws": gateway.url.replace("http://", "ws://")
-           + "/v1/realtime?intent=transcription", "client": server.client()}
+    limits = {"realtime_max_sessions": "4", "realtime_key_share": "0.5",
+              "realtime_max_buffer_seconds": "2", "max_waiting_requests": "4"}
+    gateway = procs.gateway(server.url, workdir, api_keys=entries, **limits).start()
+    yield {"gateway": gateway.url, "ws": socket_url(gateway.url), "client": server.client(),
+           "redis": server.url, "workdir": workdir, "entries": entries, "limits": limits}
     gateway.stop()
     server.stop()
+
+
+def socket_url(gateway: str) -> str:
+    return gateway.replace("http://", "ws://") + "/v1/realtime?intent=transcription"
 
 
 async def opened(env: dict[str, Any], key: str) -> websockets.ClientConnection:
@@ -94,6 +98,38 @@ def test_one_key_holds_at_most_its_share_of_sessions(env: dict[str, Any]) -> Non
             await socket.close()
 
     asyncio.run(scenario())
+
+
+def test_a_keys_share_of_sessions_holds_across_gateway_processes(env: dict[str, Any]) -> None:
+    """Its sessions are leased slots in Redis: a second gateway process sees the first's."""
+    second = procs.gateway(env["redis"], env["workdir"], api_keys=env["entries"],
+                           **env["limits"]).start()
+    slots = keys.slots("sessions", digest(KEYS["a"])[:16])
+
+    async def scenario() -> None:
+        mine = [await opened(env, "a") for _ in range(2)]
+        assert env["client"].zcard(slots) == 2
+        elsewhere = {**env, "ws": socket_url(second.url)}
+        third = await opened(elsewhere, "a")
+        assert third.refused["error"]["code"] == "too_many_sessions"  # type: ignore[attr-defined]
+        assert "every gateway process" in third.refused["error"]["message"]  # type: ignore[attr-defined]
+        await mine[0].close()
+        deadline = time.monotonic() + 10
+        while env["client"].zcard(slots) > 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        now_in = await opened(elsewhere, "a")  # its slot was given back: room again
+        assert not hasattr(now_in, "refused")
+        for socket in (mine[1], now_in):
+            await socket.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        second.stop()
+    deadline = time.monotonic() + 10
+    while env["client"].zcard(slots) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert env["client"].zcard(slots) == 0  # every slot given back at close
 
 
 def test_audio_past_twice_real_time_ends_the_session(env: dict[str, Any]) -> None:

@@ -1,6 +1,7 @@
 """Fair webhook deliveries (issue 30, finding 5): a real redis-server, gateway and
 faster-whisper worker, and the real receiver of tests/test_webhooks.py. One key whose receiver
-hangs holds at most its own delivery slots, so another key's webhook goes out at once; a
+hangs holds at most its own delivery slots (in every gateway process together), so another
+key's webhook goes out at once; a
 key's redeliveries per minute are capped; a key can have its own signing secret; the body
 names the owner."""
 
@@ -39,14 +40,17 @@ def env(tmp_path_factory: pytest.TempPathFactory, speech_clip: Path) -> Iterator
     server = procs.RedisServer(workdir / "redis").start()
     keys = [{"key": digest(SLOW), "name": "slow"},
             {"key": digest(FAST), "name": "fast", "webhook_secrets": {"f1": FAST_SECRET}}]
-    gateway = procs.gateway(
+    # two gateway processes deliver: a key's slots are counted across both
+    gateway, second = (procs.gateway(
         server.url, workdir, api_keys=keys, callback_url_hosts=[receiver.host],
         webhook_secrets=SECRETS, webhook_timeout_seconds=str(TIMEOUT),
         webhook_retry_seconds="60", webhook_poll_seconds="0.1",
         webhook_concurrency_per_key=str(PER_KEY), webhook_redeliveries_per_minute="5").start()
+        for _ in range(2))
     worker = procs.worker(server.url, workdir, idle_unload_seconds="-1", preload="true").start()
     yield {"gateway": gateway.url, "receiver": receiver, "clip": speech_clip}
     worker.stop()
+    second.stop()
     gateway.stop()
     server.stop()
     receiver.close()
@@ -80,7 +84,7 @@ def test_a_hanging_receiver_delays_only_its_own_key(env: dict[str, Any]) -> None
     assert hit.headers["webhook-key-id"] == "f1"
     OpenAI(api_key="unused", webhook_secret=FAST_SECRET).webhooks.verify_signature(
         hit.body.decode(), hit.headers)
-    # the slow key never had more than its slots on the way at once
+    # the slow key never had more than its slots on the way at once, in both gateways
     hits = receiver.at("hang")
     arrivals = sorted(h.headers["webhook-timestamp"] for h in hits)
     stamps = [int(stamp) for stamp in arrivals]

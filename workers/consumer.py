@@ -263,9 +263,10 @@ class Consumer:
                     where.append(index)
                 except TaskError as exc:
                     results[index] = exc
+            members = [tasks[i][0] for i in where]
             outcomes = await self.host.execute_batch(
-                model, items, on_load=functools.partial(self._loaded_together,
-                                                        [tasks[i][0] for i in where])
+                model, items, on_load=functools.partial(self._loaded_together, members),
+                audio_seconds=max((task.audio_seconds or 0.0 for task in members), default=0.0)
             ) if items else []
         except TaskError as exc:  # the breaker, the load or the cap: every task's
             outcomes = [exc] * len(where)
@@ -310,7 +311,7 @@ class Consumer:
         speech = await self._speech(task, attempt) if self.host.kind == "tts" else None
         return await self.host.execute(task.model, task.params, source, on_segment,
                                        on_load=functools.partial(self._loaded, task),
-                                       speech=speech)
+                                       speech=speech, audio_seconds=task.audio_seconds)
 
     async def _admit(self, model: str) -> None:
         breaker_error = await self.breakers.admit(model)

@@ -9,9 +9,11 @@ switched off (no budget set on cpu, or none known on cuda): every call is free.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import socket
 import time
+from dataclasses import dataclass
 
 from common.schemas import ErrorCode
 from common.settings import Settings
@@ -26,6 +28,43 @@ log = logging.getLogger("worker.device")
 #: runs of one model (allocator arenas, other threads), so it gets more room
 PEAK_SLACK_RATIO = {"cuda": 0.10, "cpu": 0.25}
 PEAK_SLACK_MIB = 8.0
+#: audio seconds that bound a peak's length classes: a task up to the first is plain; the
+#: decoded audio (64 KB a second), a window's activations and the diarizer's embeddings grow
+#: with length, so longer tasks are measured, and reserved for, apart
+LENGTH_CLASSES = (120.0, 600.0, 1800.0)
+
+
+@dataclass(frozen=True, slots=True)
+class PeakClass:
+    """What a task's memory peak depends on besides its model: the diarizer it loads ("" none)
+    and its audio's length class (0 plain, else an index past `LENGTH_CLASSES`' bounds)."""
+
+    diarizer: str = ""
+    length: int = 0
+
+    @classmethod
+    def of(cls, diarizer: str = "", audio_seconds: float | None = None) -> PeakClass:
+        length = bisect.bisect_left(LENGTH_CLASSES, audio_seconds or 0.0)
+        return cls(diarizer, length)
+
+    @property
+    def name(self) -> str:
+        """The peak's field suffix: "" plain, "diarized", "len2", "diarized+len1" …"""
+        return "+".join(part for part in
+                        (self.diarizer, f"len{self.length}" if self.length else "") if part)
+
+    @property
+    def lighter(self) -> PeakClass:
+        """What a class not measured yet starts from: the same diarizer at plain length, or
+        (for that) the plain class."""
+        return PeakClass(self.diarizer, 0) if self.length else PLAIN
+
+    def join(self, other: PeakClass) -> PeakClass:
+        """The class a reservation needs to serve tasks of both."""
+        return PeakClass(self.diarizer or other.diarizer, max(self.length, other.length))
+
+
+PLAIN = PeakClass()  # no diarizer, up to the first length bound
 
 
 class DeviceBudget:
@@ -42,8 +81,8 @@ class DeviceBudget:
 
     last_measured = True  # the last reservation knew its class's peak (else it measures one)
 
-    async def reserve(self, model: str, peak_class: str = "") -> float:
-        """Wait for `model`'s need (for tasks of `peak_class`: "" plain, "diarized") to fit;
+    async def reserve(self, model: str, peak_class: PeakClass = PLAIN) -> float:
+        """Wait for `model`'s need (for tasks of `peak_class`) to fit;
         its MiB. TaskError: device_busy after waiting `device_wait_seconds`, out_of_memory
         when it can never fit."""
         del model, peak_class
@@ -61,7 +100,7 @@ class DeviceBudget:
         """2: holding and asked to yield; 1: holding; 0: holding nothing."""
         return 1
 
-    async def record_peak(self, model: str, mib: float, peak_class: str = "") -> None:
+    async def record_peak(self, model: str, mib: float, peak_class: PeakClass = PLAIN) -> None:
         del model, mib, peak_class
 
 
@@ -84,7 +123,7 @@ class BrokeredBudget(DeviceBudget):
     async def register(self) -> None:
         await self.ledger.register(self.budget_mib)
 
-    async def reserve(self, model: str, peak_class: str = "") -> float:
+    async def reserve(self, model: str, peak_class: PeakClass = PLAIN) -> float:
         settings = self.settings
         need = settings.model_memory(self.backend, model)
         deadline = time.monotonic() + settings.device_wait_seconds
@@ -93,9 +132,11 @@ class BrokeredBudget(DeviceBudget):
         try:
             while True:
                 answer = await self.ledger.reserve(self.backend, model, need, self.budget_mib,
-                                                   settings.device_lease_seconds, peak_class,
+                                                   settings.device_lease_seconds,
+                                                   peak_class.name,
                                                    settings.device_peak_max_age_seconds,
-                                                   self.process, await self._alive_holders())
+                                                   self.process, await self._alive_holders(),
+                                                   peak_class.lighter.name)
                 self.last_measured = answer.measured
                 if answer.reserved:
                     reserved = True
@@ -141,8 +182,8 @@ class BrokeredBudget(DeviceBudget):
     async def renew(self) -> int:
         return await self.ledger.renew(self.settings.device_lease_seconds)
 
-    async def record_peak(self, model: str, mib: float, peak_class: str = "") -> None:
-        await self.ledger.record_peak(self.backend, model, mib, peak_class,
+    async def record_peak(self, model: str, mib: float, peak_class: PeakClass = PLAIN) -> None:
+        await self.ledger.record_peak(self.backend, model, mib, peak_class.name,
                                       self.settings.device_peak_max_age_seconds)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from common.schemas import ErrorCode
 from workers import memory
-from workers.device_budget import DeviceBudget, peak_over
+from workers.device_budget import PLAIN, DeviceBudget, PeakClass, peak_over
 from workers.execute import TaskError
 from workers.models import ModelSlot
 
@@ -30,7 +30,7 @@ class DeviceHolding:
         self.uses_torch = uses_torch
         self.device = device
         self.held: str | None = None  # the model whose reservation this worker holds
-        self.held_class = ""  # … for tasks of this peak class ("" plain, "diarized")
+        self.held_class = PLAIN  # … sized for tasks of this class (diarizer, length)
         self.reserved_mib = 0.0
         self._measuring = False  # the reservation knew no peak of its class: it measures
         self._peak_from: float | None = None  # MiB in use before the load being measured
@@ -42,20 +42,21 @@ class DeviceHolding:
         waited, self._waited = self._waited, None
         return waited
 
-    async def reserve(self, model: str, peak_class: str = "") -> None:
+    async def reserve(self, model: str, peak_class: PeakClass = PLAIN) -> None:
         """Before `model` may load: hold a reservation for it on the device (waiting in line
         if need be), sized for tasks of `peak_class` (a diarized task also loads the
-        diarizer). A resident model only marks its reservation busy, or grows it in place
-        for a heavier class."""
+        diarizer; a long one holds more audio). A resident model only marks its reservation
+        busy, or grows it in place for a class its own does not cover."""
         if not self.budget.enabled or model not in self.slot.sources:
             return
         if self.held == model and self.slot.name == model and self.slot.handle is not None:
-            if peak_class and peak_class != self.held_class:
+            wanted = self.held_class.join(peak_class)
+            if wanted != self.held_class:
                 # the same model for a heavier class: reserve again in place (our own
                 # reservation is replaced), measured from the model's own load
                 base = self.baseline_mib
-                self.reserved_mib = await self.budget.reserve(model, peak_class)
-                self.held_class, self._measuring = peak_class, not self.budget.last_measured
+                self.reserved_mib = await self.budget.reserve(model, wanted)
+                self.held_class, self._measuring = wanted, not self.budget.last_measured
                 await self.call(memory.reset_peak, self.uses_torch, self.device)
                 self._peak_from = base
                 return
@@ -70,7 +71,7 @@ class DeviceHolding:
             self.held, self.reserved_mib = None, 0.0
         self.reserved_mib = await self.budget.reserve(model, peak_class)
         self.held, self.held_class = model, peak_class
-        self._measuring = bool(peak_class) and not self.budget.last_measured
+        self._measuring = peak_class != PLAIN and not self.budget.last_measured
         self._waited = self.budget.last_wait_seconds
         self._peak_from = await self.call(memory.reset_peak, self.uses_torch,
                                            self.device)

@@ -20,7 +20,7 @@ from common.catalog import BACKENDS
 from common.schemas import ErrorCode, Segment
 from common.settings import Settings
 from workers import batching, memory
-from workers.device_budget import NO_BUDGET, DeviceBudget
+from workers.device_budget import NO_BUDGET, DeviceBudget, PeakClass
 from workers.device_holding import DeviceHolding
 from workers.diarize import Diarizer
 from workers.engines.base import Engine
@@ -94,9 +94,11 @@ class EngineHost:
     async def execute(self, model: str, params: dict[str, Any], source: Source | None,
                       on_segment: Callable[[Segment], None],
                       on_load: OnLoad | None = None,
-                      speech: SpeechProgress | None = None) -> Outcome:
+                      speech: SpeechProgress | None = None,
+                      audio_seconds: float | None = None) -> Outcome:
         """Load `model` if needed and run one engine call, serialised with every other;
-        a TaskError says why it failed. `speech`: see workers.execute.SpeechProgress."""
+        a TaskError says why it failed. `speech`: see workers.execute.SpeechProgress;
+        `audio_seconds`: the task's length as known before decoding (its memory class)."""
 
         async def run(handle: Any) -> Outcome:
             return await self._call(
@@ -106,14 +108,17 @@ class EngineHost:
                 allowed_roots=tuple(self.settings.allowed_roots),
                 diarizer=self.slot.diarization(), speech=speech)
 
-        return await self._engine_call(model, on_load, params.get("diarization") is not None,
-                                       run)
+        diarize = params.get("diarization") is not None
+        return await self._engine_call(model, on_load, diarize, run,
+                                       self._peak_class(diarize, audio_seconds))
 
     async def execute_batch(self, model: str, items: list[batching.BatchItem],
-                            on_load: OnLoad | None = None) -> list[Outcome | TaskError]:
+                            on_load: OnLoad | None = None,
+                            audio_seconds: float | None = None) -> list[Outcome | TaskError]:
         """`execute` for tasks that share calls (workers/batching.py): each one's outcome
         or error. The batch is split into calls that fit the memory cap and the device
-        reservation; a TaskError raised here (a load, the cap) is every task's."""
+        reservation; a TaskError raised here (a load, the cap) is every task's.
+        `audio_seconds`: the longest clip's length (the calls' memory class)."""
         engine = batching.batch_engine(self.engine, self.settings)
         assert engine is not None
 
@@ -129,16 +134,22 @@ class EngineHost:
                 results += await self._call(self._run_batch, engine, handle, model, chunk)
             return results
 
-        return await self._engine_call(model, on_load, False, run)
+        return await self._engine_call(model, on_load, False, run,
+                                       self._peak_class(False, audio_seconds))
+
+    def _peak_class(self, diarize: bool, audio_seconds: float | None) -> PeakClass:
+        diarizer = self.slot.diarizer
+        which = ("pyannote" if diarizer.is_pyannote else "diarized") if diarize and diarizer else ""
+        return PeakClass.of(which, audio_seconds)
 
     async def _engine_call(self, model: str, on_load: OnLoad | None, diarize: bool,
-                           run: Callable[[Any], Awaitable[T]]) -> T:
+                           run: Callable[[Any], Awaitable[T]], peak_class: PeakClass) -> T:
         async with self.lock:
             self.running_calls += 1
             outcome: T | None = None
             failure: TaskError | None = None
             try:
-                await self.holding.reserve(model, "diarized" if diarize else "")
+                await self.holding.reserve(model, peak_class)
                 handle = await self._acquire(model, on_load or self.on_load, diarize=diarize)
                 await self.holding.check_peak(model, after_task=False)
                 await self._call(self._refuse_over_cap)

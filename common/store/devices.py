@@ -74,7 +74,8 @@ end
 # KEYS: device, holders, waiting, peaks, devices
 # ARGV: consumer, backend, model, need (MiB, from settings), budget, lease seconds, device id,
 #       the peak's field, the peaks' max age (seconds, 0 = never), the model's plain peak
-#       field ("" = the peak is the plain one), this process's identity (workers/processes.py),
+#       field to start from when the class is not measured yet ("" = the peak is the plain
+#       one), this process's identity (workers/processes.py),
 #       then the holders whose lapsed leases still stand (their processes are alive)
 # -> {1, need, reserved after, measured} taken | {0, need, place in line, measured} waiting |
 #    {-1, need, budget, measured} never fits (the device's `refused:<field>` says so until a
@@ -90,7 +91,7 @@ local need = tonumber(ARGV[4])
 local peak = peak_of(KEYS[4], ARGV[8], need, budget, lease, tonumber(ARGV[9]))
 local measured = 0
 if peak > 0 then measured = 1
-elseif ARGV[10] ~= '' then  -- a class not measured yet starts from its model's plain peak
+elseif ARGV[10] ~= '' then  -- a class not measured yet starts from a lighter one's peak
   peak = peak_of(KEYS[4], ARGV[10], need, budget, lease, tonumber(ARGV[9]))
 end
 if peak > need then need = peak end
@@ -234,14 +235,16 @@ class DeviceLedger:
     async def reserve(self, backend: str, model: str, need_mib: float, budget_mib: int,
                       lease_seconds: float, peak_class: str = "",
                       peak_max_age: float = 0.0, process: str = "",
-                      alive: Sequence[str] = ()) -> Reservation:
+                      alive: Sequence[str] = (), lighter_class: str = "") -> Reservation:
         """`process`: this worker's process identity, kept with its reservation; `alive`:
-        holders whose leases stand though lapsed (their processes still exist)."""
+        holders whose leases stand though lapsed (their processes still exist);
+        `lighter_class`: the class whose peak an unmeasured `peak_class` starts from."""
         status, need, value, measured = await self._reserve(
             keys=[*self._keys, keys.model_peaks(), keys.devices()],
             args=[self.consumer, backend, model, need_mib, budget_mib, lease_seconds,
                   self.device_id, peak_field(backend, model, peak_class), peak_max_age,
-                  peak_field(backend, model) if peak_class else "", process, *alive])
+                  peak_field(backend, model, lighter_class) if peak_class else "", process,
+                  *alive])
         return Reservation(int(status), float(need), float(value), bool(measured))
 
     async def holder_processes(self) -> dict[str, str]:
@@ -294,6 +297,10 @@ class DeviceView:
     waiting: list[dict[str, Any]] = field(default_factory=list)  # first in line first
     #: loads refused as larger than the whole budget, until one of them fits again
     refused: list[dict[str, Any]] = field(default_factory=list)
+    #: holders past their lease still on record: stopped (SIGSTOP, a stall; their memory is
+    #: still counted by the next reservation while their process lives) or dead (dropped
+    #: by the next reservation)
+    lapsed: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def free_mib(self) -> float:
@@ -303,11 +310,12 @@ class DeviceView:
         return {"budget_mib": self.budget_mib, "reserved_mib": self.reserved_mib,
                 "free_mib": self.free_mib, "waiting_loads": len(self.waiting),
                 "evictions": self.evictions, "holders": self.holders, "waiting": self.waiting,
-                "refused_loads": len(self.refused), "refused": self.refused}
+                "refused_loads": len(self.refused), "refused": self.refused,
+                "lapsed_holders": len(self.lapsed), "lapsed": self.lapsed}
 
 
 async def devices(redis: Redis) -> list[DeviceView]:
-    """Every registered device, leases already past their expiry left out."""
+    """Every registered device; holders past their lease apart (`lapsed`)."""
     seconds, micros = await redis.time()
     now = seconds + micros / 1e6
     views = []
@@ -318,8 +326,8 @@ async def devices(redis: Redis) -> list[DeviceView]:
         pipe.hgetall(keys.device_holders(device_id))
         pipe.hgetall(keys.device_waiting(device_id))
         info, holders, waiting = await pipe.execute()
-        live = {k.decode(): json.loads(v) for k, v in holders.items()}
-        live = {k: v for k, v in live.items() if v["expires"] >= now}
+        recorded = {k.decode(): json.loads(v) for k, v in holders.items()}
+        live = {k: v for k, v in recorded.items() if v["expires"] >= now}
         queued = [{"consumer": k.decode(), **json.loads(v)} for k, v in waiting.items()]
         queued = sorted((w for w in queued if w["expires"] >= now),
                         key=lambda w: (w["since"], w["consumer"]))
@@ -330,7 +338,10 @@ async def devices(redis: Redis) -> list[DeviceView]:
              for k, v in live.items()},
             [{f: w[f] for f in ("consumer", "backend", "model", "need")}
              | {"waiting_seconds": round(now - w["since"], 3)} for w in queued],
-            _refused(info, now)))
+            _refused(info, now),
+            {k: {f: v[f] for f in ("backend", "model", "mib")}
+             | {"lapsed_seconds": round(now - v["expires"], 1)}
+             for k, v in recorded.items() if k not in live}))
     return views
 
 

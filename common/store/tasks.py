@@ -28,6 +28,7 @@ from common.store.poll import PollReader
 from common.store.positions import Positions
 from common.store.record import Duplicate, QueueFull, Task, TooManyInFlight
 from common.store.replicas import NotReplicated, ReplicaWait
+from common.store.slots import SlotStore
 from common.store.usage import Charge, UsageStore
 from common.store.values import one_line, text
 
@@ -208,8 +209,8 @@ class TaskStore:
     """The gateway's whole side of Redis: the task lifecycle here (submit, start, finish,
     cancel, the sweeper's fenced fail), and the rest as sub-stores: `positions` (queue
     positions and depths), `poll` (a status poll in one round trip), `blobs` (inputs and
-    outputs), `usage`, `breakers`, `live` (live workers), `outlook` (what a predicted wait
-    reads), `speech` (a TTS task's audio so far)."""
+    outputs), `usage`, `breakers`, `slots` (a key's leased slots), `live` (live workers),
+    `outlook` (what a predicted wait reads), `speech` (a TTS task's audio so far)."""
 
     def __init__(self, redis: Redis, retention_seconds: int,
                  blob_dir: BlobDir | None = None, replicas: ReplicaWait | None = None) -> None:
@@ -221,6 +222,7 @@ class TaskStore:
         self.poll = PollReader(redis)
         self.usage = UsageStore(redis)
         self.breakers = BreakerStore(redis)
+        self.slots = SlotStore(redis)
         self.live = LiveWorkers(redis)
         self.outlook = admission.OutlookReader(redis, self.live)
         self.speech = SpeechChunks(redis, retention_seconds)

@@ -16,16 +16,17 @@ no attempt starts `webhook_give_up_seconds` after the series' first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections import Counter
 from urllib.parse import urlsplit
 
 import httpx
 
 from common.settings import Settings
 from common.store import StoreError
+from common.store.slots import SlotStore
 from common.store.webhooks import Attempt, Claim, Owed, WebhookStore
 from gateway.policy.hosts import allowed
 from gateway.policy.webhooks import event_id, signature_headers
@@ -34,6 +35,7 @@ from gateway.serving.tasks import public_view
 log = logging.getLogger("gateway.deliverer")
 USER_AGENT = "speech-gateway-webhooks/1"
 NO_LONGER_ALLOWED = "its host is no longer in SPEECH_CALLBACK_URL_HOSTS"
+SLOTS = "webhooks"  # a key's deliveries on the way (common/store/slots.py)
 
 
 async def deliver_forever(webhooks: WebhookStore, settings: Settings) -> None:
@@ -53,8 +55,9 @@ async def deliver_forever(webhooks: WebhookStore, settings: Settings) -> None:
 
 class Deliverer:
     """Each claimed delivery runs on its own (a pass never waits for its slowest), up to
-    `webhook_concurrency` at once, of which one key's at most `webhook_concurrency_per_key`:
-    a key whose receiver hangs holds its own slots, not everyone's."""
+    `webhook_concurrency` at once; one key's at most `webhook_concurrency_per_key` in every
+    gateway process together (leased slots in Redis, as long as a claim): a key whose
+    receiver hangs holds its own slots, not everyone's."""
 
     def __init__(self, webhooks: WebhookStore, settings: Settings) -> None:
         self.webhooks = webhooks
@@ -66,7 +69,7 @@ class Deliverer:
                                         timeout=settings.webhook_timeout_seconds,
                                         headers={"user-agent": USER_AGENT})
         self.running: set[asyncio.Task[None]] = set()
-        self.per_owner: Counter[str] = Counter()
+        self.slots = SlotStore(webhooks.redis)
 
     async def close(self) -> None:
         for task in self.running:
@@ -92,12 +95,12 @@ class Deliverer:
             if owed is None or not owed.task.callback_url or not owed.task.state.terminal:
                 await self.webhooks.drop(claim)  # expired meanwhile: nothing left to send
                 return
-            if self.per_owner[owed.task.owner] >= self.settings.webhook_concurrency_per_key:
-                # its key has its most on the way: its turn comes at the next pass
+            if not await self.slots.take(SLOTS, owed.task.owner, claim.task_id,
+                                         self.settings.webhook_concurrency_per_key, self.lease):
+                # its key has its most on the way (in any gateway): its turn comes next pass
                 await self.webhooks.defer(claim, time.time() + self.settings.webhook_poll_seconds)
                 return
             owner = owed.task.owner
-            self.per_owner[owner] += 1
             started = time.time()
             if allowed(urlsplit(owed.task.callback_url), self.settings.callback_url_hosts):
                 status, error = await self.post(owed)
@@ -111,9 +114,8 @@ class Deliverer:
             log.exception("webhook of task %s failed", claim.task_id)
         finally:
             if owner is not None:
-                self.per_owner[owner] -= 1
-                if self.per_owner[owner] <= 0:
-                    del self.per_owner[owner]
+                with contextlib.suppress(StoreError):  # else it lapses with the claim's lease
+                    await self.slots.give_back(SLOTS, owner, claim.task_id)
 
     async def post(self, owed: Owed) -> tuple[int | None, str | None]:
         """(the receiver's HTTP status or None, why the attempt failed or None)."""

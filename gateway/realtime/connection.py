@@ -20,6 +20,7 @@ from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected, WebSocketState
 
 from common.settings import Settings
+from common.store import new_task_id
 from common.store.client_secrets import ClientSecretStore
 from gateway.auth import websocket_caller
 from gateway.errors import RequestError
@@ -44,7 +45,7 @@ class RealtimeServing:
         self.calls = calls
         self.settings: Settings = calls.settings
         self.sessions = 0  # open in this process
-        self.shares = SessionShares(self.settings)
+        self.shares = SessionShares(self.settings, calls.store)
         self.secrets = ClientSecretStore.of(calls.store)
 
     async def serve(self, websocket: WebSocket) -> None:
@@ -67,13 +68,17 @@ class RealtimeServing:
                 f"{self.settings.realtime_max_sessions} sessions already; retry shortly",
                 type="server_error"), TRY_AGAIN_LATER)
             return
-        if not self.shares.admit(owner):
+        slot = new_task_id()
+        refused = await self.shares.admit(owner, slot)
+        if refused is not None:
+            held = (f"{self.shares.limit} sessions of this gateway process" if refused ==
+                    "process" else f"{self.shares.overall} sessions (every gateway process)")
             await _refuse(websocket, ProtocolError(
-                "too_many_sessions", f"this key holds {self.shares.limit} sessions of this "
-                "gateway process already, its share; retry when one has ended",
-                type="server_error"), TRY_AGAIN_LATER)
+                "too_many_sessions", f"this key holds {held} already, its share; retry when "
+                "one has ended", type="server_error"), TRY_AGAIN_LATER)
             return
         self.sessions += 1
+        renewing = asyncio.create_task(self.shares.hold(owner, slot))
         lock = asyncio.Lock()
         stalled = asyncio.Event()
         timeout = self.settings.send_timeout_seconds
@@ -110,7 +115,8 @@ class RealtimeServing:
             pass  # the client left
         finally:
             self.sessions -= 1
-            self.shares.leave(owner)
+            renewing.cancel()
+            await self.shares.leave(owner, slot)
             await session.close()
             with contextlib.suppress(Exception):
                 await meter.charge(session, final=True)

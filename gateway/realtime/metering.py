@@ -1,7 +1,8 @@
 """A live session's fair use (issue 30): audio no faster than `realtime_max_speed` x real time
 (after a burst of one buffer, at least 10 s), audio that becomes no task (transcription off)
-charged to the key's quota as it arrives, and one key at most `realtime_key_share` of a
-process's sessions.
+charged to the key's quota as it arrives, and one key at most its share of the sessions: of
+this process's (`realtime_key_share`) and of every gateway process's together
+(`realtime_sessions_per_key`, leased slots in Redis).
 
 A committed turn is a task and is charged like any (gateway/submit/enqueue.py); what the meter
 charges is the audio a session with transcription off is sent, which would otherwise cost
@@ -10,6 +11,8 @@ nothing and still take the gateway's CPU (the VAD) and memory.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import time
 from collections import Counter
@@ -72,23 +75,53 @@ class SessionMeter:
         return None
 
 
-class SessionShares:
-    """Sessions per key in this process: one key at most `realtime_key_share` of them."""
+#: a session's slot in Redis lapses this long after its last renewal (its process died)
+SLOT_LEASE_SECONDS = 30.0
+SLOTS = "sessions"
 
-    def __init__(self, settings: Settings) -> None:
+
+class SessionShares:
+    """Sessions per key: at most `limit` in this process (`realtime_key_share` of its slots)
+    and `overall` in every gateway process together. The overall count is leased slots in
+    Redis, renewed while a session is open; while Redis is away only this process's share
+    is checked."""
+
+    def __init__(self, settings: Settings, store: TaskStore) -> None:
         self.limit = max(1, math.floor(settings.realtime_max_sessions
                                        * settings.realtime_key_share))
+        self.overall = settings.realtime_sessions_per_key or self.limit
+        self.slots = store.slots
         self.open: Counter[str] = Counter()
 
-    def admit(self, owner: str) -> bool:
-        """Take a slot for `owner` (keys off, "": one tenant, no share); False when it holds
-        its share already."""
-        if owner and self.open[owner] >= self.limit:
-            return False
+    async def admit(self, owner: str, session_id: str) -> str | None:
+        """Take a slot for `owner`'s session (keys off, "": one tenant, no share); else why
+        not: "process" or "overall"."""
+        if not owner:
+            return None
+        if self.open[owner] >= self.limit:
+            return "process"
+        try:
+            if not await self.slots.take(SLOTS, owner, session_id, self.overall,
+                                         SLOT_LEASE_SECONDS):
+                return "overall"
+        except StoreError:
+            pass  # only this process's share holds until Redis is back
         self.open[owner] += 1
-        return True
+        return None
 
-    def leave(self, owner: str) -> None:
+    async def hold(self, owner: str, session_id: str) -> None:
+        """Renew the session's slot until cancelled (when it closes)."""
+        while owner:
+            await asyncio.sleep(SLOT_LEASE_SECONDS / 3)
+            with contextlib.suppress(StoreError):
+                await self.slots.take(SLOTS, owner, session_id, self.overall,
+                                      SLOT_LEASE_SECONDS)
+
+    async def leave(self, owner: str, session_id: str) -> None:
+        if not owner:
+            return
         self.open[owner] -= 1
         if self.open[owner] <= 0:
             del self.open[owner]
+        with contextlib.suppress(StoreError):  # else it lapses with its lease
+            await self.slots.give_back(SLOTS, owner, session_id)

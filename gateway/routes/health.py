@@ -66,7 +66,7 @@ def _device_view(device: dict[str, Any], private: bool) -> dict[str, Any]:
     """Who holds or waits for a device's memory (consumers, models) is for a key holder;
     the totals are for anyone."""
     return device if private else {k: v for k, v in device.items()
-                                   if k not in ("holders", "waiting", "refused")}
+                                   if k not in ("holders", "waiting", "refused", "lapsed")}
 
 
 def _breaker_view(breaker: dict[str, Any], private: bool) -> dict[str, Any]:
