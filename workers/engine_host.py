@@ -109,7 +109,7 @@ class EngineHost:
                 diarizer=self.slot.diarization(), speech=speech)
 
         diarize = params.get("diarization") is not None
-        return await self._engine_call(model, on_load, diarize, run,
+        return await self._engine_call(model, on_load, run,
                                        self._peak_class(diarize, audio_seconds))
 
     async def execute_batch(self, model: str, items: list[batching.BatchItem],
@@ -134,7 +134,7 @@ class EngineHost:
                 results += await self._call(self._run_batch, engine, handle, model, chunk)
             return results
 
-        return await self._engine_call(model, on_load, False, run,
+        return await self._engine_call(model, on_load, run,
                                        self._peak_class(False, audio_seconds))
 
     def _peak_class(self, diarize: bool, audio_seconds: float | None) -> PeakClass:
@@ -142,15 +142,17 @@ class EngineHost:
         which = ("pyannote" if diarizer.is_pyannote else "diarized") if diarize and diarizer else ""
         return PeakClass.of(which, audio_seconds)
 
-    async def _engine_call(self, model: str, on_load: OnLoad | None, diarize: bool,
+    async def _engine_call(self, model: str, on_load: OnLoad | None,
                            run: Callable[[Any], Awaitable[T]], peak_class: PeakClass) -> T:
+        """`peak_class` names the diarizer the call loads, if any (and sizes its memory)."""
         async with self.lock:
             self.running_calls += 1
             outcome: T | None = None
             failure: TaskError | None = None
             try:
                 await self.holding.reserve(model, peak_class)
-                handle = await self._acquire(model, on_load or self.on_load, diarize=diarize)
+                handle = await self._acquire(model, on_load or self.on_load,
+                                             diarize=bool(peak_class.diarizer))
                 await self.holding.check_peak(model, after_task=False)
                 await self._call(self._refuse_over_cap)
                 outcome = await run(handle)

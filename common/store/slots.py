@@ -38,9 +38,3 @@ class SlotStore:
 
     async def give_back(self, kind: str, owner: str, holder: str) -> None:
         await self.redis.zrem(keys.slots(kind, owner), holder)
-
-    async def held(self, kind: str, owner: str) -> int:
-        """Slots held now (lapsed ones not counted)."""
-        name = keys.slots(kind, owner)
-        seconds, micros = await self.redis.time()
-        return int(await self.redis.zcount(name, f"({seconds + micros / 1e6}", "+inf"))

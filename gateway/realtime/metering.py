@@ -101,8 +101,7 @@ class SessionShares:
         if self.open[owner] >= self.limit:
             return "process"
         try:
-            if not await self.slots.take(SLOTS, owner, session_id, self.overall,
-                                         SLOT_LEASE_SECONDS):
+            if not await self._take(owner, session_id):
                 return "overall"
         except StoreError:
             pass  # only this process's share holds until Redis is back
@@ -114,8 +113,12 @@ class SessionShares:
         while owner:
             await asyncio.sleep(SLOT_LEASE_SECONDS / 3)
             with contextlib.suppress(StoreError):
-                await self.slots.take(SLOTS, owner, session_id, self.overall,
-                                      SLOT_LEASE_SECONDS)
+                await self._take(owner, session_id)
+
+    async def _take(self, owner: str, session_id: str) -> bool:
+        """Take or renew the session's slot; False when the key holds `overall` already."""
+        return await self.slots.take(SLOTS, owner, session_id, self.overall,
+                                     SLOT_LEASE_SECONDS)
 
     async def leave(self, owner: str, session_id: str) -> None:
         if not owner:
