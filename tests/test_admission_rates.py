@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from common import keys
 from common.schemas import TaskState
 from common.settings import Settings
-from common.store import QueueFull, Task, TaskStore, WorkerStore, new_task_id
+from common.store import QueueFull, StoreError, Task, TaskStore, WorkerStore, new_task_id
 from common.store import admission as facts
 from gateway.errors import RequestError
 from gateway.policy import admission
@@ -209,5 +209,48 @@ def test_a_poll_reads_in_one_call_what_the_separate_reads_say(redis_url: str) ->
         assert (await store.poll.read(done.id)).usage is None  # type: ignore[union-attr]
         assert await store.poll.read("no-such-task") is None
         await redis.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_polls_made_together_share_one_script_call_and_each_gets_its_own_reply(
+        redis_url: str) -> None:
+    """Polls made in one turn of the event loop are one EVALSHA (INFO commandstats): queued
+    tasks of two backends, a finished one and a missing id, each answered as when polled
+    alone; a store error reaches every poll of the call."""
+    async def scenario() -> None:
+        redis = Redis.from_url(redis_url)
+        store = TaskStore(redis, 60)
+        for backend in ("qwen3", "parakeet"):
+            await store.ensure_queue(backend)
+            await facts.RateRecorder(redis, backend).record(FAST, 10.0, 1.0)
+        tasks = [await queue(store, FAST, 2.0, backend=backend)
+                 for backend in ("qwen3", "parakeet", "qwen3", "parakeet", "qwen3")]
+        done = tasks[0]
+        attempt = await store.start(done.id, "poller", 1, done.backend)
+        assert await store.finish(done, TaskState.SUCCEEDED, attempt=attempt,
+                                  entry_id=done.entry_id, result={"text": "hi"})
+        ids = [task.id for task in tasks] + ["no-such-task"]
+        alone = [await store.poll.read(task_id) for task_id in ids]
+        await redis.config_resetstat()
+        together = await asyncio.gather(*(store.poll.read(task_id) for task_id in ids))
+        stats = await redis.info("commandstats")
+        assert stats["cmdstat_evalsha"]["calls"] == 1
+        assert together == alone
+        assert together[-1] is None and together[0] is not None and together[0].result
+        positions = [(poll.task.backend, poll.position) for poll in together[1:-1] if poll]
+        (_, first_parakeet), (_, first_qwen3) = positions[:2]  # behind earlier tests' tasks
+        assert first_parakeet and first_qwen3
+        assert positions == [("parakeet", first_parakeet), ("qwen3", first_qwen3),
+                             ("parakeet", first_parakeet + 1), ("qwen3", first_qwen3 + 1)]
+        assert together[1].outlook is not None and together[1].outlook[2] == 0  # type: ignore[union-attr]
+        await redis.aclose()
+        broken = Redis.from_url(redis_url.rsplit(":", 1)[0] + ":1", socket_connect_timeout=1)
+        failing = TaskStore(broken, 60)
+        replies = await asyncio.gather(*(failing.poll.read(task_id) for task_id in ids),
+                                       return_exceptions=True)
+        assert len(replies) == len(ids)
+        assert all(isinstance(reply, StoreError) for reply in replies)
+        await broken.aclose()
 
     asyncio.run(scenario())

@@ -10,7 +10,8 @@ from redis.asyncio import Redis
 from common import keys
 from common.store.record import Task
 
-# Lua functions, for the scripts below and the status poll's (tasks._POLL):
+# Lua functions, for the scripts below and the status poll's (poll._POLL), which only read
+# (so a queue's head, read once, holds for the whole call: one poll call reads many tasks):
 # queue_head -> the last delivered entry id, the number of the first entry not yet delivered
 #   (0 = none, -1 = it has no number), the last number, entries delivered and not yet acked;
 # lane_depth -> entries not yet handed to any worker, entries handed out and not yet acked;
@@ -20,7 +21,8 @@ from common.store.record import Task
 #   interactive work queued later still goes first, and an old batch entry promoted past
 #   the interactive lane goes earlier).
 LUA = """
-local function queue_head(stream, counter, group)
+local heads = {}
+local function read_queue_head(stream, counter, group)
   local delivered, pending = '0-0', 0
   local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream)
   if not ok then return '0-0', 0, 0, 0 end
@@ -38,6 +40,11 @@ local function queue_head(stream, counter, group)
     for i = 1, #fields, 2 do if fields[i] == 'seq' then first = tonumber(fields[i + 1]) end end
   end
   return delivered, first, last, pending
+end
+local function queue_head(stream, counter, group)
+  local key = stream .. '\0' .. counter .. '\0' .. group
+  if not heads[key] then heads[key] = {read_queue_head(stream, counter, group)} end
+  return unpack(heads[key])
 end
 local function lane_depth(stream, counter, group)
   local _, first, last, pending = queue_head(stream, counter, group)
