@@ -199,6 +199,33 @@ class SentinelServer:
             _stop(self.proc)
 
 
+#: how long sentinels may take to find a replica (the primary's INFO, every 10 s) and each
+#: other (hello messages, every 2 s): a bound that holds on a loaded 2-core machine
+SENTINEL_READY_SECONDS = 120.0
+
+
+def sentinel_rows(sentinel: redis.Redis, what: str, master: str) -> list[dict[str, str]]:
+    """`SENTINEL REPLICAS master` or `SENTINEL SENTINELS master`, one dict per row (a sentinel
+    client with decode_responses; a RESP2 row is a flat list of names and values)."""
+    return [row if isinstance(row, dict) else dict(zip(row[::2], row[1::2], strict=True))
+            for row in sentinel.execute_command("SENTINEL", what, master)]
+
+
+def sentinels_see(sentinels: dict[int, redis.Redis], master: str, replica_port: int) -> bool:
+    """Every sentinel (port -> client) lists the replica and every other sentinel, each
+    reachable (flags without s_down or disconnected), in its own answers: ready to fail over."""
+    def reachable(rows: list[dict[str, str]]) -> set[int]:
+        return {int(row["port"]) for row in rows
+                if not {"s_down", "o_down", "disconnected"} & set(row["flags"].split(","))}
+    try:
+        return all(reachable(sentinel_rows(client, "REPLICAS", master)) == {replica_port}
+                   and reachable(sentinel_rows(client, "SENTINELS", master))
+                   == set(sentinels) - {port}
+                   for port, client in sentinels.items())
+    except redis.RedisError:  # one still starting
+        return False
+
+
 class SentinelGroup:
     """A primary, its replica and `sentinels` sentinels on loopback, started and ready: every
     sentinel sees the replica and the other sentinels (so a failover can start at once)."""
@@ -211,15 +238,10 @@ class SentinelGroup:
                                          down_after_ms=down_after_ms).start()
                           for n in range(sentinels)]
         self.master = self.sentinels[0].master
-        wait_until(self._ready, 30, "sentinels to see the replica and each other", 0.2)
-
-    def _ready(self) -> bool:
-        for sentinel in self.sentinels:
-            state = sentinel.client().sentinel_master(self.master)
-            if (int(state["num-slaves"]) < 1
-                    or int(state["num-other-sentinels"]) < len(self.sentinels) - 1):
-                return False
-        return self.replica.client().info("replication")["master_link_status"] == "up"
+        clients = {s.port: s.client() for s in self.sentinels}
+        wait_until(lambda: sentinels_see(clients, self.master, self.replica.port)
+                   and self.replica.client().info("replication")["master_link_status"] == "up",
+                   SENTINEL_READY_SECONDS, "sentinels to see the replica and each other", 0.2)
 
     def settings(self) -> dict[str, Any]:
         """The SPEECH_* settings (for `service_env`) that find Redis through the sentinels."""

@@ -36,6 +36,24 @@ def redis_server(workdir: Path) -> Iterator[procs.RedisServer]:
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def module_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[procs.RedisServer]:
+    """One redis-server for a test module, which its tests share (through `redis`)."""
+    server = procs.RedisServer(tmp_path_factory.mktemp("module-redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis(module_redis: procs.RedisServer) -> procs.RedisServer:
+    """The module's redis-server, emptied (FLUSHALL) for each test: a test sees and counts
+    only what it did (one that failed with it stopped does not fail the next ones)."""
+    if module_redis.proc is None or module_redis.proc.poll() is not None:
+        module_redis.start()
+    module_redis.client().flushall()
+    return module_redis
+
+
 @pytest.fixture(scope="session")
 def stack(workdir: Path, redis_server: procs.RedisServer, allowed_dir: Path) -> Iterator[dict]:
     """One gateway and one faster-whisper worker (real tiny.en) on a real Redis."""

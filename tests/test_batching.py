@@ -8,13 +8,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from redis.asyncio import Redis
 
 from common import keys
@@ -26,18 +24,12 @@ from common.store.worker import WorkerStore
 from harness import procs
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK_TEXT, pending_count, wer
+from tests.inprocess import worker_settings
 from workers.engines.faster_whisper import FasterWhisperEngine
 from workers.runtime import Worker
 
 BACKEND = "faster-whisper"
 GREEDY = {"beam_size": 1, "language": "en"}
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[procs.RedisServer]:
-    server = procs.RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
 
 
 @cache
@@ -52,9 +44,7 @@ def clips() -> list[bytes]:
 
 
 def settings_for(redis_url: str, **overrides: Any) -> Settings:
-    return Settings(redis_url=redis_url, models={BACKEND: {"tiny.en": "bundled"}},
-                    consumer="in-process", heartbeat_seconds=0.2, idle_unload_seconds=-1,
-                    min_uptime_seconds=0, cpu_threads=2, **overrides)
+    return worker_settings(redis_url, heartbeat_seconds=0.2, cpu_threads=2, **overrides)
 
 
 async def submit(redis_url: str, audio: bytes, **params: Any) -> str:

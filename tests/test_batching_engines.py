@@ -5,7 +5,6 @@ result it gives that clip alone (greedy decoding), and /metrics' histogram saw b
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,6 @@ from tests.test_batching import clips
 from tests.tiny import env_python, tiny_model
 
 ENVIRONMENTS = {"parakeet": "nemo", "qwen3": "hf"}
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[procs.RedisServer]:
-    server = procs.RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
 
 
 async def submit(redis_url: str, backend: str, audio: bytes) -> str:

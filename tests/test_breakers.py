@@ -1,5 +1,7 @@
 """Load failures per model, breakers that heal (issue 12, items 2 and 3). Real processes: a
-real supervisord, redis-server, gateway and faster-whisper worker with the real tiny.en."""
+real supervisord, redis-server (the module's, emptied for each test), gateway and
+faster-whisper worker with the real tiny.en; where no worker exits, the worker runs
+in-process (tests/inprocess.py)."""
 
 from __future__ import annotations
 
@@ -7,12 +9,10 @@ import asyncio
 import os
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from redis.asyncio import Redis
 
 from common import keys
@@ -22,6 +22,7 @@ from gateway.auth import digest
 from harness import procs
 from harness.procs import wait_until
 from tests.helpers import JFK, submit_file, wait_done
+from tests.inprocess import InProcessWorker, worker_settings
 from workers.engines.faster_whisper import bundled_model_dir
 
 BACKEND = "faster-whisper"
@@ -48,10 +49,9 @@ def corrupt_model(directory: Path) -> Path:
 
 
 def test_broken_models_fail_their_own_tasks_and_never_take_the_worker_down(
-        tmp_path: Path) -> None:
+        redis: procs.RedisServer, tmp_path: Path) -> None:
     """Two missing directories and a corrupt model next to tiny.en on one worker under
     supervisord, a task to each, twice."""
-    redis = procs.RedisServer(tmp_path / "redis").start()
     port = procs.free_port()
     url = f"http://127.0.0.1:{port}"
     models = {"tiny.en": "bundled", "gone": str(tmp_path / "no-such-dir"),
@@ -105,14 +105,6 @@ def test_broken_models_fail_their_own_tasks_and_never_take_the_worker_down(
         assert wait_done(url, ok)["status"] == "SUCCEEDED"
     finally:
         supervisor.stop()
-        redis.stop()
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[procs.RedisServer]:
-    server = procs.RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
 
 
 def test_a_repaired_model_heals_by_itself(tmp_path: Path, redis: procs.RedisServer) -> None:
@@ -121,7 +113,7 @@ def test_a_repaired_model_heals_by_itself(tmp_path: Path, redis: procs.RedisServ
     models = {BACKEND: {"tiny.en": "bundled", "fixable": str(fixable)}}
     settings = {"models": models, "breaker_cooldown_seconds": str(COOLDOWN)}
     gateway = procs.gateway(redis.url, tmp_path, **settings).start()
-    worker = procs.worker(redis.url, tmp_path, **settings).start()
+    worker = InProcessWorker(worker_settings(redis.url, **settings)).start()
     try:
         # three failures open the breaker
         for _ in range(3):
@@ -160,8 +152,7 @@ def test_a_repaired_model_heals_by_itself(tmp_path: Path, redis: procs.RedisServ
         assert final["status"] == "SUCCEEDED", final
         assert time.monotonic() - repaired < 2 * COOLDOWN + 15
         assert breakers(gateway.url)["fixable"]["state"] == "closed"
-        assert worker.proc is not None and worker.proc.poll() is None  # never exited
-        assert "exiting" not in worker.log()
+        assert worker.exits == []  # it never asked to exit
     finally:
         worker.stop()
         gateway.stop()
@@ -173,7 +164,7 @@ def test_a_changed_source_resets_the_breaker(tmp_path: Path, redis: procs.RedisS
     old = procs.gateway(redis.url, tmp_path,
                         models={BACKEND: {"tiny.en": "/models/old-tiny-en"}}).start()
     new = procs.gateway(redis.url, tmp_path, models=models).start()
-    worker = procs.worker(redis.url, tmp_path, models=models).start()
+    worker = InProcessWorker(worker_settings(redis.url, models=models)).start()
     try:
         assert submit_file(old.url, JFK).status_code == 503  # the source it broke with
         assert breakers(new.url)["tiny.en"]["state"] == "closed"

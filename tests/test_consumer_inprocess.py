@@ -10,11 +10,9 @@ import asyncio
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from redis.asyncio import Redis
 
 from common import keys
@@ -22,6 +20,7 @@ from common.schemas import TaskState
 from common.settings import Settings
 from common.store import BreakerPolicy, Task, TaskStore, new_task_id
 from harness import procs
+from tests import inprocess
 from tests.helpers import JFK, JFK_TEXT, pending_count, wer
 from workers.engines.faster_whisper import FasterWhisperEngine, bundled_model_dir
 from workers.runtime import Worker
@@ -30,17 +29,9 @@ BACKEND = "faster-whisper"
 CONSUMER = "in-process"
 
 
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[procs.RedisServer]:
-    server = procs.RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
-
-
 def worker_settings(redis_url: str, models: dict[str, str]) -> Settings:
-    return Settings(redis_url=redis_url, models={BACKEND: models}, consumer=CONSUMER,
-                    allowed_roots=[procs.TEST_AUDIO], heartbeat_seconds=0.1,
-                    idle_unload_seconds=-1, min_uptime_seconds=0)
+    return inprocess.worker_settings(redis_url, models={BACKEND: models}, consumer=CONSUMER,
+                                     heartbeat_seconds=0.1)
 
 
 async def submit(redis_url: str, model: str, by_path: bool = False) -> str:

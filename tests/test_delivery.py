@@ -1,5 +1,7 @@
 """Delivery details without supervisord: preload, lease extension, the janitor that takes
-over a dead worker's task, and the memory cap that refuses work (issue 3)."""
+over a dead worker's task, and the memory cap that refuses work (issue 3). One redis-server
+(emptied for each test) and one gateway serve the module; a worker is a process where the
+test kills it or its process exits, and in-process (tests/inprocess.py) elsewhere."""
 
 from __future__ import annotations
 
@@ -14,23 +16,38 @@ import pytest
 from harness import procs
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, pending_count, submit_file, wait_done
+from tests.inprocess import InProcessWorker, worker_settings
 
 LONG = TEST_AUDIO / "multilingual.mp3"  # ~5 s of work: longer than the visibility timeout
 VISIBILITY = 3.0
 
 
+@pytest.fixture(scope="module")
+def gateway(module_redis: procs.RedisServer,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The module's gateway (default settings) on the module's redis-server."""
+    service = procs.gateway(module_redis.url, tmp_path_factory.mktemp("delivery")).start()
+    yield service.url
+    service.stop()
+
+
 @pytest.fixture
-def pair(tmp_path: Path) -> Iterator[dict]:
-    """A gateway and two preloading workers with a short visibility timeout."""
-    redis = procs.RedisServer(tmp_path / "redis").start()
+def in_process(redis: procs.RedisServer) -> Iterator[InProcessWorker]:
+    """A worker in the test process, serving HTTP too, on the emptied module redis."""
+    worker = InProcessWorker(worker_settings(redis.url), http=True).start()
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def pair(redis: procs.RedisServer, gateway: str, tmp_path: Path) -> Iterator[dict]:
+    """Two preloading worker processes with a short visibility timeout."""
     settings = {"visibility_timeout_seconds": str(VISIBILITY), "preload": "true",
                 "idle_unload_seconds": "-1"}
-    gateway = procs.gateway(redis.url, tmp_path).start()
     workers = [procs.worker(redis.url, tmp_path, **settings).start() for _ in range(2)]
-    yield {"gateway": gateway.url, "workers": workers, "redis": redis}
-    for service in (*workers, gateway):
+    yield {"gateway": gateway, "workers": workers, "redis": redis}
+    for service in workers:
         service.stop()
-    redis.stop()
 
 
 def health(worker: procs.Service) -> dict:
@@ -61,46 +78,43 @@ def test_preload_lease_and_janitor(pair: dict) -> None:
     assert pending_count(pair["redis"].client()) == 0
 
 
-def test_memory_cap_refuses_work_and_the_worker_keeps_serving(tmp_path: Path) -> None:
-    redis = procs.RedisServer(tmp_path / "redis").start()
-    gateway = procs.gateway(redis.url, tmp_path).start()
-    worker = procs.worker(redis.url, tmp_path, memory_cap_mib="1").start()  # below any RSS
+def test_memory_cap_refuses_work_and_the_worker_keeps_serving(redis: procs.RedisServer,
+                                                               gateway: str) -> None:
+    worker = InProcessWorker(worker_settings(redis.url, memory_cap_mib=1),  # below any RSS
+                             http=True).start()
     try:
-        final = wait_done(gateway.url, submit_file(gateway.url, JFK).json()["taskid"])
+        final = wait_done(gateway, submit_file(gateway, JFK).json()["taskid"])
         assert final["status"] == "FAILED" and "memory cap is 1 MiB" in final["error"]
-        reply = httpx.post(f"{gateway.url}/v1/audio/transcriptions",
+        reply = httpx.post(f"{gateway}/v1/audio/transcriptions",
                            files={"file": JFK.open("rb")}, timeout=60)
         assert reply.status_code == 503 and reply.json()["error"]["code"] == "out_of_memory"
-        state = health(worker)
+        state = httpx.get(f"{worker.url}/health", timeout=5).json()
         assert state["loaded_models"] == [] and state["memory_cap_mib"] == 1
-        assert worker.proc is not None and worker.proc.poll() is None
+        assert worker.exits == []  # it never asked to exit
     finally:
         worker.stop()
-        gateway.stop()
-        redis.stop()
 
 
-def test_a_task_no_worker_takes_fails_after_max_queue_seconds(tmp_path: Path) -> None:
-    redis = procs.RedisServer(tmp_path / "redis").start()
+def test_a_task_no_worker_takes_fails_after_max_queue_seconds(redis: procs.RedisServer,
+                                                              tmp_path: Path) -> None:
     models = {"faster-whisper": {"tiny.en": "bundled"}, "parakeet": {"tiny": "/models/p.nemo"}}
     gateway = procs.gateway(redis.url, tmp_path, models=models, max_queue_seconds="2").start()
-    try:  # no parakeet worker runs at all
+    try:  # no parakeet worker runs at all; the submitted task waits while the call does
         task_id = submit_file(gateway.url, JFK, backend="parakeet").json()["taskid"]
-        final = wait_done(gateway.url, task_id, timeout=30)
-        assert final["status"] == "FAILED" and "no parakeet worker" in final["error"]
         reply = httpx.post(f"{gateway.url}/v1/audio/transcriptions", timeout=30,
                            files={"file": JFK.open("rb")}, data={"model": "parakeet/tiny"})
         assert reply.status_code == 503 and reply.json()["error"]["code"] == "no_worker"
+        final = wait_done(gateway.url, task_id, timeout=30)
+        assert final["status"] == "FAILED" and "no parakeet worker" in final["error"]
     finally:
         gateway.stop()
-        redis.stop()
 
 
-def test_a_worker_whose_loop_cannot_run_exits_instead_of_looking_alive(tmp_path: Path) -> None:
+def test_a_worker_whose_loop_cannot_run_exits_instead_of_looking_alive(
+        redis: procs.RedisServer, tmp_path: Path) -> None:
     """Its HTTP port is taken: the server loop dies, so the whole process exits 1."""
     import socket
 
-    redis = procs.RedisServer(tmp_path / "redis").start()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -113,10 +127,10 @@ def test_a_worker_whose_loop_cannot_run_exits_instead_of_looking_alive(tmp_path:
             assert "exiting" in worker.log() and "Address already in use" in worker.log()
         finally:
             worker.stop()
-            redis.stop()
 
 
-def test_streams_are_trimmed_past_retention(tmp_path: Path) -> None:
+def test_streams_are_trimmed_past_retention(redis: procs.RedisServer, gateway: str,
+                                            in_process: InProcessWorker) -> None:
     import asyncio
 
     from redis.asyncio import Redis
@@ -125,49 +139,35 @@ def test_streams_are_trimmed_past_retention(tmp_path: Path) -> None:
     from common.store import TaskStore
     from gateway.jobs.sweeper import trim
 
-    redis = procs.RedisServer(tmp_path / "redis").start()
-    try:
-        gateway = procs.gateway(redis.url, tmp_path).start()
-        worker = procs.worker(redis.url, tmp_path).start()
-        ids = [submit_file(gateway.url, JFK).json()["taskid"] for _ in range(2)]
-        assert all(wait_done(gateway.url, t)["status"] == "SUCCEEDED" for t in ids)
-        assert redis.client().xlen(keys.queue("faster-whisper")) == 2
+    ids = [submit_file(gateway, JFK).json()["taskid"] for _ in range(2)]
+    assert all(wait_done(gateway, t)["status"] == "SUCCEEDED" for t in ids)
+    assert redis.client().xlen(keys.queue("faster-whisper")) == 2
 
-        async def trim_now(older_than: float) -> None:
-            client = Redis.from_url(redis.url)
-            await trim(TaskStore(client, 60), "faster-whisper", older_than)
-            await client.aclose()
+    async def trim_now(older_than: float) -> None:
+        client = Redis.from_url(redis.url)
+        await trim(TaskStore(client, 60), "faster-whisper", older_than)
+        await client.aclose()
 
-        asyncio.run(trim_now(3600))  # nothing is an hour old
-        assert redis.client().xlen(keys.queue("faster-whisper")) == 2
-        asyncio.run(trim_now(0))
-        assert redis.client().xlen(keys.queue("faster-whisper")) == 0
-        # the queue still works after a trim
-        again = submit_file(gateway.url, JFK).json()["taskid"]
-        assert wait_done(gateway.url, again)["status"] == "SUCCEEDED"
-        worker.stop()
-        gateway.stop()
-    finally:
-        redis.stop()
+    asyncio.run(trim_now(3600))  # nothing is an hour old
+    assert redis.client().xlen(keys.queue("faster-whisper")) == 2
+    asyncio.run(trim_now(0))
+    assert redis.client().xlen(keys.queue("faster-whisper")) == 0
+    # the queue still works after a trim
+    again = submit_file(gateway, JFK).json()["taskid"]
+    assert wait_done(gateway, again)["status"] == "SUCCEEDED"
 
 
-def test_a_successful_load_closes_the_breaker(tmp_path: Path) -> None:
+def test_a_successful_load_closes_the_breaker(redis: procs.RedisServer, gateway: str,
+                                              in_process: InProcessWorker) -> None:
     from common import keys
 
-    redis = procs.RedisServer(tmp_path / "redis").start()
-    gateway = procs.gateway(redis.url, tmp_path).start()
-    worker = procs.worker(redis.url, tmp_path).start()
-    try:  # earlier failures left tiny.en's breaker open (say the files were being replaced)
-        redis.client().hset(keys.breaker("faster-whisper", "tiny.en"),
-                            mapping={"open": 1, "failures": 3, "error": "model was broken"})
-        assert submit_file(gateway.url, JFK).status_code == 503
-        with JFK.open("rb") as handle:  # the files are fine again: a direct call loads them
-            assert httpx.post(f"{worker.url}/transcribe", files={"file": handle},
-                              timeout=60).status_code == 200
-        assert not redis.client().exists(keys.breaker("faster-whisper", "tiny.en"))
-        task_id = submit_file(gateway.url, JFK).json()["taskid"]
-        assert wait_done(gateway.url, task_id)["status"] == "SUCCEEDED"
-    finally:
-        worker.stop()
-        gateway.stop()
-        redis.stop()
+    # earlier failures left tiny.en's breaker open (say the files were being replaced)
+    redis.client().hset(keys.breaker("faster-whisper", "tiny.en"),
+                        mapping={"open": 1, "failures": 3, "error": "model was broken"})
+    assert submit_file(gateway, JFK).status_code == 503
+    with JFK.open("rb") as handle:  # the files are fine again: a direct call loads them
+        assert httpx.post(f"{in_process.url}/transcribe", files={"file": handle},
+                          timeout=60).status_code == 200
+    assert not redis.client().exists(keys.breaker("faster-whisper", "tiny.en"))
+    task_id = submit_file(gateway, JFK).json()["taskid"]
+    assert wait_done(gateway, task_id)["status"] == "SUCCEEDED"

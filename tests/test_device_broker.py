@@ -13,7 +13,6 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -37,13 +36,6 @@ MIB = 1000  # every model's configured size
 
 
 # --- the ledger's rules, one Lua call each, on a real redis-server -----------------------
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[procs.RedisServer]:
-    server = procs.RedisServer(tmp_path / "redis", appendonly=False).start()
-    yield server
-    server.stop()
-
 
 def test_the_ledger_reserves_queues_asks_idle_holders_and_expires(
         redis: procs.RedisServer) -> None:

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
-import pytest
 from redis.asyncio import Redis
 
 from common import keys
@@ -26,13 +23,6 @@ from tests.test_consumer_inprocess import run_worker, submit, task_of, worker_se
 from workers.device_budget import PeakClass
 
 LEASE = 1.0
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[procs.RedisServer]:
-    server = procs.RedisServer(tmp_path / "redis", appendonly=False).start()
-    yield server
-    server.stop()
 
 
 def test_peaks_per_class_never_lowered_aged_and_a_spurious_one_lapses(

@@ -8,7 +8,6 @@ import ast
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -28,20 +27,6 @@ from workers.engines.faster_whisper import FasterWhisperEngine
 from workers.runtime import Worker
 
 BACKEND = "faster-whisper"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[procs.RedisServer]:
-    started = procs.RedisServer(tmp_path_factory.mktemp("hygiene") / "redis").start()
-    yield started
-    started.stop()
-
-
-@pytest.fixture
-def redis(server: procs.RedisServer) -> procs.RedisServer:
-    """The module's Redis, emptied: each test counts what it alone did."""
-    server.client().flushall()
-    return server
 
 
 def test_every_client_is_built_by_the_factory_with_the_one_retry_policy() -> None:

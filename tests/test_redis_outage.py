@@ -1,4 +1,5 @@
-"""The gateway while Redis is down: clear answers, Sage-safe polls, and it recovers."""
+"""The gateway while Redis is down: clear answers, Sage-safe polls, and it recovers. Redis
+is the process that dies here: the worker runs in-process (tests/inprocess.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import httpx
 
 from harness import procs
 from tests.helpers import JFK, status, submit_file, wait_done
+from tests.inprocess import InProcessWorker, worker_settings
 
 
 def test_gateway_answers_clearly_while_redis_is_down(tmp_path: Path) -> None:
     redis = procs.RedisServer(tmp_path / "redis").start()
     gateway = procs.gateway(redis.url, tmp_path).start()
-    worker = procs.worker(redis.url, tmp_path).start()
+    worker = InProcessWorker(worker_settings(redis.url)).start()
     try:
         task_id = submit_file(gateway.url, JFK).json()["taskid"]
         assert wait_done(gateway.url, task_id)["status"] == "SUCCEEDED"

@@ -1,6 +1,7 @@
 """What Redis keeps, and for how long (issue 12): inputs leave with the terminal write,
 positions survive a Redis restart, an idempotency key makes one task, and the optional
-blob directory keeps the same lifetimes."""
+blob directory keeps the same lifetimes. One redis-server, gateway and in-process worker
+(tests/inprocess.py) serve the whole module: nothing here is about a worker's death."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from common.store import Duplicate, Task, TaskStore
 from harness import procs
 from harness.procs import wait_until
 from tests.helpers import JFK, status, submit_file, wait_done
+from tests.inprocess import InProcessWorker, worker_settings
 
 BACKEND = "faster-whisper"
 
@@ -42,15 +44,15 @@ def noise_wav(seconds: float, seed: int) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[dict]:
-    redis = procs.RedisServer(tmp_path / "redis").start()
-    gateway = procs.gateway(redis.url, tmp_path).start()
-    worker = procs.worker(redis.url, tmp_path, idle_unload_seconds="-1", preload="true").start()
-    yield {"redis": redis, "gateway": gateway, "worker": worker, "tmp": tmp_path}
-    for process in (worker, gateway):
-        process.stop()
-    redis.stop()
+@pytest.fixture(scope="module")
+def service(module_redis: procs.RedisServer,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    workdir = tmp_path_factory.mktemp("lifetimes")
+    gateway = procs.gateway(module_redis.url, workdir).start()
+    worker = InProcessWorker(worker_settings(module_redis.url, preload=True)).start()
+    yield {"redis": module_redis, "gateway": gateway, "worker": worker, "tmp": workdir}
+    worker.stop()
+    gateway.stop()
 
 
 def input_blobs(client: object) -> list[bytes]:
@@ -85,12 +87,15 @@ def test_inputs_leave_redis_with_their_terminal_write(service: dict) -> None:
     assert after - before - hashes < 10 * 1024 * 1024, (before, after, hashes)
 
 
-def test_queue_positions_and_waiting_survive_a_redis_restart(service: dict) -> None:
+def test_queue_positions_and_waiting_survive_a_redis_restart(service: dict,
+                                                            tmp_path: Path) -> None:
     gateway, redis, worker = service["gateway"].url, service["redis"], service["worker"]
-    done = submit_file(gateway, JFK).json()["taskid"]  # the group has delivered something
+    short = tmp_path / "short.wav"  # what is queued matters here, not what it says
+    short.write_bytes(noise_wav(1.0, seed=2))
+    done = submit_file(gateway, short).json()["taskid"]  # the group has delivered something
     assert wait_done(gateway, done)["status"] == "SUCCEEDED"
     worker.stop()
-    ids = [submit_file(gateway, JFK).json()["taskid"] for _ in range(20)]
+    ids = [submit_file(gateway, short).json()["taskid"] for _ in range(20)]
     assert [status(gateway, t)["queue_position"] for t in ids] == list(range(1, 21))
     assert waiting_metric(gateway) == 20
     redis.restart()
@@ -155,11 +160,10 @@ def test_an_idempotency_key_makes_one_task(service: dict) -> None:
     assert queued_entries(client) == length_before + 3
 
 
-def test_idempotency_keys_belong_to_their_owner(tmp_path: Path) -> None:
-    redis = procs.RedisServer(tmp_path / "redis").start()
+def test_idempotency_keys_belong_to_their_owner(service: dict, tmp_path: Path) -> None:
     digests = [f"sha256:{hashlib.sha256(k.encode()).hexdigest()}"
                for k in ("key-a", "key-b")]
-    gateway = procs.gateway(redis.url, tmp_path, api_keys=digests).start()
+    gateway = procs.gateway(service["redis"].url, tmp_path, api_keys=digests).start()
     try:
         ids = []
         for key in ("key-a", "key-b", "key-a"):
@@ -172,18 +176,19 @@ def test_idempotency_keys_belong_to_their_owner(tmp_path: Path) -> None:
         assert ids[0] == ids[2] and ids[0] != ids[1]
     finally:
         gateway.stop()
-        redis.stop()
 
 
-def test_blob_dir_keeps_the_same_lifetimes(tmp_path: Path) -> None:
+def test_blob_dir_keeps_the_same_lifetimes(service: dict, tmp_path: Path) -> None:
     """The store on a real Redis with a blob directory: big blobs go to files, small ones
     stay in Redis; a finished task's input file is gone; only the winning attempt's output
-    is kept; a repeated idempotency key leaves no file; the janitor removes orphans."""
-    redis_server = procs.RedisServer(tmp_path / "redis").start()
+    is kept; a repeated idempotency key leaves no file; the janitor removes orphans. In a
+    database of its own (1), emptied first: the module's worker consumes database 0."""
+    url = f"redis://127.0.0.1:{service['redis'].port}/1"
     blob_root = tmp_path / "blobs"
 
     async def scenario() -> None:
-        redis = Redis.from_url(redis_server.url)
+        redis = Redis.from_url(url)
+        await redis.flushdb()
         store = TaskStore(redis, 3600, BlobDir(blob_root, min_bytes=1000))
         big, small = b"i" * 5000, b"s" * 10
 
@@ -225,10 +230,7 @@ def test_blob_dir_keeps_the_same_lifetimes(tmp_path: Path) -> None:
         assert (blob_root / "big.output.2").exists()
         await redis.aclose()
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        redis_server.stop()
+    asyncio.run(scenario())
 
 
 def queued_entries(client) -> int:

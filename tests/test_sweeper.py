@@ -1,6 +1,7 @@
 """The sweeper has no blind spots (issue 12, item 5 and the no-worker half of item 2): it
 walks the whole queue, never fails a task a worker started, and fails what a backend
-without a live worker still owes. Real redis-server, gateway and worker processes."""
+without a live worker still owes. Real redis-server (the module's, emptied for each test),
+gateway and worker processes (the worker is killed)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ BACKEND = "faster-whisper"
 LONG = TEST_AUDIO / "multilingual.mp3"  # seconds of work with tiny.en
 
 
-def test_a_stuck_task_behind_250_finished_ones_fails_in_time(tmp_path: Path) -> None:
+def test_a_stuck_task_behind_250_finished_ones_fails_in_time(redis: procs.RedisServer,
+                                                             tmp_path: Path) -> None:
     limit, period = 2.0, 0.5  # the sweeper runs every limit / 4
-    redis = procs.RedisServer(tmp_path / "redis").start()
     gateway = procs.gateway(redis.url, tmp_path, max_queue_seconds=str(limit),
                             no_worker_seconds="0").start()
     try:
@@ -43,11 +44,9 @@ def test_a_stuck_task_behind_250_finished_ones_fails_in_time(tmp_path: Path) -> 
         assert took <= limit + period + 1.0, took  # + polling and a loaded machine's slack
     finally:
         gateway.stop()
-        redis.stop()
 
 
-def test_the_sweeper_never_fails_a_task_a_worker_started(tmp_path: Path) -> None:
-    redis = procs.RedisServer(tmp_path / "redis").start()
+def test_the_sweeper_never_fails_a_task_a_worker_started(redis: procs.RedisServer) -> None:
 
     async def scenario() -> None:
         client = Redis.from_url(redis.url)
@@ -76,16 +75,12 @@ def test_the_sweeper_never_fails_a_task_a_worker_started(tmp_path: Path) -> None
         assert failed.error_code == "no_worker"
         await client.aclose()
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        redis.stop()
+    asyncio.run(scenario())
 
 
 def test_a_backend_whose_worker_is_gone_fails_its_running_and_pending_tasks(
-        tmp_path: Path) -> None:
+        redis: procs.RedisServer, tmp_path: Path) -> None:
     no_worker, period, heartbeat_ttl = 2.0, 0.5, 1.5  # heartbeat 0.5 s (procs.service_env)
-    redis = procs.RedisServer(tmp_path / "redis").start()
     gateway = procs.gateway(redis.url, tmp_path, no_worker_seconds=str(no_worker)).start()
     worker = procs.worker(redis.url, tmp_path).start()
     try:
@@ -108,7 +103,6 @@ def test_a_backend_whose_worker_is_gone_fails_its_running_and_pending_tasks(
     finally:
         worker.stop()
         gateway.stop()
-        redis.stop()
 
 
 def _ready(url: str) -> dict:

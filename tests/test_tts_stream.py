@@ -1,9 +1,10 @@
 """Streamed `/v1/audio/speech` (issue 17): real redis-server, gateway and XTTS worker
 (.venvs/xtts) on the tiny random checkpoint, which speaks each sentence in ~0.5 s of CPU.
 
-What is proved without a clock: the worker is frozen (SIGSTOP, by pid) once its first piece
-is stored, and the first bytes still reach the client while the task is RUNNING with pieces
-left to speak; the streamed audio is the stored WAV (pcm, wav) or decodes to its length
+What is proved without a clock: the worker's engine pauses once its first piece is stored
+(the tiny XTTS worker's test hook, workers/engines/xtts.py `XTTS_TEST_PAUSE_DIR`), and the
+first bytes still reach the client while the task is RUNNING with pieces left to speak; the
+streamed audio is the stored WAV (pcm, wav) or decodes to its length
 (mp3, opus, aac); a worker killed (SIGKILL) half-way and restarted resumes after the stored
 pieces, so the client hears each sentence once, and the result is the very WAV an
 uninterrupted task gives (sampling is seeded per sentence, so the tiny model on CPU repeats
@@ -20,9 +21,7 @@ import signal
 import socket
 import struct
 import threading
-import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +40,14 @@ from tests.helpers import queue_counts
 
 # The tiny checkpoint fixture (skips without .venvs/xtts; builds models/tiny/xtts if missing).
 from tests.test_engine_xtts import XTTS_PYTHON, tiny_model  # noqa: F401
+from workers.engines.xtts import PAUSE_DIR_VARIABLE
 
 SENTENCES = ["The first sentence is here.", "A second one follows it.",
              "Then comes a third sentence.", "The fourth is next.", "A fifth is almost last.",
              "And the sixth ends it."]
 TEXT = " ".join(SENTENCES)
+SHORT = " ".join(SENTENCES[:2])  # two pieces: what the formats need to cross a piece's end
+THREE = " ".join(SENTENCES[:3])  # one piece stored before a kill, two spoken after it
 RATE = 24000
 TIMEOUT = 180
 SPEECH = {"model": "tts-1", "input": TEXT, "voice": "alloy"}
@@ -64,11 +66,14 @@ def stack(request: pytest.FixtureRequest,
     worker = procs.worker(server.url, workdir, backend="xtts", python=XTTS_PYTHON,
                           models=models, device="cpu", idle_unload_seconds="-1",
                           preload="true")
+    pause = Pause(workdir / "pause")
+    worker.env[PAUSE_DIR_VARIABLE] = str(pause.directory)
     try:
         gateway.start()
         worker.start()
         yield {"url": gateway.url, "worker": worker, "redis": server.client(),
-               "redis_url": server.url, "workdir": workdir, "models": models, "voices": voices}
+               "redis_url": server.url, "workdir": workdir, "models": models, "voices": voices,
+               "pause": pause}
     finally:
         worker.stop()
         gateway.stop()
@@ -87,16 +92,28 @@ def stored_pcm(client: redis.Redis, task_id: str) -> bytes:
                     client.xrange(keys.speech_chunks(task_id)))
 
 
-def freeze_after_first_piece(client: redis.Redis, pid: int) -> str:
-    """SIGSTOP the worker once the running task has a piece stored; that task's id."""
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
+class Pause:
+    """The worker's pause hook (workers/engines/xtts.py `_pause_if_armed`): armed, the next
+    task the engine speaks stops once its first piece is stored, until released."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def arm(self) -> None:
+        (self.directory / "armed").touch()
+
+    def wait(self, client: redis.Redis) -> str:
+        """Once the engine has paused: the id of the task it paused in."""
+        procs.wait_until((self.directory / "paused").exists, TIMEOUT,
+                         "the engine to pause after its first piece", 0.01)
         task_id = running_task(client)
-        if task_id and client.xlen(keys.speech_chunks(task_id)) >= 1:
-            os.kill(pid, signal.SIGSTOP)
-            return task_id
-        time.sleep(0.005)
-    raise TimeoutError("no piece was stored")
+        assert task_id, "the engine paused in no running task"
+        return task_id
+
+    def release(self) -> None:
+        (self.directory / "armed").unlink(missing_ok=True)
+        (self.directory / "paused").unlink(missing_ok=True)
 
 
 def sse_events(body: bytes) -> list[dict[str, Any]]:
@@ -119,40 +136,37 @@ def stream(base: str, **body: Any) -> tuple[httpx.Response, bytes]:
 
 def test_the_first_piece_arrives_while_the_rest_is_spoken_and_pcm_is_the_wav(
         stack: dict[str, Any]) -> None:
-    client, worker = stack["redis"], stack["worker"]
-    with ThreadPoolExecutor(1) as pool:
-        frozen: Future[str] = pool.submit(freeze_after_first_piece, client, worker.pid)
-        try:
-            # twice the sentences: the freeze, polled every 5 ms, has ~11 pieces' time
-            # (~5 s) to land before the task ends, however busy the machine
-            with httpx.stream("POST", f"{stack['url']}/v1/audio/speech", timeout=TIMEOUT,
-                              json={**SPEECH, "input": " ".join(SENTENCES * 2),
-                                    "response_format": "pcm",
-                                    "stream_format": "audio"}) as reply:
-                assert reply.status_code == 200
-                assert reply.headers["content-type"] == f"audio/pcm; rate={RATE}"
-                assert "content-length" not in reply.headers  # chunked
-                pieces = reply.iter_bytes()
-                first = next(pieces)
-                task_id = frozen.result(TIMEOUT)
-                # the worker is stopped: nothing below changes until SIGCONT
-                assert reply.headers["x-task-id"] == task_id
-                assert client.hget(keys.task(task_id), "state") == b"RUNNING"
-                spoken = client.xlen(keys.speech_chunks(task_id))
-                assert 1 <= spoken < 2 * len(SENTENCES)
-                assert first and stored_pcm(client, task_id).startswith(first)
-                os.kill(worker.pid, signal.SIGCONT)
-                body = first + b"".join(pieces)
-        finally:
-            os.kill(worker.pid, signal.SIGCONT)
+    client, pause = stack["redis"], stack["pause"]
+    pause.arm()
+    try:
+        with httpx.stream("POST", f"{stack['url']}/v1/audio/speech", timeout=TIMEOUT,
+                          json={**SPEECH, "input": SHORT, "response_format": "pcm",
+                                "stream_format": "audio"}) as reply:
+            assert reply.status_code == 200
+            assert reply.headers["content-type"] == f"audio/pcm; rate={RATE}"
+            assert "content-length" not in reply.headers  # chunked
+            pieces = reply.iter_bytes()
+            first = next(pieces)
+            task_id = pause.wait(client)
+            # the engine waits before its second piece: nothing below changes until released
+            assert reply.headers["x-task-id"] == task_id
+            assert client.hget(keys.task(task_id), "state") == b"RUNNING"
+            assert client.xlen(keys.speech_chunks(task_id)) == 1
+            assert first and stored_pcm(client, task_id).startswith(first)
+            pause.release()
+            body = first + b"".join(pieces)
+    finally:
+        pause.release()
     pcm, rate = wav_pcm(stored_wav(reply))
     assert rate == RATE and body == pcm
+    assert client.xlen(keys.speech_chunks(task_id)) == 2  # the rest was spoken after it
     # the WAV holds it now; the pieces linger a minute for streams still reading them
     assert 0 < client.pttl(keys.speech_chunks(task_id)) <= 60_000
 
 
 def test_wav_mp3_opus_aac_and_sse_streams(stack: dict[str, Any]) -> None:
-    reply, body = stream(stack["url"], response_format="wav", stream_format="audio")
+    reply, body = stream(stack["url"], input=SHORT, response_format="wav",
+                         stream_format="audio")
     assert reply.status_code == 200 and reply.headers["content-type"] == "audio/wav"
     pcm, _ = wav_pcm(stored_wav(reply))
     header, samples = body[:44], body[44:]
@@ -165,32 +179,35 @@ def test_wav_mp3_opus_aac_and_sse_streams(stack: dict[str, Any]) -> None:
 
     for fmt, content_type in (("mp3", "audio/mpeg"), ("opus", "audio/ogg; codecs=opus"),
                               ("aac", "audio/aac")):
-        reply, body = stream(stack["url"], response_format=fmt, stream_format="audio")
+        reply, body = stream(stack["url"], input=SHORT, response_format=fmt,
+                             stream_format="audio")
         assert reply.status_code == 200 and reply.headers["content-type"] == content_type
         assert len(decode_audio(body, RATE)) / RATE == pytest.approx(seconds, abs=0.1), fmt
 
-    reply, body = stream(stack["url"], response_format="pcm", stream_format="sse")
+    reply, body = stream(stack["url"], input=SHORT, response_format="pcm", stream_format="sse")
     assert reply.headers["content-type"].startswith("text/event-stream")
     events = sse_events(body)
     *deltas, done = events
     assert {event["type"] for event in deltas} == {"speech.audio.delta"} and len(deltas) > 1
     assert b"".join(base64.b64decode(event["audio"]) for event in deltas) == pcm
     assert done == {"type": "speech.audio.done", "usage": {
-        "input_tokens": len(TEXT), "output_tokens": 0, "total_tokens": len(TEXT)}}
+        "input_tokens": len(SHORT), "output_tokens": 0, "total_tokens": len(SHORT)}}
     assert wav_pcm(stored_wav(reply))[0] == pcm  # seeded: every task speaks alike
 
 
 def kill_after_first_piece(stack: dict[str, Any], seen: dict[str, Any], **env: str) -> None:
-    """Once the running task has stored its first piece: note what is stored in `seen`, SIGKILL
-    the worker and start it again (the same consumer name: it reads its own unacked entry
-    first), with `env` added to its environment."""
-    client, worker = stack["redis"], stack["worker"]
-    task_id = seen["task_id"] = freeze_after_first_piece(client, worker.pid)
+    """Once the running task has stored its first piece (the pause armed by the caller): note
+    what is stored in `seen`, SIGKILL the paused worker and start it again (the same consumer
+    name: it reads its own unacked entry first, unpaused), with `env` added to its
+    environment."""
+    client, worker, pause = stack["redis"], stack["worker"], stack["pause"]
+    task_id = seen["task_id"] = pause.wait(client)
     seen["pieces"] = client.xlen(keys.speech_chunks(task_id))
     seen["pcm"] = stored_pcm(client, task_id)
     proc = worker.proc
     os.kill(worker.pid, signal.SIGKILL)
     proc.wait(30)
+    pause.release()
     worker.env.update(env)
     worker.start()
 
@@ -198,17 +215,20 @@ def kill_after_first_piece(stack: dict[str, Any], seen: dict[str, Any], **env: s
 def test_a_worker_killed_mid_stream_resumes_and_the_client_hears_each_sentence_once(
         stack: dict[str, Any]) -> None:
     worker = stack["worker"]
-    _, whole = stream(stack["url"], response_format="pcm", stream_format="audio")
+    _, whole = stream(stack["url"], input=THREE, response_format="pcm", stream_format="audio")
     before: dict[str, Any] = {}
+    stack["pause"].arm()
     restarted = threading.Thread(target=kill_after_first_piece, args=(stack, before))
     restarted.start()
     try:
-        reply, body = stream(stack["url"], response_format="pcm", stream_format="audio")
+        reply, body = stream(stack["url"], input=THREE, response_format="pcm",
+                             stream_format="audio")
     finally:
         restarted.join(TIMEOUT)
+        stack["pause"].release()
     assert reply.status_code == 200
     task_id = reply.headers["x-task-id"]
-    assert 1 <= before["pieces"] < len(SENTENCES)
+    assert task_id == before["task_id"] and before["pieces"] == 1
     assert body.startswith(before["pcm"])  # what the first attempt spoke was kept
     pcm, _ = wav_pcm(stored_wav(reply))
     assert body == pcm  # no piece twice, none missing
@@ -226,6 +246,7 @@ def test_a_task_failing_mid_stream_ends_sse_with_an_error_event(
     client, worker = stack["redis"], stack["worker"]
     env = dict(worker.env)
     failed: dict[str, Any] = {}
+    stack["pause"].arm()
     restarted = threading.Thread(target=kill_after_first_piece, args=(stack, failed),
                                  kwargs={"SPEECH_MAX_DELIVERIES": "1"})
     restarted.start()
@@ -233,12 +254,15 @@ def test_a_task_failing_mid_stream_ends_sse_with_an_error_event(
         reply, body = stream(stack["url"], response_format="pcm", stream_format="sse")
     finally:
         restarted.join(TIMEOUT)
+        stack["pause"].release()
         worker.stop()
         worker.env = env
         worker.start()
     events = sse_events(body)
     *deltas, error = events
+    assert failed["pieces"] == 1
     assert deltas and {event["type"] for event in deltas} == {"speech.audio.delta"}
+    assert b"".join(base64.b64decode(event["audio"]) for event in deltas) == failed["pcm"]
     assert error["type"] == "error" and error["error"]["code"] == "delivery_limit", error
     task_id = failed["task_id"]
     assert reply.headers["x-task-id"] == task_id
@@ -259,14 +283,19 @@ def test_clients_that_hang_up_or_read_nothing_leave_no_waiter_behind(
     gateway = procs.gateway(stack["redis_url"], stack["workdir"], models=stack["models"],
                             voices=stack["voices"], max_waiting_requests="1",
                             send_timeout_seconds="2").start()
-    client, base = stack["redis"], gateway.url
+    client, base, pause = stack["redis"], gateway.url, stack["pause"]
     try:
-        with httpx.stream("POST", f"{base}/v1/audio/speech", timeout=TIMEOUT,
-                          json={**SPEECH, "response_format": "pcm",
-                                "stream_format": "audio"}) as reply:
-            assert reply.status_code == 200
-            next(reply.iter_bytes())
-            hung_up = reply.headers["x-task-id"]
+        pause.arm()  # the client hangs up while its task has a piece left to speak
+        try:
+            with httpx.stream("POST", f"{base}/v1/audio/speech", timeout=TIMEOUT,
+                              json={**SPEECH, "input": SHORT, "response_format": "pcm",
+                                    "stream_format": "audio"}) as reply:
+                assert reply.status_code == 200
+                next(reply.iter_bytes())
+                hung_up = reply.headers["x-task-id"]
+                assert pause.wait(client) == hung_up
+        finally:
+            pause.release()
         procs.wait_until(lambda: client.hget(keys.task(hung_up), "state") == b"SUCCEEDED",
                          TIMEOUT, "the task of the stream that was hung up")
         assert wav_pcm(stored_wav(reply))[0]

@@ -8,6 +8,8 @@ Runs in its own environment (.venvs/xtts): torch and coqui-tts are imported only
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +29,9 @@ SUPPORTED_LANGUAGES = XTTS_LANGUAGES
 normalize_language = xtts_language
 _REQUIRED_FILES = ("config.json", "model.pth", "vocab.json")
 _LATENT_CACHE_SIZE = 16
+#: a test's pause hook (tests/test_tts_stream.py), off unless this variable names a directory:
+#: see `_pause_if_armed`
+PAUSE_DIR_VARIABLE = "XTTS_TEST_PAUSE_DIR"
 
 
 @dataclass(slots=True)
@@ -51,6 +56,8 @@ class XttsEngine:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings  # no option of this engine comes from the settings yet
+        pause_dir = os.environ.get(PAUSE_DIR_VARIABLE)
+        self.pause_dir = Path(pause_dir) if pause_dir else None
 
     def cuda_available(self) -> bool:
         import torch
@@ -118,6 +125,8 @@ class XttsEngine:
             raise ValueError("speed must be positive")
         latent, embedding = self._conditioning(handle, options.voice, reference)
         for index, sentence in enumerate(sentences[start:], start=start):
+            if index > start and self.pause_dir is not None:  # the previous piece is stored
+                _pause_if_armed(self.pause_dir)
             if self.seed is not None:  # per piece: a resumed task speaks like a whole one
                 torch.manual_seed(self.seed + index)
             try:
@@ -172,3 +181,16 @@ class XttsEngine:
             chunk_length=config.gpt_cond_chunk_len,
         )  # fmt: skip
         return latent, embedding
+
+
+def _pause_if_armed(directory: Path, limit_seconds: float = 600.0) -> None:
+    """The test hook: if the file `armed` is in `directory`, take it (it becomes `paused`, so
+    one task pauses per arming) and wait, before speaking the next piece, until the test
+    removes `paused` (or kills the process; at most `limit_seconds`)."""
+    try:
+        (directory / "armed").rename(directory / "paused")
+    except FileNotFoundError:
+        return
+    deadline = time.monotonic() + limit_seconds
+    while (directory / "paused").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
