@@ -101,6 +101,8 @@ class PollReader:
         #: the polls waiting for this loop turn's call: (task id, where its reply goes)
         self._waiting: list[tuple[str, asyncio.Future[Any]]] = []
         self._calls: set[asyncio.Task[None]] = set()
+        #: backend -> (the outlook's bytes as last read, parsed)
+        self._last_outlooks: dict[str, tuple[list[Any], Outlook]] = {}
 
     async def read(self, task_id: str) -> Poll | None:
         loop = asyncio.get_running_loop()
@@ -131,12 +133,24 @@ class PollReader:
                 if not reply.done():
                     reply.set_exception(exc)
             return
-        outlooks = {text(flat[i]): (admission.backlog_of(_pairs(flat[i + 1])),
-                                    admission.rates_of(_pairs(flat[i + 2])), int(flat[i + 3]))
-                    for i in range(0, len(flat), 4)}  # one parse per backend and call
+        outlooks = {text(flat[i]): self._outlook(text(flat[i]), flat[i + 1:i + 4])
+                    for i in range(0, len(flat), 4)}
         for (_, reply), found in zip(polls, replies, strict=True):
             if not reply.done():  # a poll whose request was cancelled meanwhile is skipped
                 reply.set_result((found, outlooks))
+
+
+    def _outlook(self, backend: str, raw: list[Any]) -> Outlook:
+        """A backend's outlook, parsed once per change: polls between two writes to its
+        backlog or rates read the same bytes, and reuse what the last call parsed."""
+        last = self._last_outlooks.get(backend)
+        if last is not None and last[0] == raw:
+            return last[1]
+        backlog, rates, live = raw
+        parsed = (admission.backlog_of(_pairs(backlog)), admission.rates_of(_pairs(rates)),
+                  int(live))
+        self._last_outlooks[backend] = (raw, parsed)
+        return parsed
 
 
 def _parsed(task_id: str, reply: list[Any], outlooks: dict[str, Outlook]) -> Poll | None:
