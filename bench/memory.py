@@ -6,7 +6,10 @@ gateway, measured from outside with psutil and the kernel's high-water mark (VmH
 
 - baseline: the started worker, idle, no model loaded;
 - loaded: right after its first task (jfk.flac) returned; peak: VmHWM since start;
-- after idle unload: once /health shows no loaded model (unload + gc + malloc_trim);
+- after idle unload: once /health shows no loaded model (unload + gc + malloc_trim) and,
+  when the unload left RSS above `SPEECH_REEXEC_RSS_RATIO` x the fresh RSS, once the worker
+  has re-exec'd itself (same pid: /health's `reexecs` counts them; `--reexec-ratio 0`
+  measures without);
 - then the same for multilingual.mp3 (60 s), with VmHWM reset (`clear_refs`) first.
 
 The bare process is a fresh interpreter that imports faster-whisper, loads the same
@@ -14,8 +17,8 @@ model with the worker's settings (int8 on CPU, default threads, OMP_WAIT_POLICY=
 decodes the file and transcribes it with the worker's options; its VmHWM (equal to its
 getrusage ru_maxrss) is the reference. Targets: worker peak / bare peak <= 1.3 (jfk.flac);
 RSS after the idle unload / the fresh worker's <= 1.15. What stays resident after the unload
-is listed per mapping (/proc/PID/smaps: each library, the heap, anonymous maps), against
-the fresh worker's.
+(after the re-exec, if one came) is listed per mapping (/proc/PID/smaps: each library, the
+heap, anonymous maps), against the fresh worker's.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
@@ -36,6 +40,7 @@ from typing import Any  # noqa: E402
 import httpx  # noqa: E402
 
 from bench import common as bc  # noqa: E402
+from common.settings import Settings  # noqa: E402
 from harness import procs  # noqa: E402
 
 NAME = "memory"
@@ -109,22 +114,36 @@ def rss_by_mapping(pid: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--idle", type=float, default=3.0, help="idle unload seconds")
+    parser.add_argument("--reexec-ratio", type=float,
+                        default=Settings.model_fields["reexec_rss_ratio"].default,
+                        help="SPEECH_REEXEC_RSS_RATIO (0: the worker never re-execs)")
     args = parser.parse_args()
     started = bc.machine()
     files = {"11 s": bc.JFK, "60 s": bc.MULTILINGUAL}
     bare_runs = {label: bare(path) for label, path in files.items()}
     worker: dict[str, Any] = {}
-    with bc.Stack(NAME, worker_settings={"idle_unload_seconds": str(args.idle)}) as stack, \
-            httpx.Client() as client:
+    settings = {"idle_unload_seconds": str(args.idle), "reexec_rss_ratio": str(args.reexec_ratio)}
+    with bc.Stack(NAME, worker_settings=settings) as stack, httpx.Client() as client:
         service = stack.workers[0]
         pid = service.pid
 
         def health() -> dict[str, Any]:
-            return client.get(service.health_url, timeout=5).json()
+            # during a re-exec the request waits in the kept socket's backlog
+            return client.get(service.health_url, timeout=60).json()
 
         def unloaded() -> bool:
             reply = health()
             return not reply["loaded_models"] and reply["state"] == "idle"
+
+        def reexeced(before: int) -> bool:
+            """Whether the unload just seen is followed by a re-exec (decided at once after
+            the unload: a few seconds without one mean none is coming)."""
+            if args.reexec_ratio <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                procs.wait_until(lambda: health()["reexecs"] > before, 5, "re-exec", 0.05)
+                return True
+            return False
 
         time.sleep(1.0)
         worker["baseline_mib"] = bc.rss_mib(pid)
@@ -134,18 +153,22 @@ def main() -> None:
         for index, (label, path) in enumerate(files.items()):
             if index:
                 bc.reset_peak_rss(pid)
+            reexecs = health()["reexecs"]
             bc.transcribe(client, stack.url, path.read_bytes(), path.name)
             loaded = bc.rss_mib(pid)
             peak = bc.peak_rss_mib(pid)
             waited = time.monotonic()
             procs.wait_until(unloaded, args.idle + 30, "idle unload", 0.1)
             waited = time.monotonic() - waited
+            reexec = reexeced(reexecs)
             time.sleep(0.5)
+            after = health()
+            assert after["pid"] == pid, after  # the same process, re-exec'd or not
             worker[label] = {"loaded_mib": loaded, "peak_mib": peak,
                              "after_unload_mib": bc.rss_mib(pid),
                              "after_unload_split": rss_split(pid),
                              "unload_seen_after_s": round(waited, 2),
-                             "health_rss_mib": health()["memory"]["rss_mib"]}
+                             "reexec": reexec, "health_rss_mib": after["memory"]["rss_mib"]}
             if not index:
                 after = rss_by_mapping(pid)
                 grown = {name: round(after.get(name, 0.0) - baseline_maps.get(name, 0.0), 1)
@@ -163,7 +186,8 @@ def main() -> None:
                      bare_runs[label]["imported_mib"], bare_runs[label]["loaded_mib"],
                      bare_runs[label]["peak_mib"], ratio])
     bc.table(f"worker memory (MiB RSS), faster-whisper tiny.en on {bare_runs['11 s']['device']}, "
-             f"idle unload after {args.idle:.0f} s",
+             f"idle unload after {args.idle:.0f} s, re-exec above {args.reexec_ratio:g} x fresh "
+             f"({'done' if worker['11 s']['reexec'] else 'not done'} after jfk.flac)",
              ["audio", "worker idle", "loaded", "after unload", "worker peak", "bare imported",
               "bare loaded", "bare peak", "peak ratio"], rows)
     ratio = ratios["11 s"]
@@ -177,12 +201,14 @@ def main() -> None:
     print(f"returned by the idle unload: {returned:.0f} MiB; after unload vs baseline: "
           f"{grown:+.0f} MiB (anonymous {kept['anon_mib']:+.0f}, "
           f"file-backed {kept['file_mib']:+.0f})")
-    print("kept after the unload, by mapping (MiB): " + ", ".join(
-        f"{name} {mib:+.1f}" for name, mib in list(worker["kept_by_mapping_mib"].items())[:12]))
+    print("kept after the unload, by mapping (MiB): " + (", ".join(
+        f"{name} {mib:+.1f}" for name, mib in list(worker["kept_by_mapping_mib"].items())[:12])
+        or "nothing (no mapping differs by 0.5 MiB or more)"))
     unload_ratio = first["after_unload_mib"] / worker["baseline_mib"]
     unload_verdict = bc.verdict(unload_ratio, UNLOAD_TARGET, at_most=True)
     print(f"RSS after idle unload / fresh worker: {unload_verdict}")
-    bc.write_json(NAME, {"idle_unload_seconds": args.idle, "worker": worker, "bare": bare_runs,
+    bc.write_json(NAME, {"idle_unload_seconds": args.idle, "reexec_rss_ratio": args.reexec_ratio,
+                         "worker": worker, "bare": bare_runs,
                          "peak_ratio": ratios, "target": TARGET,
                          "target_met": ratio <= TARGET, "unload_ratio": unload_ratio,
                          "unload_target": UNLOAD_TARGET,

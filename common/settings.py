@@ -129,6 +129,10 @@ class Settings(BaseSettings):
     #: a streamed reply (live transcription events, streamed speech, `stream=true`) whose
     #: client takes none of its data for this long is dropped, freeing its waiter and session
     send_timeout_seconds: float = Field(default=30.0, gt=0)
+    #: each client connection's kernel send buffer (SO_SNDBUF), 0: the kernel's autotuning
+    #: (up to net.ipv4.tcp_wmem's maximum, 4 MB by default): what a client that stops
+    #: reading holds of this host's memory before the send timeout starts counting
+    send_buffer_bytes: int = Field(default=0, ge=0)
     #: a streamed reply sends something at least this often while its task waits or between
     #: its pieces (an SSE comment; a WebSocket ping on live sessions), so that no proxy's idle
     #: timeout (nginx: 60 s) cuts it
@@ -146,6 +150,10 @@ class Settings(BaseSettings):
     compute_type: str = "auto"  # faster-whisper: auto -> float16 on cuda, int8 on cpu
     cpu_threads: int = 0
     idle_unload_seconds: float = 120.0  # 0 = unload after every task, -1 = never
+    #: after an idle unload, a worker whose RSS is still above this many times its fresh
+    #: RSS re-execs itself (same pid, a fresh interpreter: what the imports, the allocator's
+    #: arenas and a CUDA context kept goes back); 0 = never (workers/runtime.py)
+    reexec_rss_ratio: float = Field(default=1.15, ge=0)
     memory_cap_mib: int = 0  # 0 = no cap
     preload: bool = False
     stop_grace_seconds: float = 20.0

@@ -278,11 +278,12 @@ def test_clients_that_hang_up_or_read_nothing_leave_no_waiter_behind(
         stack: dict[str, Any]) -> None:
     """A gateway that keeps one call waiting at most (SPEECH_MAX_WAITING_REQUESTS=1): a
     stream whose client hangs up after its first piece, and then one whose client never
-    reads (its socket buffers fill, 2 s send timeout), each still runs its task to the end,
+    reads (its socket buffers fill: 64 KB of send buffer, 2 s send timeout), each still runs
+    its task to the end,
     WAV stored, and frees its waiter: the next call is served, not told 503."""
     gateway = procs.gateway(stack["redis_url"], stack["workdir"], models=stack["models"],
                             voices=stack["voices"], max_waiting_requests="1",
-                            send_timeout_seconds="2").start()
+                            send_timeout_seconds="2", send_buffer_bytes="65536").start()
     client, base, pause = stack["redis"], gateway.url, stack["pause"]
     try:
         pause.arm()  # the client hangs up while its task has a piece left to speak
@@ -306,8 +307,9 @@ def test_clients_that_hang_up_or_read_nothing_leave_no_waiter_behind(
         silent = socket.socket()
         silent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect
         silent.connect(("127.0.0.1", port))
-        # ~5 MB of audio, ~6.5 MB as SSE: more than the kernel's socket buffers take (4 MB)
-        request = json.dumps({**SPEECH, "input": " ".join(SENTENCES * 8),
+        # ~0.8 MB as SSE: more than both sockets' buffers (64 KB sent, 4 KB received, each
+        # doubled by the kernel) and the transport's own take
+        request = json.dumps({**SPEECH, "input": " ".join(SENTENCES),
                               "response_format": "pcm", "stream_format": "sse"}).encode()
         silent.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\n"
                        b"Content-Type: application/json\r\n"

@@ -1,7 +1,8 @@
 """Entry point of one worker process: `python -m workers` (settings from SPEECH_* env).
 
 The process edge: it builds the Redis client and the engine, lets the worker handle
-SIGTERM/SIGINT, and gives it the exit policy (`exit_process`).
+SIGTERM/SIGINT, and gives it the exit policy (`exit_process`) and the re-exec one
+(`reexec_process`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 
 from common import logs
 from common.settings import get_settings
@@ -23,11 +25,13 @@ def main() -> None:
     from common.store.connection import worker_client
     from workers.engines import create_engine
     from workers.http import serve_http
-    from workers.runtime import Worker
+    from workers.runtime import Handover, Worker
 
+    handover = Handover.take()  # out of the environment before any child process starts
     redis = worker_client(settings, f"worker-{settings.consumer_name()}")
     worker = Worker(settings, create_engine(settings.backend, settings), redis,
-                    handle_signals=True, exit=exit_process)
+                    handle_signals=True, exit=exit_process, reexec=reexec_process,
+                    handover=handover)
     asyncio.run(worker.run(serve_http))
 
 
@@ -36,6 +40,20 @@ def exit_process(code: int) -> None:
     run; after a failed load only an exit returns what a half-built model may hold."""
     logging.shutdown()
     os._exit(code)
+
+
+def reexec_process(environment: dict[str, str]) -> None:
+    """Become a fresh image of this worker in the same process (same pid, so supervisord
+    and whoever tracks it see no restart): the interpreter and command line it was started
+    with, the code now on disk, this environment plus `environment`. Every other thread
+    ends; descriptors not marked inheritable close. A failed exec exits (a restart)."""
+    logging.shutdown()
+    try:
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
+                  {**os.environ, **environment})
+    except OSError as exc:
+        print(f"worker: re-exec failed ({exc}); exiting", file=sys.stderr, flush=True)
+        os._exit(1)
 
 
 if __name__ == "__main__":

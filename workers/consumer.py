@@ -141,16 +141,17 @@ class Consumer:
         self.current_task, self.load_seconds, self.device_wait_seconds = task.id, None, None
         self.load_observed = False
         lease = asyncio.create_task(self._keep_lease([delivery]))
-        try:
+        try:  # the task is current until its terminal write is done: a stop waits for it
             outcome: Outcome | TaskError
             try:
                 outcome = await self._run_task(task, attempt)
             except TaskError as exc:
                 outcome = exc
+            finally:
+                lease.cancel()
+            await self._settle(task, attempt, delivery, outcome, started)
         finally:
-            lease.cancel()
             self.current_task = None
-        await self._settle(task, attempt, delivery, outcome, started)
 
     async def _open(self, task: Task, delivery: Delivery) -> int | None:
         """Open the task's next attempt; None when it must not run (given up, finished,
@@ -238,16 +239,18 @@ class Consumer:
         self.current_batch, self.load_observed = len(opened), False
         held = [delivery for _, delivery, _ in opened]
         lease = asyncio.create_task(self._keep_lease(held))
-        try:
-            results = await self._share_call(
-                model, [(task, attempt) for task, _, attempt in opened])
+        try:  # current until the last terminal write is done, as in _handle_task
+            try:
+                results = await self._share_call(
+                    model, [(task, attempt) for task, _, attempt in opened])
+            finally:
+                lease.cancel()
+            self.observations["batch_size"] = len(opened)
+            for (task, delivery, attempt), result in zip(opened, results, strict=True):
+                with logs.task_context(task.id):
+                    await self._settle(task, attempt, delivery, result, started, len(opened))
         finally:
-            lease.cancel()
             self.current_task, self.current_batch = None, 0
-        self.observations["batch_size"] = len(opened)
-        for (task, delivery, attempt), result in zip(opened, results, strict=True):
-            with logs.task_context(task.id):
-                await self._settle(task, attempt, delivery, result, started, len(opened))
 
     async def _share_call(self, model: str,
                           tasks: list[tuple[Task, int]]) -> list[Outcome | TaskError]:

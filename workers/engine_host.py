@@ -258,7 +258,8 @@ class EngineHost:
         await self.holding.keep(self.lock)
 
     async def unload_when_idle(self) -> None:
-        """Runs for ever: unload the model once unused for `idle_unload_seconds` (> 0)."""
+        """Return once the model, unused for `idle_unload_seconds` (> 0), is unloaded (what
+        follows an idle unload is the runtime's: workers/runtime.py)."""
         idle_limit = self.settings.idle_unload_seconds
         while True:
             await asyncio.sleep(min(1.0, idle_limit / 4))
@@ -270,6 +271,7 @@ class EngineHost:
                         log.info("idle for %.0f s: unloading", self.slot.idle_for())
                         await self._call(self.slot.unload)
                         await self.holding.settle()
+                        return
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run on the engine thread, carrying the task id into its log lines."""

@@ -9,12 +9,14 @@ loopback it refuses to start without that secret.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import ipaddress
 import json
 import logging
 import math
+import os
 import socket
 from collections.abc import Awaitable, Callable, Generator
 from typing import Annotated, Any
@@ -35,6 +37,8 @@ from workers.engine_host import EngineHost
 from workers.execute import TaskError
 
 log = logging.getLogger("worker.http")
+#: how long a stopping worker's server lets the requests in flight finish
+GRACEFUL_SHUTDOWN_SECONDS = 2
 #: what /health answers: the worker's whole snapshot (the host's own when none is given)
 Health = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -230,9 +234,13 @@ class _Server(uvicorn.Server):
 
 
 async def serve_http(host: EngineHost, health: Health | None = None,
-                     on_bound: Callable[[str], None] | None = None) -> None:
-    """Serve on `worker_host`:`worker_port` (0 = a free port, told to `on_bound`, which
-    publishes it in /health).
+                     on_bound: Callable[[str, int], None] | None = None,
+                     listen_fd: int | None = None) -> None:
+    """Serve on `worker_host`:`worker_port` (0 = a free port, told to `on_bound` with a
+    duplicate of the socket's fd: the runtime publishes the URL in /health, and hands the
+    socket over when it re-execs the process), or on the socket `listen_fd` an earlier image
+    of this process handed over (same port; connections made meanwhile waited in its
+    backlog).
 
     Off loopback without `worker_secret` it does not bind at all: it raises, and the worker
     exits (a direct endpoint open to the network would bypass every gateway key)."""
@@ -243,15 +251,30 @@ async def serve_http(host: EngineHost, health: Health | None = None,
                      "SPEECH_WORKER_SECRET is empty; set a secret or bind 127.0.0.1",
                      settings.worker_host)
         raise RuntimeError("worker HTTP off loopback needs SPEECH_WORKER_SECRET")
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((settings.worker_host, settings.worker_port))
+    if listen_fd is not None:
+        sock = socket.socket(fileno=listen_fd)
+        sock.set_inheritable(False)
+    else:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((settings.worker_host, settings.worker_port))
     bound_host, port = sock.getsockname()[:2]
     url = f"http://{bound_host}:{port}"
     if on_bound is not None:
-        on_bound(url)
+        on_bound(url, os.dup(sock.fileno()))  # its own fd: open whatever uvicorn closes
     log.info("worker HTTP on %s (%s)", url,
              "secret required" if settings.worker_secret else "no secret: loopback only")
     config = uvicorn.Config(create_worker_app(host, health, open_health=loopback),
-                            log_level="warning", access_log=False, lifespan="off")
-    await _Server(config).serve(sockets=[sock])
+                            log_level="warning", access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
+    server = _Server(config)
+    serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+    try:
+        await asyncio.shield(serving)
+    except asyncio.CancelledError:
+        # The worker is leaving (or re-exec'ing): uvicorn's own shutdown closes kept-alive
+        # connections (a client sees a close, not a reset) and lets a reply in flight end.
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await serving
+        raise

@@ -65,8 +65,13 @@ def _empty_torch_cache(uses_torch: bool) -> None:
         torch.cuda.empty_cache()
 
 
+def rss_mib() -> float:
+    """This process's resident set, MiB."""
+    return round(psutil.Process().memory_info().rss / MIB, 1)
+
+
 def snapshot(uses_torch: bool, device: str) -> dict[str, Any]:
-    memory: dict[str, Any] = {"rss_mib": round(psutil.Process().memory_info().rss / MIB, 1)}
+    memory: dict[str, Any] = {"rss_mib": rss_mib()}
     torch = sys.modules.get("torch") if uses_torch else None
     if device == "cuda" and torch is not None and torch.cuda.is_available():
         memory["gpu_allocated_mib"] = round(torch.cuda.memory_allocated() / MIB, 1)

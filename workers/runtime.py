@@ -7,22 +7,34 @@ store the terminal state fenced by attempt, ack; with lease extension, a janitor
 abandoned entries, and the breakers of `workers/breakers.py`), and the worker's side of
 Redis (`common.store.WorkerStore`). Here: heartbeat, the health snapshot, a graceful stop,
 and leaving through the exit policy it is handed. The process edge (`workers/__main__.py`)
-hands it a real exit and signal handling; a test hands it neither, and may run it in burst
-mode, draining the queue in-process.
+hands it a real exit, a re-exec and signal handling; a test hands it neither, and may run it
+in burst mode, draining the queue in-process.
+
+After an idle unload the runtime may re-exec the process (`SPEECH_REEXEC_RSS_RATIO`): an
+unload gives the model back, but not what its load left behind (the allocator's arenas, the
+code pages and caches of what it imported, a CUDA context), and only a fresh image sheds
+those. It leaves as a clean stop does (no task running, nothing taken; the device
+reservation given back), keeps what others know it by (its pid, consumer name and pending
+entries, its listening socket, its heartbeat, handed over with a TTL that covers the start),
+and the new image (`Handover`) carries on: no preload, the counters kept.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
+import json
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import psutil
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -37,25 +49,82 @@ from workers.engines.base import Engine
 log = logging.getLogger("worker")
 
 #: the direct HTTP server (workers.http.serve_http): the host it serves, the /health
-#: snapshot to answer with, and where to say the URL it bound
+#: snapshot to answer with, where to say the URL it bound (and a duplicate of its listening
+#: socket's fd, to hand over on a re-exec), and the fd of the socket handed over, if any
 HttpServer = Callable[[EngineHost, Callable[[], Awaitable[dict[str, Any]]],
-                       Callable[[str], None]], Awaitable[None]]
+                       Callable[[str, int], None], int | None], Awaitable[None]]
+#: where a re-exec'd worker finds its Handover (popped at start: no child process sees it)
+HANDOVER_ENV = "SPEECH_WORKER_HANDOVER"
+SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Handover:
+    """What a worker's image hands the next one when it re-execs itself."""
+
+    started_at: float  # the process's start (its uptime goes on)
+    tasks_done: int
+    reexecs: int  # re-execs so far, this one included
+    exec_at: float  # when the exec was asked for: the new image times its start from it
+    listen_fd: int | None  # the direct HTTP server's listening socket, kept open
+
+    def encode(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def take(cls) -> Handover | None:
+        """This image's handover, removed from the environment; None on a fresh start."""
+        text = os.environ.pop(HANDOVER_ENV, "")
+        return cls(**json.loads(text)) if text else None
+
+
+#: how long a cancelled loop has to end before it is cancelled again (the HTTP server's
+#: graceful shutdown, workers/http.py, fits in it)
+RECANCEL_SECONDS = 3.0
+
+
+async def cancel_all(tasks: set[asyncio.Task], every: float = RECANCEL_SECONDS) -> None:
+    """Cancel every task and wait until all have ended. A cancel can be lost: redis-py (8.1)
+    may finish a command it was cancelled in and return normally, and a loop around it (the
+    heartbeat's) would then run on for ever, the worker never leaving; so whatever still
+    runs `every` seconds later is cancelled again."""
+    pending = tasks
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=every)
+    for task in tasks:  # retrieved, so none is logged as never retrieved
+        if not task.cancelled():
+            task.exception()
 
 
 class Worker:
     def __init__(self, settings: Settings, engine: Engine, redis: Redis, *,
-                 handle_signals: bool, exit: Callable[[int], None], burst: bool = False) -> None:
+                 handle_signals: bool, exit: Callable[[int], None], burst: bool = False,
+                 reexec: Callable[[dict[str, str]], None] | None = None,
+                 handover: Handover | None = None) -> None:
         """`exit(code)` ends the process (a test's may only record it); `handle_signals`:
         SIGTERM and SIGINT stop the worker gracefully; `burst`: return once the queue is
-        drained."""
+        drained; `reexec(environment)` replaces the process's image with a fresh one of
+        the same command line, with `environment` added (None: never re-exec);
+        `handover`: what the image before this one handed over."""
         self.settings = settings
         self.backend = settings.backend
         self.handle_signals = handle_signals
         self.exit = exit
         self.burst = burst
+        self.reexec = reexec
+        self.handover = handover
         self.exit_code: int | None = None  # the exit asked for, once
-        self.started_at = time.time()
+        self.stop_asked = False  # a stop from outside (a signal): never re-exec then
+        self.reexec_wanted = False
+        self.started_at = handover.started_at if handover else time.time()
+        # when this image began: the exec, or the process's start
+        self.image_started = handover.exec_at if handover else psutil.Process().create_time()
+        self.start_seconds = 0.0  # how long this image took to start (to its first beat)
+        self.fresh_rss_mib = 0.0  # this image's RSS once started, before any model
         self.url = ""
+        self.listen_fd: int | None = None  # a duplicate of the HTTP server's socket
         self.store = WorkerStore(redis, settings, settings.consumer_name())
         self.host = EngineHost(settings, engine)
         self.host.holding.budget = device_budget.for_worker(
@@ -66,30 +135,41 @@ class Worker:
         # Loads no task asked for (a direct HTTP call's) count against breakers too.
         self.host.on_load = functools.partial(self.breakers.load_reported, None)
         self.consumer = Consumer(settings, self.store, self.host, self.breakers, burst=burst)
+        if handover is not None:
+            self.consumer.tasks_done = handover.tasks_done
 
     def stop(self) -> None:
         """Take no new task, finish the running one, then leave."""
+        self.stop_asked = True
         self.consumer.stop()
 
     async def run(self, serve_http: HttpServer | None = None) -> None:
         if self.handle_signals:
             loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in SIGNALS:
                 loop.add_signal_handler(sig, self.stop)
+            # a stop that came during a re-exec waited, blocked (see _reexec): take it now
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
         await self.host.start()
         background = []
         if serve_http is not None:
+            inherited = self.handover.listen_fd if self.handover else None
             background.append(asyncio.create_task(serve_http(self.host, self.report,
-                                                             self._bound)))
+                                                             self._bound, inherited)))
             await asyncio.sleep(0)  # let it bind, so the first heartbeat carries its URL
+        self.fresh_rss_mib = memory.rss_mib()
+        self.start_seconds = max(0.0, time.time() - self.image_started)
+        if self.handover is not None:
+            log.info("re-exec'd image %d up in %.1f s, RSS %.0f MiB", self.handover.reexecs,
+                     self.start_seconds, self.fresh_rss_mib)
         background.append(asyncio.create_task(self._heartbeat_loop()))
         if self.settings.idle_unload_seconds > 0:
-            background.append(asyncio.create_task(self.host.unload_when_idle()))
+            background.append(asyncio.create_task(self._unload_when_idle()))
         if self.host.holding.budget.enabled:
             background.append(asyncio.create_task(self.host.keep_reservation()))
         with contextlib.suppress(RedisError):
-            await self.store.record(("worker_starts",))
-        if self.settings.preload:
+            await self.store.record(("worker_reexecs" if self.handover else "worker_starts",))
+        if self.settings.preload and self.handover is None:  # re-exec'd to hold no model
             await self._preload_default()
         consumer = asyncio.create_task(self.consumer.run())
         stop_requested = asyncio.create_task(self.consumer.stopping.wait())
@@ -105,15 +185,34 @@ class Worker:
             self._request_exit(1)
         elif not drained:
             await self._finish_current_task(consumer)
-        for running in (consumer, stop_requested, *background):
-            running.cancel()
-        await asyncio.gather(consumer, stop_requested, *background, return_exceptions=True)
+        await cancel_all({consumer, stop_requested, *background})
         # The engine thread may still run; a real exit (os._exit) skips waiting for it.
         await self._leave(None if drained else 0)
 
+    async def _unload_when_idle(self) -> None:
+        """Runs for ever: each idle unload, then (with a re-exec policy) a re-exec when the
+        unload left RSS above `reexec_rss_ratio` times the fresh image's: the worker stops as on
+        SIGTERM (see run), and _leave execs instead of exiting."""
+        ratio = self.settings.reexec_rss_ratio
+        while True:
+            await self.host.unload_when_idle()
+            if self.reexec is None or ratio <= 0 or self.host.slot.handle is not None:
+                continue  # (a task loaded a model again since: the next unload decides)
+            rss = memory.rss_mib()
+            if rss <= ratio * self.fresh_rss_mib:
+                continue
+            log.info("after the idle unload RSS is %.0f MiB, %.2f x the fresh %.0f MiB: "
+                     "re-exec (pid %d stays)", rss, rss / self.fresh_rss_mib,
+                     self.fresh_rss_mib, os.getpid())
+            self.reexec_wanted = True
+            self.consumer.stop()
+            return
+
     async def _finish_current_task(self, consumer: asyncio.Task) -> None:
         if self.consumer.current_task is None and not self.host.busy:
-            consumer.cancel()  # idle: nothing to finish (a task it just took stays pending)
+            # idle: nothing to finish (an entry it just took stays pending for its consumer
+            # name, which a restart, or a re-exec, reads first)
+            consumer.cancel()
             return
         log.info("stopping: finishing task %s (up to %.0f s)", self.consumer.current_task,
                  self.settings.stop_grace_seconds)
@@ -147,13 +246,45 @@ class Worker:
 
     async def _leave(self, code: int | None) -> None:
         """No longer live (the heartbeat goes at once, not at its TTL), then exit with `code`
-        (None: only return, as a drained burst does)."""
+        (None: only return, as a drained burst does); or, after an idle unload that asked
+        for it, re-exec instead (_reexec)."""
+        if code == 0 and self.reexec_wanted and await self._reexec():
+            return  # the policy returned (a test's)
         with contextlib.suppress(RedisError):
             await self.store.forget_heartbeat()
         with contextlib.suppress(RedisError):  # and its device memory goes with it
             await self.host.holding.budget.release()
         if code is not None:
             self._request_exit(code)
+
+    async def _reexec(self) -> bool:
+        """Replace this image with a fresh one (same pid); False when a stop came meanwhile
+        (then the worker exits as asked). The device reservation is given back; the
+        heartbeat is renewed for as long as this image took to start, twice, so the worker
+        never looks gone (same consumer, same URL) while the next one starts."""
+        caught: list[int] = []
+        if self.handle_signals:  # one that came before is asyncio's, run during the awaits
+            for sig in SIGNALS:
+                signal.signal(sig, lambda signum, _frame: caught.append(signum))
+        with contextlib.suppress(Exception):
+            await self.host.holding.budget.release()
+        with contextlib.suppress(RedisError):
+            await self.store.beat(self.health(), self.store.heartbeat_ttl
+                                  + 2 * self.start_seconds)
+        if self.handle_signals:  # from now on a stop stays pending into the next image
+            signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+            caught += signal.sigpending() & SIGNALS
+        if self.stop_asked or caught or self.reexec is None:
+            return False
+        if self.listen_fd is not None:
+            os.set_inheritable(self.listen_fd, True)
+        handover = Handover(self.started_at, self.consumer.tasks_done,
+                            (self.handover.reexecs if self.handover else 0) + 1, time.time(),
+                            self.listen_fd)
+        self.exit_code = 0
+        log.info("re-exec %d: %s", handover.reexecs, " ".join(sys.orig_argv))
+        self.reexec({HANDOVER_ENV: handover.encode()})
+        return True
 
     def _request_exit(self, code: int) -> None:
         """Ask the exit policy once; a policy that returns (a test's) lets the loops wind down."""
@@ -171,8 +302,8 @@ class Worker:
                 await self.store.beat(self.health())
             await asyncio.sleep(self.settings.heartbeat_seconds)
 
-    def _bound(self, url: str) -> None:
-        self.url = url
+    def _bound(self, url: str, listen_fd: int) -> None:
+        self.url, self.listen_fd = url, listen_fd
 
     def health(self) -> dict[str, Any]:
         return {
@@ -185,6 +316,8 @@ class Worker:
             "current_task": self.consumer.current_task,
             "current_batch": self.consumer.current_batch,
             "started_at": self.started_at,
+            "fresh_rss_mib": self.fresh_rss_mib,
+            "reexecs": self.handover.reexecs if self.handover else 0,
         }
 
     async def report(self) -> dict[str, Any]:

@@ -157,12 +157,13 @@ class WorkerStore:
         """One finished task's model, audio-seconds and wall time, for predicted waits."""
         await self._rate.record(model, audio_seconds, wall_seconds)
 
-    async def beat(self, snapshot: dict[str, Any]) -> None:
-        """Publish this worker's health snapshot; it expires unless renewed."""
+    async def beat(self, snapshot: dict[str, Any], ttl_seconds: float | None = None) -> None:
+        """Publish this worker's health snapshot; it expires unless renewed (after the
+        heartbeat TTL, or `ttl_seconds`)."""
+        ttl = self.heartbeat_ttl if ttl_seconds is None else ttl_seconds
         await self._beat(keys=[keys.heartbeat(self.backend, self.consumer),
                                keys.live(self.backend)],
-                         args=[json.dumps(snapshot), int(self.heartbeat_ttl * 1000),
-                               self.consumer])
+                         args=[json.dumps(snapshot), int(ttl * 1000), self.consumer])
 
     async def forget_heartbeat(self) -> None:
         """This worker is leaving: stop counting it as live at once, not at the TTL."""

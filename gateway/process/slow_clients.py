@@ -1,4 +1,5 @@
-"""uvicorn's h11 protocol with a deadline for the request line and headers.
+"""uvicorn's h11 protocol with a deadline for the request line and headers, and the send
+buffer each connection may fill (SPEECH_SEND_BUFFER_BYTES).
 
 uvicorn has no header-read timeout: a client that opens a connection and sends nothing, or
 trickles its headers a byte at a time, holds a socket and its memory for ever. This class
@@ -15,6 +16,7 @@ uvicorn.Config).
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import h11
@@ -29,11 +31,14 @@ class SlowClientProtocol(H11Protocol):
         settings = get_settings()
         self.header_timeout = settings.header_timeout_seconds
         self.drain_timeout = settings.body_timeout_seconds
+        self.send_buffer = settings.send_buffer_bytes
         self._deadline: asyncio.TimerHandle | None = None
         self._draining_deadline = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        if self.send_buffer and (sock := transport.get_extra_info("socket")) is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
         self._arm(self.header_timeout)
 
     def data_received(self, data: bytes) -> None:

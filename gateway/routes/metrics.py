@@ -29,6 +29,7 @@ from gateway.policy.quotas import UNIT_NAMES
 router = APIRouter(tags=["Operations"])
 COUNTERS = {
     "worker_starts": "Worker processes started (a respawn counts again)",
+    "worker_reexecs": "Workers that re-exec'd themselves after an idle unload (same pid)",
     "load_failures": "Model loads that failed (each ended its worker)",
     "dead_lettered": "Tasks failed after exhausting their deliveries",
     "store_refusals": "Redis writes a worker gave up on (refused, or Redis gone too long)",

@@ -1,0 +1,126 @@
+"""After an idle unload the worker re-execs itself (issue 24, `SPEECH_REEXEC_RSS_RATIO`):
+same pid, its RSS a fresh worker's again, its port and pending entries kept, serving again.
+
+Real redis-server, gateway and faster-whisper worker (bundled tiny.en); the worker's RSS is
+read from outside (psutil), as bench/memory.py reads it. Without the re-exec the RSS after
+the unload stays at ~1.35-1.45x the fresh worker's (the allocator's arenas, the code pages
+the first transcription touched), so the RSS check fails as well as the re-exec count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from redis.asyncio import Redis
+
+from common.settings import Settings
+from harness import procs
+from harness.procs import wait_until
+from tests import inprocess
+from tests.helpers import JFK, JFK_TEXT, normalise, submit_file, wait_done
+from workers import runtime
+from workers.engines.faster_whisper import FasterWhisperEngine
+
+IDLE_UNLOAD_SECONDS = 2
+RATIO = Settings().reexec_rss_ratio  # the default: 1.15, the issue's target
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    workdir = tmp_path_factory.mktemp("reexec")
+    redis = procs.RedisServer(workdir / "redis").start()
+    services = [procs.gateway(redis.url, workdir),
+                procs.worker(redis.url, workdir, idle_unload_seconds=str(IDLE_UNLOAD_SECONDS))]
+    try:
+        for service in services:
+            service.start()
+        yield {"gateway": services[0].url, "worker": services[1], "redis": redis}
+    finally:
+        for service in reversed(services):
+            service.stop()
+        redis.stop()
+
+
+def rss_mib(pid: int) -> float:
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def health(worker: procs.Service) -> dict[str, Any]:
+    # during the exec a request waits in the kept socket's backlog for the new image
+    return httpx.get(worker.health_url, timeout=60).json()
+
+
+def test_idle_unload_reexecs_in_place_and_serves_again(stack: dict[str, Any]) -> None:
+    worker, base = stack["worker"], stack["gateway"]
+    pid = worker.pid
+    time.sleep(1.0)  # settled, as bench/memory.py measures its baseline
+    fresh, fresh_rss = health(worker), rss_mib(pid)
+    fresh_fds = len(os.listdir(f"/proc/{pid}/fd"))
+    assert fresh["pid"] == pid and fresh["reexecs"] == 0 and fresh["loaded_models"] == []
+
+    first = wait_done(base, submit_file(base, JFK).json()["taskid"])
+    assert first["status"] == "SUCCEEDED", first
+    after = wait_until(lambda: (h := health(worker))["reexecs"] == 1 and h, 60,
+                       "the re-exec after the idle unload", 0.2)
+    assert worker.proc is not None and worker.proc.poll() is None
+    assert after["pid"] == pid and after["url"] == worker.url  # same process, same port
+    assert after["state"] == "idle" and after["loaded_models"] == []
+    # the process's uptime and counters go on
+    assert after["started_at"] == fresh["started_at"] and after["tasks_done"] == 1
+    reexeced_rss = rss_mib(pid)
+    assert reexeced_rss <= RATIO * fresh_rss, (reexeced_rss, fresh_rss)
+    assert len(os.listdir(f"/proc/{pid}/fd")) <= fresh_fds + 2  # no descriptor leaks through
+    log = worker.log()
+    assert log.count("re-exec (pid") == 1 and "Traceback" not in log
+
+    # A task submitted as the next re-exec begins: taken by the old image or not, it is
+    # served once by the new one (an entry taken stays pending for the same consumer name)
+    second = wait_done(base, submit_file(base, JFK).json()["taskid"])
+    assert second["status"] == "SUCCEEDED", second
+    wait_until(lambda: worker.log().count("re-exec (pid") == 2, 60, "the second re-exec", 0.01)
+    third = wait_done(base, submit_file(base, JFK).json()["taskid"])
+    assert third["status"] == "SUCCEEDED", third
+    for done in (second, third):
+        assert normalise(done["result"]["text"]) == normalise(first["result"]["text"])
+    assert normalise(first["result"]["text"]) == normalise(JFK_TEXT)
+    assert health(worker)["pid"] == pid
+
+    # a stop is still a clean exit: the new image handles SIGTERM
+    worker.stop()
+    assert worker.proc.returncode == 0, worker.log()[-3000:]
+
+
+def test_a_lost_cancel_does_not_keep_the_heartbeat_running(stack: dict[str, Any]) -> None:
+    """Leaving (a stop or a re-exec) cancels the worker's loops and waits for them. redis-py
+    may finish a command it was cancelled in and return normally, and the heartbeat loop
+    then went on beating for ever: the old image never exec'd (seen once in ~80 re-execs).
+    `cancel_all` cancels again what still runs: here each of many cancels, at random points
+    of a heartbeat loop beating as fast as it can on a real Redis, ends it."""
+    settings = inprocess.worker_settings(stack["redis"].url, heartbeat_seconds=0.0005)
+
+    async def main() -> int:
+        client = Redis.from_url(settings.redis_url)
+        worker = runtime.Worker(settings, FasterWhisperEngine(settings), client,
+                                handle_signals=False, exit=lambda code: None)
+        lost = 0
+        for _ in range(30):
+            loop = asyncio.create_task(worker._heartbeat_loop())
+            await asyncio.sleep(random.random() * 0.01)
+            loop.cancel()
+            ended, _ = await asyncio.wait({loop}, timeout=0.2)
+            lost += not ended
+            await asyncio.wait_for(runtime.cancel_all({loop}, every=0.05), 10)
+            assert loop.done()
+        await client.aclose()
+        return lost
+
+    lost = asyncio.run(main())
+    print(f"cancels lost by a beat and cancelled again: {lost} of 30")
