@@ -55,6 +55,38 @@ def wait_task(base: str, task_id: str, headers: dict[str, str] | None = None,
     return wait_until(view, timeout, f"task {task_id}", 0.1)
 
 
+def wait_sampling_loaded(base: str, worker_health: str, task_id: str,
+                         timeout: float = 300) -> tuple[dict[str, Any], list[float]]:
+    """A diarized task's final status, and the worker's RSS (MiB) sampled while the task ran
+    with its model and diarizer both loaded (once the task is done the idle unload may come
+    before any look, on a busy machine)."""
+    samples: list[float] = []
+
+    def done_with_both_seen() -> dict[str, Any] | None:
+        health = httpx.get(worker_health, timeout=5).json()
+        if health["diarizer_loaded"] and health["loaded_models"]:
+            samples.append(health["memory"]["rss_mib"])
+        state = status(base, task_id)
+        return state if state["status"] in TERMINAL and samples else None
+
+    return wait_until(done_with_both_seen, timeout, f"task {task_id}", 0.05), samples
+
+
+def settled_idle(worker_health: str, reexec_ratio: float, timeout: float = 60) -> dict[str, Any]:
+    """The worker's /health once its idle unload has settled: nothing loaded, and RSS within
+    `reexec_ratio` of its fresh image's (the unload's own trim got it there, or the re-exec
+    the unload asked for did: SPEECH_REEXEC_RSS_RATIO). During a re-exec the request waits in
+    the kept socket's backlog."""
+    def settled() -> dict[str, Any] | None:
+        health = httpx.get(worker_health, timeout=60).json()
+        if health["loaded_models"] or health["diarizer_loaded"]:
+            return None
+        # (+5 MiB: RSS moves a little between the worker's own look and this one)
+        within = health["memory"]["rss_mib"] <= reexec_ratio * health["fresh_rss_mib"] + 5
+        return health if within else None
+    return wait_until(settled, timeout, "the idle unload, back to the fresh RSS", 0.2)
+
+
 def queue_counts(client: redis.Redis, backend: str = "faster-whisper") -> tuple[int, int]:
     """(stream length, number of task records): unchanged by any refused submit."""
     stream_length = sum(client.xlen(keys.queue(backend, lane)) for lane in keys.LANES

@@ -131,6 +131,7 @@ def test_a_deadline_that_passes_while_queued_fails_the_task_unrun(admission):
     assert task["attempts"] == 0 and task["started_at"] is None and not task["worker"]
 
 
+@pytest.mark.alone
 def test_the_predicted_start_is_within_30_percent_and_a_missed_deadline_is_refused(admission):
     env = admission
     worker = start_worker(env)
@@ -177,6 +178,7 @@ def test_the_predicted_start_is_within_30_percent_and_a_missed_deadline_is_refus
     assert abs(predicted - actual) <= 0.3 * actual, (predicted, actual)
 
 
+@pytest.mark.alone
 def test_retry_after_of_a_long_predicted_wait_is_within_30_percent(admission):
     """Retry-After says when the queue falls under `max_queue_seconds_ahead`: one worker, so a
     task submitted at time T starts when the last queued one finishes, and the queue is under

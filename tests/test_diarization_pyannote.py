@@ -13,12 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
+from common.settings import Settings
 from harness import conversation, procs
-from harness.procs import wait_until
-from tests.helpers import TERMINAL, status, submit_file
+from tests.helpers import settled_idle, submit_file, wait_sampling_loaded
 from tests.tiny import env_python, tiny_model
 
 pytestmark = [pytest.mark.timeout(600),
@@ -50,28 +49,11 @@ def service(workdir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def test_a_diarized_task_runs_on_the_tiny_pipeline_and_its_memory_goes_back(
         service: dict) -> None:
     base, health = service["gateway"], f"{service['worker']}/health"
-
-    def unloaded() -> dict | None:
-        reply = httpx.get(health, timeout=5).json()
-        return reply if not reply["loaded_models"] and not reply["diarizer_loaded"] else None
-
     cycles = []
     for params in ({"num_speakers": 2}, {}, {"min_speakers": 1, "max_speakers": 3}):
         reply = submit_file(base, service["talk"], diarize="true", **params)
         assert reply.status_code == 200, reply.text
-        # the worker's RSS with both loaded, sampled while the task runs (once it is done the
-        # idle unload may come before any look, on a busy machine)
-        samples: list[float] = []
-
-        def done_with_both_seen(task_id: str = reply.json()["taskid"],
-                                samples: list[float] = samples) -> dict | None:
-            health_now = httpx.get(health, timeout=5).json()
-            if health_now["diarizer_loaded"] and health_now["loaded_models"] == ["tiny.en"]:
-                samples.append(health_now["memory"]["rss_mib"])
-            state = status(base, task_id)
-            return state if state["status"] in TERMINAL and samples else None
-
-        final = wait_until(done_with_both_seen, 300, "the diarized task", 0.05)
+        final, samples = wait_sampling_loaded(base, health, reply.json()["taskid"])
         assert final["status"] == "SUCCEEDED", final
         result = final["result"]
         assert result["segments"] and result["speakers"], result
@@ -81,11 +63,10 @@ def test_a_diarized_task_runs_on_the_tiny_pipeline_and_its_memory_goes_back(
                                             for i in range(len(result["speakers"]))]
         if "num_speakers" in params:
             assert len(result["speakers"]) <= 2
-        idle = wait_until(unloaded, 30, "idle unload", 0.2)
+        # nothing loaded, and RSS back within the re-exec ratio of the fresh image's
+        idle = settled_idle(health, Settings().reexec_rss_ratio)
         cycles.append((max(samples), idle["memory"]["rss_mib"]))
     # the pipeline's weights (~27 MB: WeSpeaker ResNet34 + PyanNet) and tiny.en (~75 MB) go
-    # with each unload; the first cycle pays the imports (torch, pyannote), and the worker's
-    # idle RSS wanders by tens of MB between cycles (CTranslate2's loads)
-    for loaded_mib, idle_mib in cycles[1:]:
+    # with each unload
+    for loaded_mib, idle_mib in cycles:
         assert loaded_mib - idle_mib > 30, cycles
-    assert max(idle for _, idle in cycles[1:]) - min(idle for _, idle in cycles[1:]) < 150, cycles
