@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from common.schemas import DiarizationOptions, Segment, Transcription
-from workers import pyannote_diarizer, speaker_clusters
+from workers import pyannote_diarizer, speaker_clusters, speaker_features
 
 BUNDLED = "bundled"
 SAMPLE_RATE = 16000
@@ -135,7 +135,8 @@ class Diarizer:
             if not windows:
                 return Diarization([])
             embeddings = np.stack([_embed(handle, audio[start:end]) for start, end in windows])
-            clusters = _cluster(embeddings, windows, options.bounds())
+            pitch = np.array([speaker_features.log_pitch(audio[s:e]) for s, e in windows])
+            clusters = _cluster(embeddings, windows, options.bounds(), pitch)
             names: dict[Any, str] = {}
             if references:
                 centroids = {int(c): _normed(embeddings[clusters == c].mean(axis=0))
@@ -247,19 +248,20 @@ def _normed(vector: np.ndarray) -> np.ndarray:
     return vector / max(float(np.linalg.norm(vector)), 1e-9)
 
 
-def _cluster(embeddings: np.ndarray, windows: list[tuple[int, int]],
-             bounds: tuple[int, int]) -> np.ndarray:
-    """A cluster number per window: found on the reliable (long) windows
-    (workers/speaker_clusters.py), every window then going to the nearest centroid."""
+def _cluster(embeddings: np.ndarray, windows: list[tuple[int, int]], bounds: tuple[int, int],
+             pitch: np.ndarray | None = None) -> np.ndarray:
+    """A cluster number per window (`pitch`: each one's log-F0): found on the reliable (long)
+    windows (workers/speaker_clusters.py), every window then going to the nearest centroid."""
     lengths = np.array([end - start for start, end in windows])
     reliable = lengths >= MIN_RELIABLE_SECONDS * SAMPLE_RATE
     if reliable.sum() < 2:
         reliable = np.ones(len(windows), dtype=bool)
     base = embeddings[reliable]
-    found = speaker_clusters.cluster(base, bounds)
+    tone = None if pitch is None else pitch[reliable]
+    found = speaker_clusters.cluster(base, bounds, tone)
     if bounds[0] < bounds[1]:  # an estimated count: a speaker is more than one stray window
         found = _absorb_small(base, found, bounds[0])
-        found = speaker_clusters.split_mixed(base, found, bounds[1])
+        found = speaker_clusters.split_mixed(base, found, bounds[1], tone)
     return speaker_clusters.nearest(embeddings, base, found)
 
 

@@ -6,10 +6,15 @@ synthesiser, the language), so every pair of windows scores 0.7-0.95 cosine alik
 distance threshold cannot tell two close voices from one voice's spread. What separates
 speakers is the direction each window takes away from the recording's own mean: the affinity is
 the cosine of the *centred* embeddings, clipped at 0 (windows of different speakers are about
-orthogonal there, windows of one speaker point the same way). The count is the eigen-gap of that
-affinity's graph-cut Laplacian; whether there is more than one speaker at all is decided first,
-on the spread of the raw affinities (one voice's windows are all alike: the library's
-`AffinityStd` check).
+orthogonal there, windows of one speaker point the same way), weighed down where two windows are
+spoken at different pitches (workers/speaker_features.py: the encoder scores some different
+voices as alike as one voice's windows, and many of those differ in pitch). The count is the
+eigen-gap of that affinity's graph-cut Laplacian; whether there is more than one speaker at all
+is decided first, on the spread of the raw affinities (one voice's windows are all alike: the
+library's `AffinityStd` check).
+
+Pitches come as a column of NaN where unknown (a window barely voiced, or a caller without
+them): those pairs are weighed by the embeddings alone.
 """
 
 from __future__ import annotations
@@ -33,6 +38,17 @@ SINGLE_SPEAKER_SPREAD = 0.035
 SPLIT_BELOW = 0.82
 #: … and each half holds at least this many windows (a half of one or two is an outlier)
 SPLIT_MIN_WINDOWS = 3
+#: two windows' affinity is scaled by exp(-d^2 / 2 PITCH_SPREAD^2), d the difference of their
+#: median log-F0. One voice's windows differ by ~0.03-0.07 (a median per window varies ~0.04);
+#: PITCH_SPREAD and the two below were compared offline on seeds 25, 7, 99 (0.10-0.20 alike
+#: within 2 points) and checked on held-out seeds (bench/README.md, issue 25).
+PITCH_SPREAD = 0.15
+#: halves whose median log-F0 differ by more than this are two speakers when their mean
+#: embeddings are also less alike than PITCH_SPLIT_ALIKE. Halves of one voice differ by
+#: 0.002-0.07 (95th percentile 0.07, 99th 0.11), different voices 0.02-1.3 (median 0.31).
+PITCH_SPLIT = 0.12
+#: … the embeddings' share of that decision: halves of one voice score 0.85-0.95
+PITCH_SPLIT_ALIKE = 0.93
 
 
 def _normed(vectors: np.ndarray) -> np.ndarray:
@@ -43,6 +59,19 @@ def centred_affinity(embeddings: np.ndarray) -> np.ndarray:
     """Cosine of the embeddings less their mean, clipped at 0."""
     centred = _normed(embeddings - embeddings.mean(axis=0))
     return np.maximum(centred @ centred.T, 0.0)
+
+
+def pitched_affinity(stacked: np.ndarray) -> np.ndarray:
+    """`centred_affinity` of the embeddings (all columns but the last), times the pitch
+    kernel of the last column (log-F0, NaN where unknown)."""
+    pitch = stacked[:, -1]
+    apart = np.nan_to_num(np.abs(pitch[:, None] - pitch[None, :]), nan=0.0)
+    return centred_affinity(stacked[:, :-1]) * np.exp(-0.5 * (apart / PITCH_SPREAD) ** 2)
+
+
+def _stacked(embeddings: np.ndarray, pitch: np.ndarray | None) -> np.ndarray:
+    column = np.full(len(embeddings), np.nan) if pitch is None else pitch
+    return np.concatenate([embeddings, column[:, None]], axis=1)
 
 
 def _clusterer(fewest: int, most: int) -> Any:
@@ -56,7 +85,7 @@ def _clusterer(fewest: int, most: int) -> Any:
     return SpectralClusterer(
         min_clusters=fewest, max_clusters=most,
         refinement_options=RefinementOptions(refinement_sequence=[]),
-        laplacian_type=LaplacianType.GraphCut, affinity_function=centred_affinity,
+        laplacian_type=LaplacianType.GraphCut, affinity_function=pitched_affinity,
         eigengap_type=EigenGapType.NormalizedDiff, row_wise_renorm=True, custom_dist="cosine")
 
 
@@ -71,22 +100,40 @@ def one_speaker(embeddings: np.ndarray) -> bool:
         options, embeddings, utils.compute_affinity_matrix(embeddings)))
 
 
-def cluster(embeddings: np.ndarray, bounds: tuple[int, int]) -> np.ndarray:
-    """A speaker number (0, 1, …) per embedding (unit vectors, one per window): between
-    `bounds` speakers, as many as the eigen-gap says."""
+def cluster(embeddings: np.ndarray, bounds: tuple[int, int],
+            pitch: np.ndarray | None = None) -> np.ndarray:
+    """A speaker number (0, 1, …) per embedding (unit vectors, one per window; `pitch` each
+    window's log-F0): between `bounds` speakers, as many as the eigen-gap says."""
     fewest, most = bounds
     most = min(most, len(embeddings) - 1)  # k clusters need k + 1 eigenvalues to compare
     fewest = min(fewest, most)
     if most <= 1 or (fewest <= 1 and one_speaker(embeddings)):
         return np.zeros(len(embeddings), dtype=int)
-    labels = _clusterer(max(fewest, 2), most).predict(embeddings)
+    labels = _clusterer(max(fewest, 2), most).predict(_stacked(embeddings, pitch))
     return np.unique(labels, return_inverse=True)[1]
 
 
-def split_mixed(embeddings: np.ndarray, labels: np.ndarray, most: int) -> np.ndarray:
-    """Split each found speaker whose two halves are unlike (SPLIT_BELOW), and the halves
+def _unlike(embeddings: np.ndarray, pitch: np.ndarray, first: np.ndarray,
+            second: np.ndarray) -> bool:
+    """Two groups of windows are two speakers: unlike embeddings, or fairly unlike ones spoken
+    at clearly different pitches."""
+    alike = float(_normed(embeddings[first].mean(axis=0))
+                  @ _normed(embeddings[second].mean(axis=0)))
+    if alike < SPLIT_BELOW:
+        return True
+    one, other = pitch[first], pitch[second]
+    one, other = one[~np.isnan(one)], other[~np.isnan(other)]
+    if alike >= PITCH_SPLIT_ALIKE or len(one) < 2 or len(other) < 2:
+        return False
+    return bool(abs(np.median(one) - np.median(other)) > PITCH_SPLIT)
+
+
+def split_mixed(embeddings: np.ndarray, labels: np.ndarray, most: int,
+                pitch: np.ndarray | None = None) -> np.ndarray:
+    """Split each found speaker whose two halves are unlike (`_unlike`), and the halves
     again, while there are fewer than `most`; speakers renumbered 0, 1, … A recording found
     to be one voice (`one_speaker`'s spread check) stays one."""
+    stacked = _stacked(embeddings, pitch)
     labels = labels.copy()
     if labels.max() < 1:
         return labels
@@ -97,15 +144,13 @@ def split_mixed(embeddings: np.ndarray, labels: np.ndarray, most: int) -> np.nda
         if len(members) < 2 * SPLIT_MIN_WINDOWS:
             continue
         try:
-            halves = _clusterer(2, 2).predict(embeddings[members])
+            halves = _clusterer(2, 2).predict(stacked[members])
         except ValueError:  # too alike to split at all (a degenerate affinity)
             continue
         first, second = members[halves == 0], members[halves == 1]
         if min(len(first), len(second)) < SPLIT_MIN_WINDOWS:
             continue
-        alike = float(_normed(embeddings[first].mean(axis=0))
-                      @ _normed(embeddings[second].mean(axis=0)))
-        if alike < SPLIT_BELOW:
+        if _unlike(embeddings, stacked[:, -1], first, second):
             labels[second] = labels.max() + 1
             pending += [speaker, int(labels.max())]
     return np.unique(labels, return_inverse=True)[1]

@@ -1,0 +1,88 @@
+"""The speaker count's pitch cue (issue 25): the estimator, the affinity and the split check.
+
+Fast and synthetic: the count on the bench's own conversations is bench/diarization.py's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workers import speaker_clusters, speaker_features
+
+RATE = speaker_features.SAMPLE_RATE
+
+
+def voice(hz: float, seconds: float = 1.5) -> np.ndarray:
+    """A buzz at `hz` with falling harmonics, as a voiced vowel has."""
+    t = np.arange(int(seconds * RATE)) / RATE
+    return sum(np.sin(2 * np.pi * hz * n * t) / n for n in range(1, 8)).astype(np.float32) * 0.1
+
+
+@pytest.mark.parametrize("hz", [85.0, 120.0, 210.0, 300.0])
+def test_pitch_of_a_voiced_clip(hz: float) -> None:
+    assert speaker_features.log_pitch(voice(hz)) == pytest.approx(np.log(hz), abs=0.02)
+
+
+def test_no_pitch_without_voice() -> None:
+    noise = np.random.default_rng(0).normal(0, 0.1, RATE).astype(np.float32)
+    assert np.isnan(speaker_features.log_pitch(noise))
+    assert np.isnan(speaker_features.log_pitch(np.zeros(RATE, dtype=np.float32)))
+    assert np.isnan(speaker_features.log_pitch(np.zeros(100, dtype=np.float32)))
+
+
+def two_close_voices(alike: float = 0.9, each: int = 10) -> np.ndarray:
+    """Windows of two voices whose mean embeddings score ~`alike` (above SPLIT_BELOW)."""
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=32)
+    other = rng.normal(size=32)
+    other -= other @ base / (base @ base) * base
+    first = base / np.linalg.norm(base)
+    second = alike * first + np.sqrt(1 - alike ** 2) * other / np.linalg.norm(other)
+    windows = [centre + rng.normal(scale=0.02, size=32) for centre in (first, second)
+               for _ in range(each)]
+    return np.stack([w / np.linalg.norm(w) for w in windows])
+
+
+def test_unknown_pitch_leaves_the_affinity_alone() -> None:
+    embeddings = two_close_voices()
+    stacked = np.concatenate([embeddings, np.full((len(embeddings), 1), np.nan)], axis=1)
+    assert np.allclose(speaker_clusters.pitched_affinity(stacked),
+                       speaker_clusters.centred_affinity(embeddings))
+
+
+def test_different_pitches_lower_the_affinity() -> None:
+    embeddings = two_close_voices()
+    pitch = np.log(np.r_[np.full(10, 100.0), np.full(10, 140.0)])
+    stacked = np.concatenate([embeddings, pitch[:, None]], axis=1)
+    plain = speaker_clusters.centred_affinity(embeddings)
+    weighed = speaker_clusters.pitched_affinity(stacked)
+    assert np.allclose(weighed[:10, :10], plain[:10, :10])
+    assert (weighed[:10, 10:] < plain[:10, 10:] + 1e-12).all()
+
+
+def with_a_third(embeddings: np.ndarray, pitch: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The two close voices found as one speaker, beside a clearly different third one (a
+    recording found to be one voice is never split)."""
+    rng = np.random.default_rng(3)
+    centre = rng.normal(size=embeddings.shape[1])
+    third = centre + rng.normal(scale=0.1 * np.linalg.norm(centre) / 5, size=(6, len(centre)))
+    third /= np.linalg.norm(third, axis=1, keepdims=True)
+    labels = np.r_[np.zeros(len(embeddings), dtype=int), np.ones(6, dtype=int)]
+    return np.vstack([embeddings, third]), labels, np.r_[pitch, np.full(6, np.log(180.0))]
+
+
+def test_close_voices_at_different_pitches_are_split() -> None:
+    apart = np.log(np.r_[np.full(10, 100.0), np.full(10, 130.0)])
+    embeddings, merged, pitch = with_a_third(two_close_voices(), apart)
+    labels = speaker_clusters.split_mixed(embeddings, merged, 5, pitch)
+    assert labels.max() == 2
+    assert len(set(labels[:10])) == len(set(labels[10:20])) == 1
+    assert len({labels[0], labels[10], labels[20]}) == 3
+
+
+def test_close_voices_at_one_pitch_stay_merged() -> None:
+    same = np.log(np.full(20, 110.0)) + np.random.default_rng(2).normal(0, 0.03, 20)
+    embeddings, merged, pitch = with_a_third(two_close_voices(), same)
+    assert speaker_clusters.split_mixed(embeddings, merged, 5, pitch).max() == 1
+    assert speaker_clusters.split_mixed(embeddings, merged, 5).max() == 1
