@@ -124,3 +124,55 @@ def test_a_lost_cancel_does_not_keep_the_heartbeat_running(stack: dict[str, Any]
 
     lost = asyncio.run(main())
     print(f"cancels lost by a beat and cancelled again: {lost} of 30")
+
+
+def test_a_task_opened_during_the_idle_unload_runs_once_before_the_re_exec(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The idle unload holds the engine, and a task can open its attempt meanwhile (it then
+    waits for the engine). The re-exec that unload asks for must wait for an idle worker: on
+    a loaded machine a batch opened just before the unload returned was stopped after the stop
+    grace, re-exec'd, and run again (attempt 2). Here the task is made to open its attempt
+    exactly then; it must run once, to its end, and the re-exec come after it."""
+    workdir = tmp_path_factory.mktemp("reexec-race")
+    redis = procs.RedisServer(workdir / "redis").start()
+    gateway = procs.gateway(redis.url, workdir).start()
+    # any RSS is over 0.01 x fresh: every idle unload asks for a re-exec
+    settings = inprocess.worker_settings(redis.url, idle_unload_seconds=0.5,
+                                         reexec_rss_ratio=0.01, stop_grace_seconds=0.5)
+    reexecs: list[float] = []
+    opened: list[str] = []
+
+    async def main() -> None:
+        client = Redis.from_url(settings.redis_url)
+        worker = runtime.Worker(settings, FasterWhisperEngine(settings), client,
+                                handle_signals=False, exit=lambda code: None,
+                                reexec=lambda environment: reexecs.append(time.time()))
+        unload = worker.host.unload_when_idle
+
+        async def unload_then_a_task_opens() -> None:
+            await unload()
+            if not opened:
+                reply = await asyncio.to_thread(submit_file, gateway.url, JFK)
+                opened.append(reply.json()["taskid"])
+                while worker.consumer.current_task != opened[0]:
+                    await asyncio.sleep(0.002)
+
+        worker.host.unload_when_idle = unload_then_a_task_opens  # type: ignore[method-assign]
+        running = asyncio.create_task(worker.run())
+        first = await asyncio.to_thread(
+            lambda: wait_done(gateway.url, submit_file(gateway.url, JFK).json()["taskid"]))
+        assert first["status"] == "SUCCEEDED", first
+        # the policy (this test's) returns, and the worker's loops wind down
+        await asyncio.wait_for(running, 120)
+        await client.aclose()
+
+    try:
+        asyncio.run(main())
+        assert opened, "the idle unload never came"
+        final = wait_done(gateway.url, opened[0], timeout=30)
+        view = httpx.get(f"{gateway.url}/v1/tasks/{opened[0]}", timeout=10).json()
+    finally:
+        gateway.stop()
+        redis.stop()
+    assert final["status"] == "SUCCEEDED" and view["attempts"] == 1, view
+    assert len(reexecs) == 1 and reexecs[0] > view["finished_at"], (reexecs, view)

@@ -198,6 +198,10 @@ class Worker:
             await self.host.unload_when_idle()
             if self.reexec is None or ratio <= 0 or self.host.slot.handle is not None:
                 continue  # (a task loaded a model again since: the next unload decides)
+            if self.consumer.current_task is not None or self.host.busy:
+                # a task opened its attempt while the unload held the engine: a re-exec now
+                # would cut it off (and run it again); the next idle unload decides
+                continue
             rss = memory.rss_mib()
             if rss <= ratio * self.fresh_rss_mib:
                 continue
@@ -214,9 +218,13 @@ class Worker:
             # name, which a restart, or a re-exec, reads first)
             consumer.cancel()
             return
-        log.info("stopping: finishing task %s (up to %.0f s)", self.consumer.current_task,
-                 self.settings.stop_grace_seconds)
-        done, _ = await asyncio.wait({consumer}, timeout=self.settings.stop_grace_seconds)
+        # A re-exec is the worker's own choice: a task that opened its attempt just before
+        # it (an await away) runs to its end; a stop that was asked for has its grace.
+        grace = None if self.reexec_wanted and not self.stop_asked \
+            else self.settings.stop_grace_seconds
+        log.info("stopping: finishing task %s (up to %s s)", self.consumer.current_task,
+                 "its end" if grace is None else f"{grace:.0f}")
+        done, _ = await asyncio.wait({consumer}, timeout=grace)
         if self.consumer.current_task is not None and not done:
             log.warning("task %s did not finish in time; it stays pending for redelivery",
                         self.consumer.current_task)
