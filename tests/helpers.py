@@ -63,7 +63,8 @@ def wait_sampling_loaded(base: str, worker_health: str, task_id: str,
     samples: list[float] = []
 
     def done_with_both_seen() -> dict[str, Any] | None:
-        health = httpx.get(worker_health, timeout=5).json()
+        # (a load that imports torch can hold the worker's event loop for seconds)
+        health = httpx.get(worker_health, timeout=60).json()
         if health["diarizer_loaded"] and health["loaded_models"]:
             samples.append(health["memory"]["rss_mib"])
         state = status(base, task_id)

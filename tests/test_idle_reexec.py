@@ -131,8 +131,8 @@ def test_a_task_opened_during_the_idle_unload_runs_once_before_the_re_exec(
     """The idle unload holds the engine, and a task can open its attempt meanwhile (it then
     waits for the engine). The re-exec that unload asks for must wait for an idle worker: on
     a loaded machine a batch opened just before the unload returned was stopped after the stop
-    grace, re-exec'd, and run again (attempt 2). Here the task is made to open its attempt
-    exactly then; it must run once, to its end, and the re-exec come after it."""
+    grace, re-exec'd, and run again (attempt 2). Here the task's entry is taken exactly then;
+    it must run once, to its end, and the re-exec come after it."""
     workdir = tmp_path_factory.mktemp("reexec-race")
     redis = procs.RedisServer(workdir / "redis").start()
     gateway = procs.gateway(redis.url, workdir).start()
@@ -154,8 +154,8 @@ def test_a_task_opened_during_the_idle_unload_runs_once_before_the_re_exec(
             if not opened:
                 reply = await asyncio.to_thread(submit_file, gateway.url, JFK)
                 opened.append(reply.json()["taskid"])
-                while worker.consumer.current_task != opened[0]:
-                    await asyncio.sleep(0.002)
+                while not worker.consumer.busy:  # back as soon as its entry is taken,
+                    await asyncio.sleep(0)  # its attempt still opening (awaits away)
 
         worker.host.unload_when_idle = unload_then_a_task_opens  # type: ignore[method-assign]
         running = asyncio.create_task(worker.run())

@@ -65,6 +65,7 @@ class Consumer:
         self.load_seconds: float | None = None  # of the load the current task caused
         self.device_wait_seconds: float | None = None  # that load's wait for device memory
         self.current_batch = 0  # tasks in the engine call under way, when they share one
+        self.taking = False  # entries read and not yet all handled (see `busy`)
         self.load_observed = False  # the current call's load is in the metrics already
         #: observations for the next task's metrics (a batch's, recorded once)
         self.observations: dict[str, float] = {}
@@ -76,6 +77,12 @@ class Consumer:
         """Take no new task; the one running finishes (see Worker.run for how long it may)."""
         self.stopping.set()
 
+    @property
+    def busy(self) -> bool:
+        """A task running, or entries taken whose attempts may be opening (cancelled when
+        not busy, it leaves only pending entries, which its consumer name reads first)."""
+        return self.taking or self.current_task is not None
+
     async def run(self) -> None:
         await self._until_stored(self.store.ensure_queue)
         # our own unacked entries of each lane first (after a restart): lane -> cursor
@@ -86,6 +93,7 @@ class Consumer:
                 if pending_cursors:
                     lane, cursor = next(iter(pending_cursors.items()))
                     deliveries = await self.store.read(after=cursor, lane=lane)
+                    self.taking = bool(deliveries)
                     if not deliveries:
                         del pending_cursors[lane]
                         continue
@@ -96,8 +104,10 @@ class Consumer:
                         next_janitor = time.monotonic() + JANITOR_INTERVAL_SECONDS
                         deliveries = await self.store.claim_abandoned(
                             self.settings.visibility_timeout_seconds)
+                        self.taking = bool(deliveries)
                     if not deliveries:
                         deliveries = await self.store.read(block_ms=None if self.burst else 1000)
+                        self.taking = bool(deliveries)
                         if deliveries and self.gatherer is not None:
                             deliveries = await self._gather(deliveries)
                     if not deliveries and self.burst:
@@ -116,12 +126,13 @@ class Consumer:
             except RedisError as exc:
                 log.warning("redis unavailable (%s); retrying", exc)
                 await asyncio.sleep(1.0)
+            finally:
+                self.taking = False
 
     async def _gather(self, first: list[Delivery]) -> list[Delivery]:
         """The batch window (workers/batching.Gatherer); its wait goes into the metrics."""
         assert self.gatherer is not None
-        taken, waited = await self.gatherer.gather(
-            first, self.store.sweep)
+        taken, waited = await self.gatherer.gather(first, self.store.sweep)
         self.observations = {"batch_window_wait_seconds": waited, "batch_size": 1}
         return taken
 

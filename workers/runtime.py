@@ -198,9 +198,10 @@ class Worker:
             await self.host.unload_when_idle()
             if self.reexec is None or ratio <= 0 or self.host.slot.handle is not None:
                 continue  # (a task loaded a model again since: the next unload decides)
-            if self.consumer.current_task is not None or self.host.busy:
-                # a task opened its attempt while the unload held the engine: a re-exec now
-                # would cut it off (and run it again); the next idle unload decides
+            if self.consumer.busy or self.host.busy:
+                # entries were taken (attempts may be opening) while the unload held the
+                # engine: a re-exec now would cut them off and run them again; the next idle
+                # unload decides
                 continue
             rss = memory.rss_mib()
             if rss <= ratio * self.fresh_rss_mib:
@@ -213,7 +214,7 @@ class Worker:
             return
 
     async def _finish_current_task(self, consumer: asyncio.Task) -> None:
-        if self.consumer.current_task is None and not self.host.busy:
+        if not self.consumer.busy and not self.host.busy:
             # idle: nothing to finish (an entry it just took stays pending for its consumer
             # name, which a restart, or a re-exec, reads first)
             consumer.cancel()
