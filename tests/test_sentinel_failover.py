@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import redis
 
 from common import keys
@@ -97,6 +98,7 @@ def _restart_after_failover(group: procs.SentinelGroup, old: procs.RedisServer,
     old.start()
 
 
+@pytest.mark.alone  # it times the failover: another file's engines would stretch it
 def test_failover_loses_no_accepted_task(tmp_path: Path, speech_clip: Path) -> None:
     group = procs.SentinelGroup(tmp_path / "redis", down_after_ms=FAILOVER_MS)
     settings: dict[str, Any] = {**group.settings(), "visibility_timeout_seconds": "4",
