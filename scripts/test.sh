@@ -13,8 +13,8 @@ scripts/install.sh --tests all
 # one worker process per core, each running whole files (a module's fixtures stay in one
 # process); the tests' servers bind free ports in per-process temp dirs, so they never meet.
 # Then the tests marked `alone` (they time what they check, predicted waits or a failover,
-# which another file's engines on the same cores would skew), one after another. Exit code 5 is "nothing
-# selected" (a run of a few files without such tests).
+# which another file's engines on the same cores would skew), one after another. Exit code 5
+# is "nothing selected" (a run of a few files without such tests).
 status=0
 .venvs/core/bin/pytest -n auto --dist loadfile -m "not alone" "$@" || status=$?
 [ "$status" -eq 5 ] && status=0

@@ -223,8 +223,8 @@ class Worker:
         # it (an await away) runs to its end; a stop that was asked for has its grace.
         grace = None if self.reexec_wanted and not self.stop_asked \
             else self.settings.stop_grace_seconds
-        log.info("stopping: finishing task %s (up to %s s)", self.consumer.current_task,
-                 "its end" if grace is None else f"{grace:.0f}")
+        log.info("stopping: finishing task %s (%s)", self.consumer.current_task,
+                 "to its end" if grace is None else f"up to {grace:.0f} s")
         done, _ = await asyncio.wait({consumer}, timeout=grace)
         if self.consumer.current_task is not None and not done:
             log.warning("task %s did not finish in time; it stays pending for redelivery",
