@@ -349,7 +349,7 @@ class Supervisor:
         self.proc = _spawn(  # the same entry the README and the container use
             [str(ROOT / "scripts" / "run_stack.sh")], env=self.env, cwd=ROOT,
             stdout=(self.workdir / "supervisord.out").open("ab"), stderr=subprocess.STDOUT)
-        wait_until(lambda: (self.workdir / "supervisor.sock").exists(), 20, "supervisord")
+        wait_until(lambda: (self.workdir / "supervisor.sock").exists(), 60, "supervisord")
         return self
 
     def ctl(self, *args: str) -> str:
