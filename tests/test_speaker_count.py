@@ -1,4 +1,4 @@
-"""The speaker count's pitch cue (issue 25): the estimator, the affinity and the split check.
+"""The speaker count's cues (issue 25): the pitch (estimator, affinity, split check) and the timbre.
 
 Fast and synthetic: the count on the bench's own conversations is bench/diarization.py's.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from workers import speaker_clusters, speaker_features
+from workers import speaker_bic, speaker_clusters, speaker_features
 
 RATE = speaker_features.SAMPLE_RATE
 
@@ -86,3 +86,60 @@ def test_close_voices_at_one_pitch_stay_merged() -> None:
     embeddings, merged, pitch = with_a_third(two_close_voices(), same)
     assert speaker_clusters.split_mixed(embeddings, merged, 5, pitch).max() == 1
     assert speaker_clusters.split_mixed(embeddings, merged, 5).max() == 1
+
+
+def vowel(hz: float, rolloff: float, seconds: float, seed: int) -> np.ndarray:
+    """A wavering buzz at `hz` whose harmonics fall off as n^-rolloff (the voice's timbre),
+    with a little breath noise."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * RATE)) / RATE
+    wobble = hz * (1 + 0.03 * np.sin(2 * np.pi * rng.uniform(2, 5) * t))
+    phase = 2 * np.pi * np.cumsum(wobble) / RATE
+    loud = 0.6 + 0.4 * np.sin(2 * np.pi * rng.uniform(1, 3) * t) ** 2
+    buzz = sum(np.sin(n * phase) / n ** rolloff for n in range(1, 30))
+    return (0.05 * loud * buzz + rng.normal(0, 0.002, len(t))).astype(np.float32)
+
+
+def timbre_check(rolloffs: tuple[float, float]) -> tuple[speaker_bic.Distinct, np.ndarray,
+                                                         np.ndarray]:
+    """Eight 1.5 s windows of one voice, then eight of another at the same pitch."""
+    from functools import partial
+
+    from workers import diarize
+
+    clips = [vowel(120.0, rolloff, 1.5, seed) for rolloff in rolloffs for seed in range(8)]
+    audio = np.concatenate(clips)
+    size = len(clips[0])
+    windows = [(i * size, (i + 1) * size) for i in range(len(clips))]
+    mel = partial(diarize.mel_spectrogram, basis=diarize.mel_filters())
+    check = speaker_bic.distinct_voices(speaker_bic.cepstra(audio, mel), windows)
+    return check, np.arange(8), np.arange(8, 16)
+
+
+def test_timbre_tells_two_voices_at_one_pitch() -> None:
+    check, first, second = timbre_check((1.0, 2.0))
+    assert check(first, second)
+    assert not check(first[::2], first[1::2])
+    assert not check(second[:4], second[4:])
+
+
+def test_timbre_needs_enough_frames() -> None:
+    check, first, second = timbre_check((1.0, 2.0))
+    assert not check(first[:1], second[:0])
+
+
+def test_cepstra_in_pieces_line_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    from functools import partial
+
+    from workers import diarize
+
+    audio = vowel(150.0, 1.5, 3.2, 0)
+    mel = partial(diarize.mel_spectrogram, basis=diarize.mel_filters())
+    whole = speaker_bic.cepstra(audio, mel)
+    monkeypatch.setattr(speaker_bic, "CHUNK", RATE)
+    pieces = speaker_bic.cepstra(audio, mel)
+    assert pieces.shape == whole.shape
+    inside = np.ones(len(whole), dtype=bool)
+    for edge in range(100, len(whole), 100):  # frames whose FFT reaches across a piece's end
+        inside[edge - 2:edge + 2] = False
+    assert np.allclose(pieces[inside], whole[inside])

@@ -20,12 +20,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from common.schemas import DiarizationOptions, Segment, Transcription
-from workers import pyannote_diarizer, speaker_clusters, speaker_features
+from workers import pyannote_diarizer, speaker_bic, speaker_clusters, speaker_features
 
 BUNDLED = "bundled"
 SAMPLE_RATE = 16000
@@ -136,7 +137,8 @@ class Diarizer:
                 return Diarization([])
             embeddings = np.stack([_embed(handle, audio[start:end]) for start, end in windows])
             pitch = np.array([speaker_features.log_pitch(audio[s:e]) for s, e in windows])
-            clusters = _cluster(embeddings, windows, options.bounds(), pitch)
+            timbre = speaker_bic.cepstra(audio, partial(mel_spectrogram, basis=handle.mel_basis))
+            clusters = _cluster(embeddings, windows, options.bounds(), pitch, timbre)
             names: dict[Any, str] = {}
             if references:
                 centroids = {int(c): _normed(embeddings[clusters == c].mean(axis=0))
@@ -249,9 +251,10 @@ def _normed(vector: np.ndarray) -> np.ndarray:
 
 
 def _cluster(embeddings: np.ndarray, windows: list[tuple[int, int]], bounds: tuple[int, int],
-             pitch: np.ndarray | None = None) -> np.ndarray:
-    """A cluster number per window (`pitch`: each one's log-F0): found on the reliable (long)
-    windows (workers/speaker_clusters.py), every window then going to the nearest centroid."""
+             pitch: np.ndarray | None = None, timbre: np.ndarray | None = None) -> np.ndarray:
+    """A cluster number per window (`pitch`: each one's log-F0; `timbre`: the recording's
+    speaker_bic.cepstra): found on the reliable (long) windows (workers/speaker_clusters.py),
+    every window then going to the nearest centroid."""
     lengths = np.array([end - start for start, end in windows])
     reliable = lengths >= MIN_RELIABLE_SECONDS * SAMPLE_RATE
     if reliable.sum() < 2:
@@ -261,7 +264,9 @@ def _cluster(embeddings: np.ndarray, windows: list[tuple[int, int]], bounds: tup
     found = speaker_clusters.cluster(base, bounds, tone)
     if bounds[0] < bounds[1]:  # an estimated count: a speaker is more than one stray window
         found = _absorb_small(base, found, bounds[0])
-        found = speaker_clusters.split_mixed(base, found, bounds[1], tone)
+        distinct = None if timbre is None else speaker_bic.distinct_voices(
+            timbre, [w for w, keep in zip(windows, reliable, strict=True) if keep])
+        found = speaker_clusters.split_mixed(base, found, bounds[1], tone, distinct)
     return speaker_clusters.nearest(embeddings, base, found)
 
 

@@ -19,6 +19,7 @@ them): those pairs are weighed by the embeddings alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -129,10 +130,12 @@ def _unlike(embeddings: np.ndarray, pitch: np.ndarray, first: np.ndarray,
 
 
 def split_mixed(embeddings: np.ndarray, labels: np.ndarray, most: int,
-                pitch: np.ndarray | None = None) -> np.ndarray:
-    """Split each found speaker whose two halves are unlike (`_unlike`), and the halves
-    again, while there are fewer than `most`; speakers renumbered 0, 1, … A recording found
-    to be one voice (`one_speaker`'s spread check) stays one."""
+                pitch: np.ndarray | None = None,
+                distinct: Callable[[np.ndarray, np.ndarray], bool] | None = None) -> np.ndarray:
+    """Split each found speaker whose two halves are unlike (`_unlike`, or `distinct` of the
+    halves' window indices: workers/speaker_bic.py's timbre check), and the halves again,
+    while there are fewer than `most`; speakers renumbered 0, 1, … A recording found to be
+    one voice (`one_speaker`'s spread check) stays one."""
     stacked = _stacked(embeddings, pitch)
     labels = labels.copy()
     if labels.max() < 1:
@@ -150,7 +153,8 @@ def split_mixed(embeddings: np.ndarray, labels: np.ndarray, most: int,
         first, second = members[halves == 0], members[halves == 1]
         if min(len(first), len(second)) < SPLIT_MIN_WINDOWS:
             continue
-        if _unlike(embeddings, stacked[:, -1], first, second):
+        if _unlike(embeddings, stacked[:, -1], first, second) or (
+                distinct is not None and distinct(first, second)):
             labels[second] = labels.max() + 1
             pending += [speaker, int(labels.max())]
     return np.unique(labels, return_inverse=True)[1]
