@@ -45,6 +45,11 @@ def input_blob(task_id: str) -> str:
     return f"{PREFIX}blob:{task_id}:input"
 
 
+def staged_input(stage_id: str) -> str:
+    """An upload written while its probe runs; the submit renames it to its task's input."""
+    return f"{PREFIX}blob:staged:{stage_id}"
+
+
 def output_blob(task_id: str) -> str:
     return f"{PREFIX}blob:{task_id}:output"
 

@@ -56,7 +56,28 @@ def service(module_redis: procs.RedisServer,
 
 
 def input_blobs(client: object) -> list[bytes]:
-    return list(client.scan_iter(match=f"{keys.PREFIX}blob:*:input", count=500))  # type: ignore[attr-defined]
+    """Every input blob, staged uploads (BlobStore.stage) included."""
+    return [*client.scan_iter(match=f"{keys.PREFIX}blob:*:input", count=500),  # type: ignore[attr-defined]
+            *client.scan_iter(match=keys.staged_input("*"), count=500)]  # type: ignore[attr-defined]
+
+
+def test_a_refused_or_repeated_upload_leaves_no_staged_blob(service: dict) -> None:
+    """An upload is staged while it is probed: a refusal drops it, a repeat drops its own, a
+    queued task's becomes its input (and leaves with its terminal write)."""
+    gateway, client = service["gateway"].url, service["redis"].client()
+    clip, garbage = noise_wav(2.0, seed=3), os.urandom(200_000)
+    sage, openai = f"{gateway}/api/{BACKEND}-submit", f"{gateway}/v1/audio/transcriptions"
+    refused = httpx.post(openai, files={"file": ("g.wav", garbage)},
+                         data={"model": "whisper-1"}, timeout=60)
+    assert refused.status_code == 400, refused.text
+    failed = httpx.post(sage, files={"file": ("g.wav", garbage)}, timeout=60).json()
+    assert failed["status"] == "FAILED", failed  # Sage's refusals are FAILED tasks
+    headers = {"Idempotency-Key": "staged-once"}
+    first, again = (httpx.post(sage, files={"file": ("n.wav", clip)}, headers=headers,
+                               timeout=60).json()["taskid"] for _ in range(2))
+    assert first == again
+    assert wait_done(gateway, first)["status"] == "SUCCEEDED"
+    assert input_blobs(client) == []
 
 
 def test_inputs_leave_redis_with_their_terminal_write(service: dict) -> None:
@@ -236,3 +257,35 @@ def test_blob_dir_keeps_the_same_lifetimes(service: dict, tmp_path: Path) -> Non
 def queued_entries(client) -> int:
     """Entries in both priority lanes' streams (an OpenAI call queues on the interactive one)."""
     return sum(client.xlen(keys.queue(BACKEND, lane)) for lane in keys.LANES)
+
+
+def test_a_staged_upload_becomes_the_input_or_the_submit_carries_it(service: dict) -> None:
+    """The submit renames a staged upload to its task's input (with the task's lifetime);
+    where the staged key is gone (staged on a primary that failed over since), the submit
+    sends the blob itself. In a database of its own (2): the module's worker uses 0."""
+    url = f"redis://127.0.0.1:{service['redis'].port}/2"
+
+    async def scenario() -> None:
+        redis = Redis.from_url(url)
+        await redis.flushdb()
+        store = TaskStore(redis, 3600)
+        blob = os.urandom(50_000)
+
+        def task(task_id: str) -> Task:
+            return Task(id=task_id, backend=BACKEND, model="tiny.en", state=TaskState.PENDING)
+
+        staged = await store.blobs.stage(blob)
+        assert staged and await redis.get(staged) == blob
+        await store.submit(task("renamed"), blob, staged=staged)
+        assert await redis.exists(staged) == 0
+        assert await store.blobs.input("renamed") == blob
+        assert 3500 < await redis.ttl(keys.input_blob("renamed")) <= 3600
+        lost = await store.blobs.stage(blob)
+        await redis.delete(lost)
+        await store.submit(task("carried"), blob, staged=lost)
+        assert await store.blobs.input("carried") == blob
+        assert await redis.hget(keys.task("carried"), "state") == b"PENDING"
+        await redis.flushdb()
+        await redis.aclose()
+
+    asyncio.run(scenario())

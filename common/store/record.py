@@ -83,9 +83,24 @@ class Task:
             callback_url=data.get("callback_url", ""),
         )
 
+    def new_hash(self, now: float, charge: str) -> dict[str, str]:
+        """The hash a submit writes for this task, queued at `now` and charged `charge` (JSON,
+        "" = unmetered)."""
+        return {"id": self.id, "backend": self.backend, "model": self.model,
+                "state": TaskState.PENDING.value, "params": json.dumps(self.params),
+                "input_path": self.input_path, "owner": self.owner, "created_at": repr(now),
+                "attempt": "0", "audio_seconds": _number(self.audio_seconds),
+                "work": repr(self.work_units), "lane": self.lane,
+                "deadline": _number(self.deadline), "charge": charge,
+                "callback_url": self.callback_url}
+
     @property
     def work_units(self) -> float:
         return self.work if self.work is not None else (self.audio_seconds or 0.0)
+
+
+def _number(value: float | None) -> str:
+    return "" if value is None else repr(value)
 
 
 # --- what a submit may be refused with (nothing is written then) ---

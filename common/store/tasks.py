@@ -69,8 +69,9 @@ end
 """
 
 # KEYS: task, queue, input blob, queue counter, idempotency key, backlog, deadlines, the
-#       owner's day and month usage hashes, the owner's in-flight count
-# ARGV: task_id, ttl, blob ("" = none), idempotent ("1"/"0"), most queued tasks (0 = no
+#       owner's day and month usage hashes, the owner's in-flight count, and (optional) the
+#       staged upload (BlobStore.stage) that becomes the input blob
+# ARGV: task_id, ttl, blob ("" = none, or staged), idempotent ("1"/"0"), most queued tasks (0 = no
 #       limit), lane, audio seconds, deadline ("" = none), the 9 arguments of
 #       charge_usage (usage.LUA; all "" = not metered), the owner's most tasks in flight
 #       (0 = no limit, "" = not counted), field, value, ...
@@ -78,7 +79,8 @@ end
 #    (or a repeated submit of the same task),
 #    {2, tasks queued} when the backend already has its most queued tasks, {3, which
 #    limit, used} when the charge would pass a quota, or {4, in flight} when the owner has
-#    its most tasks queued or running (nothing written for any of those).
+#    its most tasks queued or running, or {5} when the staged upload is gone (nothing
+#    written for any of those).
 # Each entry carries its own number in the backend's add order (our counter, not Redis's
 # group "entries-read", which Redis 7.0 loses when it reloads the AOF): a queue position
 # is then one subtraction from the first entry not yet handed to a worker.
@@ -93,6 +95,7 @@ if ARGV[4] == '1' then
   local original = redis.call('GET', KEYS[5])
   if original then return {0, original} end
 end
+if KEYS[11] and redis.call('EXISTS', KEYS[11]) == 0 then return {5, ''} end
 local most = tonumber(ARGV[5])
 if most > 0 then
   local b = redis.call('HMGET', KEYS[6], 'interactive:tasks', 'batch:tasks')
@@ -117,7 +120,12 @@ if cap then
 end
 enqueue(KEYS[1], KEYS[6], ARGV[6], ARGV[7])
 if ARGV[8] ~= '' then redis.call('ZADD', KEYS[7], ARGV[8], ARGV[1]) end
-if ARGV[3] ~= '' then redis.call('SET', KEYS[3], ARGV[3], 'EX', ARGV[2]) end
+if ARGV[3] ~= '' then
+  redis.call('SET', KEYS[3], ARGV[3], 'EX', ARGV[2])
+elseif KEYS[11] then
+  redis.call('RENAME', KEYS[11], KEYS[3])
+  redis.call('EXPIRE', KEYS[3], ARGV[2])
+end
 if ARGV[4] == '1' then redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[2]) end
 return {1, entry, seq}
 """
@@ -267,9 +275,11 @@ class TaskStore:
 
     async def submit(self, task: Task, blob: bytes | None, idempotency_key: str = "",
                      max_queued_tasks: int = 0, charge: Charge | None = None,
-                     max_in_flight: int | None = None) -> None:
+                     max_in_flight: int | None = None, staged: str = "") -> None:
         """Write the task record, its queue entry and its input blob in one atomic step, and
-        charge its owner's usage (`charge`; None: unmetered).
+        charge its owner's usage (`charge`; None: unmetered). `staged`: the key the blob was
+        staged under (BlobStore.stage), renamed to the input here; the blob itself is sent
+        only if that key is gone. A refused submit leaves the staged key to its caller.
 
         Raises Duplicate when `idempotency_key` was already used by the same owner within
         the retention, QueueFull when the backend already has `max_queued_tasks` queued
@@ -280,24 +290,7 @@ class TaskStore:
         hashes, usage_args, charged = [keys.task(task.id)] * 2, [""] * 9, ""
         if charge is not None:
             hashes, usage_args, charged = charge.script_args(now)
-        record = {
-            "id": task.id,
-            "backend": task.backend,
-            "model": task.model,
-            "state": TaskState.PENDING.value,
-            "params": json.dumps(task.params),
-            "input_path": task.input_path,
-            "owner": task.owner,
-            "created_at": repr(now),
-            "attempt": 0,
-            "audio_seconds": "" if task.audio_seconds is None else repr(task.audio_seconds),
-            "work": repr(task.work_units),
-            "lane": task.lane,
-            "deadline": "" if task.deadline is None else repr(task.deadline),
-            "charge": charged,
-            "callback_url": task.callback_url,
-        }
-        flat = [str(item) for pair in record.items() for item in pair]
+        flat = [item for pair in task.new_hash(now, charged).items() for item in pair]
         in_file = self.blobs.in_file(blob)
         if in_file:
             assert blob is not None
@@ -311,8 +304,9 @@ class TaskStore:
                           keys.input_blob(task.id), keys.queue_counter(task.backend, task.lane),
                           keys.idempotency(task.owner, idempotency_key),
                           keys.backlog(task.backend), keys.deadlines(task.backend), *hashes,
-                          keys.in_flight(task.owner)],
-                    args=[task.id, self.retention, b"" if in_file else (blob or b""),
+                          keys.in_flight(task.owner), *([staged] if staged else [])],
+                    args=[task.id, self.retention,
+                          b"" if in_file or staged else (blob or b""),
                           "1" if idempotency_key else "0", max_queued_tasks, task.lane,
                           repr(task.work_units),
                           "" if task.deadline is None else repr(task.deadline), *usage_args,
@@ -328,6 +322,10 @@ class TaskStore:
         finally:
             if in_file and not stored:
                 self.blobs.delete_input_file(task.id)
+        if queued == 5:  # staged on a primary that has since failed over: send it along
+            await self.submit(task, blob, idempotency_key, max_queued_tasks, charge,
+                              max_in_flight)
+            return
         if queued == 2:
             raise QueueFull(int(value))
         if queued == 3:
@@ -337,7 +335,7 @@ class TaskStore:
             raise TooManyInFlight(int(value))
         if stored:  # the record as written, so its queue position can be read at once
             task.entry_id, task.queue_seq = text(value), int(number[0])
-            task.created_at = float(record["created_at"])
+            task.created_at = now
         if not stored:
             raise Duplicate(text(value))
 

@@ -41,7 +41,7 @@ async def submit(request: Request, owner: str, settings: Settings, store: TaskSt
     # the terms are checked before any audio_url fetch
     terms = SubmitTerms.of(request, params, default_lane(settings, owner, BATCH), settings)
     await use_custom_voice(params, owner, VoiceStore.of(store))  # "voice_…": a custom voice
-    options, audio = await read_task_input(params, settings, backend)
+    options, audio = await read_task_input(params, settings, backend, store.blobs)
     task = await enqueue(store, settings, backend=backend, model=model, options=options,
                          audio=audio, owner=owner, terms=terms)
     reply: dict[str, Any] = {"task_id": task.id, "taskid": task.id, "status": "PENDING"}

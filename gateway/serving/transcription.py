@@ -78,7 +78,8 @@ class TranscriptionServing:
             params.override("language", None)  # the output language of a translation is English
         terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, INTERACTIVE),
                                self.settings)
-        options, audio = await asr_input(params, self.settings, backend)
+        options, audio = await asr_input(params, self.settings, backend,
+                                         self.calls.store.blobs)
         asked = Asked(task, fmt, granularities, params.flag("stream"))
 
         call = await self.calls.start(backend=backend, model=model, options=options,

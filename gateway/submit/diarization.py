@@ -28,6 +28,7 @@ from common.schemas import (
     MIN_REFERENCE_SECONDS,
 )
 from common.settings import Settings
+from common.store.blobs import BlobStore
 from gateway.errors import RequestError
 from gateway.submit.asr import asr_params
 from gateway.submit.audio import AudioInput, probe_clip, read_audio_input
@@ -41,12 +42,13 @@ _INTEGER = re.compile(r"\+?[0-9]{1,4}")
 _DATA_URL = re.compile(r"data:[\w/+.-]*(;[\w=.-]+)*;base64,", re.IGNORECASE)
 
 
-async def asr_input(params: Params, settings: Settings,
-                    backend: str) -> tuple[dict[str, Any], AudioInput]:
-    """An ASR task's options and input audio, with its diarization if asked."""
+async def asr_input(params: Params, settings: Settings, backend: str,
+                    blobs: BlobStore | None = None) -> tuple[dict[str, Any], AudioInput]:
+    """An ASR task's options and input audio, with its diarization if asked; `blobs` stages
+    an upload while it is probed (not a diarized one: its clips are packed into one blob)."""
     options = asr_params(params, settings, backend)
     speakers = diarization_options(params, backend)
-    audio = await read_audio_input(params, settings)
+    audio = await read_audio_input(params, settings, blobs if speakers is None else None)
     if speakers is None:
         return options, audio
     options["diarization"] = speakers

@@ -36,7 +36,19 @@ async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: 
     repeated idempotency key; a 429 when the backend's queue is full or the deadline cannot
     be met (gateway/policy/admission.py), when the charge would pass a quota
     (gateway/policy/quotas.py), or when its key has its most tasks in flight. A key not
-    allowed the interactive lane queues as batch."""
+    allowed the interactive lane queues as batch. A staged upload (AudioInput.staged) becomes
+    the task's input, or is dropped with any refusal."""
+    try:
+        return await _enqueue(store, settings, backend=backend, model=model, options=options,
+                              audio=audio, owner=owner, terms=terms, task_id=task_id)
+    except BaseException:
+        await store.blobs.unstage(audio.staged)
+        raise
+
+
+async def _enqueue(store: TaskStore, settings: Settings, *, backend: str, model: str,
+                   options: dict[str, Any], audio: AudioInput, owner: str,
+                   terms: SubmitTerms, task_id: str | None) -> Task:
     # An open breaker refuses at once; past its cool-down the task goes through as its probe.
     source = settings.backend_models(backend).get(model, "")
     breakers = await guard_store(store.breakers.read(backend, {model: source},
@@ -57,7 +69,7 @@ async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: 
     most = settings.max_queued_tasks.get(backend, 0)
     try:
         await guard_store(store.submit(task, audio.blob, terms.idempotency_key, most, charge,
-                                       settings.in_flight_limit(owner)))
+                                       settings.in_flight_limit(owner), audio.staged))
     except TooManyInFlight as busy:
         raise RequestError(429, f"this key already has {busy.in_flight} tasks queued or "
                                 "running, its most at once; retry when some have finished",
@@ -68,6 +80,7 @@ async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: 
     except QuotaExceeded as refused:
         raise quota_exceeded(refused, time.time()) from None
     except Duplicate as repeat:
+        await store.blobs.unstage(audio.staged)  # the original task has its own input
         original = await guard_store(store.get(repeat.task_id))
         if original is None:
             raise RequestError(409, "this idempotency key was used for a task that has expired",
