@@ -5,6 +5,8 @@ result it gives that clip alone (greedy decoding), and /metrics' histogram saw b
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -61,7 +63,14 @@ def test_a_batch_gives_each_clip_its_result_alone(backend: str, redis: procs.Red
             alone += wait_until(lambda t=task_id: finished(redis.url, [t]), 120, "alone")
         sizes = redis.client().hgetall(keys.histogram(backend, "batch_size"))
         assert int(sizes[b"count"]) == int(sizes[b"sum"]) == len(audios)
-        ids = asyncio.run(_submit_all(redis.url, backend, audios))
+        # all queued before the worker reads on (a paused worker): on a loaded machine the
+        # submits could otherwise trail a tiny model's runs, and each would run alone
+        assert worker.proc is not None
+        os.kill(worker.proc.pid, signal.SIGSTOP)
+        try:
+            ids = asyncio.run(_submit_all(redis.url, backend, audios))
+        finally:
+            os.kill(worker.proc.pid, signal.SIGCONT)
         together = wait_until(lambda: finished(redis.url, ids), 300, "together")
     finally:
         worker.stop()
