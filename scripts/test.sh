@@ -14,12 +14,13 @@ scripts/install.sh --tests all
 # process); the tests' servers bind free ports in per-process temp dirs, so they never meet.
 # Then the tests marked `alone` (they time what they check, predicted waits or a failover,
 # which another file's engines on the same cores would skew), one after another. Exit code 5
-# is "nothing selected" (a run of a few files without such tests). The parallel part's own
-# engine processes (check CLIs, tiny-model builds) wait for work as the workers do, passively:
-# under OpenMP's default policy two files' engines spin at their barriers on the cores the
-# other needs (the Parakeet check CLI took 131 s beside another file's engines, 13 s alone).
+# is "nothing selected" (a run of a few files without such tests). In the parallel part
+# every process (workers, and the tests' own engine CLIs) runs one OpenMP thread that waits
+# passively: with a team per process on both cores, two files' engines stall at each other's
+# barriers (the Parakeet check CLI took 131 s beside another file's engines, 13-17 s alone;
+# the whole parallel part 23:30 and 36 CPU-minutes, 18:11 and 31 with one passive thread).
 status=0
-OMP_WAIT_POLICY=PASSIVE .venvs/core/bin/pytest -n auto --dist loadfile -m "not alone" "$@" || status=$?
+OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venvs/core/bin/pytest -n auto --dist loadfile -m "not alone" "$@" || status=$?
 [ "$status" -eq 5 ] && status=0
 alone=0
 .venvs/core/bin/pytest -n 0 -m alone "$@" || alone=$?
