@@ -137,8 +137,10 @@ class Diarizer:
                 return Diarization([])
             embeddings = np.stack([_embed(handle, audio[start:end]) for start, end in windows])
             pitch = np.array([speaker_features.log_pitch(audio[s:e]) for s, e in windows])
-            timbre = speaker_bic.cepstra(audio, partial(mel_spectrogram, basis=handle.mel_basis))
-            clusters = _cluster(embeddings, windows, options.bounds(), pitch, timbre)
+            fewest, most = options.bounds()  # the timbre check only weighs an estimated count
+            timbre = None if fewest == most else speaker_bic.cepstra(
+                audio, partial(mel_spectrogram, basis=handle.mel_basis))
+            clusters = _cluster(embeddings, windows, (fewest, most), pitch, timbre)
             names: dict[Any, str] = {}
             if references:
                 centroids = {int(c): _normed(embeddings[clusters == c].mean(axis=0))
