@@ -125,7 +125,7 @@ class RedisServer:
             args += ["--replicaof", "127.0.0.1", str(self.replica_of.port)]
             self.replica_of = None  # restarted, it starts as a primary; Sentinel demotes it
         self.proc = _spawn(args)
-        wait_until(self._pings, 10, "redis-server")
+        wait_until(self._pings, 30, "redis-server")
         return self
 
     def _pings(self) -> bool:
