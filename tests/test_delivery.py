@@ -64,13 +64,16 @@ def test_preload_lease_and_janitor(pair: dict) -> None:
     assert wait_done(gateway, task_id, timeout=120)["status"] == "SUCCEEDED"
     view = httpx.get(f"{gateway}/v1/tasks/{task_id}").json()
     assert view["attempts"] == 1 and view["deliveries"] == 1
-    # janitor: a worker killed for good; the other claims its task after the timeout
+    # janitor: a worker killed for good; the other claims its task after the timeout. Each
+    # worker's name is read first, so the kill follows the RUNNING state at once (on a
+    # loaded machine, asking both workers then could outlast the task).
+    by_consumer = {health(w)["consumer"]: w for w in workers}
     task_id = submit_file(gateway, LONG).json()["taskid"]
     running = wait_until(lambda: (v := httpx.get(f"{gateway}/v1/tasks/{task_id}").json())
                          ["status"] == "RUNNING" and v, 30, "RUNNING", 0.02)
-    victim = next(w for w in workers if health(w)["consumer"] == running["worker"])
-    survivor = next(w for w in workers if w is not victim)
+    victim = by_consumer[running["worker"]]
     os.kill(victim.pid, signal.SIGKILL)
+    survivor = next(w for w in workers if w is not victim)
     final = wait_done(gateway, task_id, timeout=120)
     assert final["status"] == "SUCCEEDED"
     view = httpx.get(f"{gateway}/v1/tasks/{task_id}").json()
