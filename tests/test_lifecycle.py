@@ -100,9 +100,9 @@ def respawned(stack: Stack, old_pid: int) -> int:
 
 
 def test_sigkill_mid_task_is_redelivered_and_succeeds_once(stack: Stack) -> None:
+    pid = stack.worker_pid()  # first: supervisorctl's start-up could outlast the task
     task_id = submit_file(stack.url, LONG).json()["taskid"]
     wait_running(stack, task_id)
-    pid = stack.worker_pid()
     os.kill(pid, signal.SIGKILL)
     respawned(stack, pid)
     final = wait_done(stack.url, task_id, timeout=120)
