@@ -86,14 +86,13 @@ class SyncCalls:
         """Queue the task, already subscribed to its events; RequestError if refused (a 503
         with Retry-After when this process has too many waiting calls). A repeated
         idempotency key listens to the original task instead."""
-        if owner and self.waiting[owner] >= self.waiter_share_limit:
-            await self.store.blobs.unstage(audio.staged)
-            raise RequestError(503, f"this key has {self.waiter_share_limit} calls waiting "
-                                    "in this gateway process, its share; retry shortly, or "
-                                    "submit through /api/submit and poll", code="overloaded",
-                               headers={"retry-after": "1"})
         task_id = new_task_id()
-        try:
+        try:  # refused before enqueue (which drops it itself): the staged upload goes
+            if owner and self.waiting[owner] >= self.waiter_share_limit:
+                raise RequestError(503, f"this key has {self.waiter_share_limit} calls "
+                                        "waiting in this gateway process, its share; retry "
+                                        "shortly, or submit through /api/submit and poll",
+                                   code="overloaded", headers={"retry-after": "1"})
             events = await self._listen(task_id)  # subscribed before the task exists
         except BaseException:
             await self.store.blobs.unstage(audio.staged)
