@@ -79,11 +79,12 @@ def probe_audio(source: SourceType) -> AudioInfo:
         stream = container.streams.audio[0]
         decode_tries = packets = 0
         decoded: list[int] = []  # samples of each decoded packet that gave any
-        last_end = 0.0
+        # demuxed packets carry their stream's time base: the end is kept in its ticks, as
+        # ints (a Fraction per packet was a quarter of the probe)
+        last_end_ticks = 0
         for packet in container.demux(stream):
-            if packet.pts is not None and packet.time_base is not None:
-                end = float((packet.pts + (packet.duration or 0)) * packet.time_base)
-                last_end = max(last_end, end)
+            if packet.pts is not None:
+                last_end_ticks = max(last_end_ticks, packet.pts + (packet.duration or 0))
             if not packet.size:
                 continue
             packets += 1
@@ -97,7 +98,9 @@ def probe_audio(source: SourceType) -> AudioInfo:
             raise AudioError("the file holds no decodable audio")
         # the first decoded packet may be short (a codec's priming samples are dropped)
         fewest = min(decoded[1:] or decoded)
-        start = float(stream.start_time * stream.time_base) if stream.start_time else 0.0
+        ticks = stream.time_base
+        last_end = float(last_end_ticks * ticks) if ticks else 0.0
+        start = float(stream.start_time * ticks) if stream.start_time and ticks else 0.0
         duration = max(0.0, last_end - start)
         if duration <= 0 and container.duration:
             duration = container.duration / av.time_base
