@@ -120,6 +120,26 @@ def test_der() -> None:
         pytest.approx(0.125, abs=0.01)  # one second of false alarm in eight
 
 
+def test_a_few_windows_cut_off_one_voice_rejoin_it() -> None:
+    """merge_small: a small found speaker goes back to its nearest one unless the two are
+    unlike; a small one of its own voice stays, as does the lower bound on the count."""
+    import numpy as np
+
+    from workers import speaker_clusters
+
+    rng = np.random.default_rng(4)
+    centres = rng.normal(size=(3, 32))
+    windows = np.stack([centres[v] + rng.normal(scale=0.1, size=32)
+                        for v, n in ((0, 10), (1, 10), (2, 3)) for _ in range(n)])
+    windows /= np.linalg.norm(windows, axis=1, keepdims=True)
+    cut = np.r_[np.zeros(7), np.full(3, 2), np.ones(10)].astype(int)  # voice 0 in two
+    merged = speaker_clusters.merge_small(windows[:20], cut, 1)
+    assert merged.max() == 1 and len(set(merged[:10])) == 1 and merged[0] != merged[10]
+    assert speaker_clusters.merge_small(windows[:20], cut, 3).max() == 2
+    found = np.r_[np.zeros(10), np.ones(10), np.full(3, 2)].astype(int)  # a third voice
+    assert (speaker_clusters.merge_small(windows, found, 1) == found).all()
+
+
 def test_a_segment_that_changes_speaker_is_split_at_the_word_boundary() -> None:
     words = [Word(" Hello", 0.0, 0.5), Word(" there.", 0.5, 1.0), Word(" Hi", 1.6, 2.0),
              Word(" back.", 2.0, 2.4)]

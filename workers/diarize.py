@@ -269,6 +269,7 @@ def _cluster(embeddings: np.ndarray, windows: list[tuple[int, int]], bounds: tup
         distinct = None if timbre is None else speaker_bic.distinct_voices(
             timbre, [w for w, keep in zip(windows, reliable, strict=True) if keep])
         found = speaker_clusters.split_mixed(base, found, bounds[1], tone, distinct)
+        found = speaker_clusters.merge_small(base, found, bounds[0], tone, distinct)
     return speaker_clusters.nearest(embeddings, base, found)
 
 
