@@ -163,11 +163,11 @@ def test_poison_task_is_dead_lettered_and_the_queue_moves_on(stack: Stack,
                                                             speech_clip: Path) -> None:
     poison = submit_file(stack.url, LONG).json()["taskid"]
     behind = [submit_file(stack.url, speech_clip).json()["taskid"] for _ in range(3)]
+    pid = stack.worker_pid()  # read before it runs: supervisorctl's start-up can outlast a run
     for attempt in (1, 2, 3):  # kill the worker every time it runs the poison task
         wait_running(stack, poison, attempt)
-        pid = stack.worker_pid()
         os.kill(pid, signal.SIGKILL)
-        respawned(stack, pid)
+        pid = respawned(stack, pid)
     final = wait_done(stack.url, poison, timeout=120)
     assert final["status"] == "FAILED" and "deliveries" in final["error"]
     dead = stack.redis.client().xrange(keys.dead_letter("faster-whisper"))
