@@ -4,6 +4,7 @@ environment, on tiny checkpoints loaded through the production code path (issues
 from __future__ import annotations
 
 import shutil
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,8 +41,10 @@ def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     for backend, source in available.items():
         broken_source = broken  # a directory, or a checkpoint file that is none
         if entry := TABLE[backend].fixture.entry:
+            # an archive (a .nemo file is one) past the engine's cheap look, with no model in it
             broken_source = broken / f"{backend}-broken{Path(entry).suffix}"
-            broken_source.write_bytes(b"not a tar archive")
+            with tarfile.open(broken_source, "w") as archive:
+                archive.add(broken / "config.json", arcname="config.json")
         copy = workdir / f"{backend}-copy"
         if source.is_dir():
             shutil.copytree(source, copy)

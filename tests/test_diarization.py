@@ -388,12 +388,12 @@ def test_the_diarizers_memory_goes_back_on_unload(clips: dict) -> None:
 
 
 def test_the_worker_unloads_the_diarizer_with_the_model(service: dict, clips: dict) -> None:
-    """Three loads and unloads of model and diarizer: each time both go, and the worker's RSS
+    """Two loads and unloads of model and diarizer: each time both go, and the worker's RSS
     comes back within SPEECH_REEXEC_RSS_RATIO of its fresh image's (by its own trim, or by the
     re-exec that ratio asks for), so nothing accumulates from cycle to cycle. The exact measure
     of the diarizer's own memory is test_the_diarizers_memory_goes_back_on_unload's."""
     base, health = service["gateway"], f"{service['worker']}/health"
-    for _ in range(3):
+    for _ in range(2):
         reply = submit_file(base, clips["single"], diarize="true")
         final, loaded = wait_sampling_loaded(base, health, reply.json()["taskid"], timeout=240)
         assert final["status"] == "SUCCEEDED", final

@@ -182,7 +182,7 @@ for source in sys.argv[1:]:
         errors.append(None)
     except Exception as exc:
         errors.append(f"{type(exc).__name__}: {exc}")
-print(json.dumps(errors))
+print(json.dumps({"errors": errors, "nemo_imported": "nemo" in sys.modules}))
 """
 
 
@@ -190,9 +190,11 @@ def test_bad_model_paths_fail_clearly(tiny_model: Path, tmp_path: Path) -> None:
     garbage = tmp_path / "garbage.nemo"
     shutil.copy(AUDIO / "jfk.flac", garbage)
     proc = run_nemo(["-c", BAD_PATHS_SCRIPT, str(tmp_path / "missing.nemo"), str(garbage)])
-    missing, not_nemo = json.loads(proc.stdout.strip().splitlines()[-1])
+    answer = last_json(proc.stdout)
+    missing, not_nemo = answer["errors"]
     assert missing.startswith("FileNotFoundError: Parakeet model file not found")
     assert not_nemo.startswith("ValueError: not a .nemo checkpoint")
+    assert not answer["nemo_imported"], "a file that is no archive waited for NeMo's import"
 
 
 def test_times_are_rebased_and_clamped_to_the_window() -> None:

@@ -67,15 +67,18 @@ class ParakeetEngine:
         source = model.source
         if (source.endswith(".nemo") or Path(source).exists()) and not Path(source).is_file():
             raise FileNotFoundError(f"Parakeet model file not found (or not a file): {source}")
+        # a .nemo file is a tar archive: anything else fails here, before NeMo's ~10 s import
+        if Path(source).is_file() and not tarfile.is_tarfile(source):
+            raise ValueError(f"not a .nemo checkpoint: {source} (not a tar archive)")
 
     def load(self, model: ModelRef, device: str) -> ParakeetHandle:
+        started = time.perf_counter()
+        source = model.source
+        self.check_source(model)
         import torch
         from nemo.collections.asr.models import ASRModel
         from omegaconf import open_dict
 
-        started = time.perf_counter()
-        source = model.source
-        self.check_source(model)
         # Restore on CPU, then move: restoring straight to CUDA spikes GPU memory during load.
         if Path(source).is_file():
             try:
