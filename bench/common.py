@@ -47,6 +47,7 @@ import psutil  # noqa: E402
 from common.settings import Settings  # noqa: E402
 from common.store import Task, TaskStore  # noqa: E402
 from harness import procs  # noqa: E402
+from harness.http_client import http  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 AUDIO = procs.TEST_AUDIO
@@ -317,7 +318,7 @@ class Stack:
 
     def consumers(self, backend: str) -> list[str]:
         try:
-            reply = httpx.get(f"{self.url}/ready", timeout=5).json()
+            reply = http.get(f"{self.url}/ready", timeout=5).json()
         except (httpx.HTTPError, ValueError):
             return []
         return reply.get("backends", {}).get(backend, {}).get("consumers", [])

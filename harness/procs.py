@@ -26,6 +26,7 @@ import redis
 from common.backends import BACKENDS, WORKER_PROCESS_ENV
 from common.settings import Settings
 from gateway.realtime.protocol import max_message_bytes
+from harness.http_client import http
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_AUDIO = ROOT / "tests" / "audio"  # in the repo: see tests/audio/README.md
@@ -292,7 +293,7 @@ class Service:
             raise RuntimeError(f"{self.args} exited with {self.proc.returncode}: "
                                f"{self.log_path.read_text()[-3000:]}")
         try:
-            return httpx.get(self.health_url, timeout=2).status_code == 200
+            return http.get(self.health_url, timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 

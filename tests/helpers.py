@@ -11,6 +11,7 @@ import redis
 
 from common import keys
 from common.words import normalise, wer  # noqa: F401  (the tests' scoring, re-exported)
+from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
 
 JFK = TEST_AUDIO / "jfk.flac"
@@ -22,12 +23,12 @@ TERMINAL = {"SUCCEEDED", "FAILED"}
 def submit_file(base: str, path: Path, backend: str = "faster-whisper",
                 **params: Any) -> httpx.Response:
     with path.open("rb") as handle:
-        return httpx.post(f"{base}/api/{backend}-submit", files={"file": (path.name, handle)},
+        return http.post(f"{base}/api/{backend}-submit", files={"file": (path.name, handle)},
                           data={k: str(v) for k, v in params.items()}, timeout=60)
 
 
 def status(base: str, task_id: str, **params: Any) -> dict[str, Any]:
-    reply = httpx.get(f"{base}/api/status", params={"taskid": task_id, **params}, timeout=30)
+    reply = http.get(f"{base}/api/status", params={"taskid": task_id, **params}, timeout=30)
     assert reply.status_code == 200, reply.text
     return reply.json()
 
@@ -50,7 +51,7 @@ def wait_task(base: str, task_id: str, headers: dict[str, str] | None = None,
               timeout: float = 120) -> dict[str, Any]:
     """The task's REST view (`/v1/tasks/{id}`) once it is terminal."""
     def view() -> dict[str, Any] | None:
-        task = httpx.get(f"{base}/v1/tasks/{task_id}", headers=headers, timeout=30).json()
+        task = http.get(f"{base}/v1/tasks/{task_id}", headers=headers, timeout=30).json()
         return task if task["status"] not in ("PENDING", "RUNNING") else None
     return wait_until(view, timeout, f"task {task_id}", 0.1)
 
@@ -64,7 +65,7 @@ def wait_sampling_loaded(base: str, worker_health: str, task_id: str,
 
     def done_with_both_seen() -> dict[str, Any] | None:
         # (a load that imports torch can hold the worker's event loop for seconds)
-        health = httpx.get(worker_health, timeout=60).json()
+        health = http.get(worker_health, timeout=60).json()
         if health["diarizer_loaded"] and health["loaded_models"]:
             samples.append(health["memory"]["rss_mib"])
         state = status(base, task_id)
@@ -79,7 +80,7 @@ def settled_idle(worker_health: str, reexec_ratio: float, timeout: float = 60) -
     the unload asked for did: SPEECH_REEXEC_RSS_RATIO). During a re-exec the request waits in
     the kept socket's backlog."""
     def settled() -> dict[str, Any] | None:
-        health = httpx.get(worker_health, timeout=60).json()
+        health = http.get(worker_health, timeout=60).json()
         if health["loaded_models"] or health["diarizer_loaded"]:
             return None
         # (+5 MiB: RSS moves a little between the worker's own look and this one)

@@ -20,6 +20,7 @@ from common.store import Task, TaskStore, new_task_id
 from gateway.jobs.sweeper import Sweeper
 from harness import procs
 from harness.conversation import speak_to
+from harness.http_client import http
 from tests.helpers import queue_counts, wait_done
 
 
@@ -48,7 +49,7 @@ def start_worker(env: dict[str, Any], **settings: Any) -> procs.Service:
 
 
 def submit(env: dict[str, Any], **params: Any) -> httpx.Response:
-    return httpx.post(f"{env['gateway']}/api/faster-whisper-submit",
+    return http.post(f"{env['gateway']}/api/faster-whisper-submit",
                       data={"audio_path": str(env["clip"]), **params}, timeout=30)
 
 
@@ -58,13 +59,13 @@ def task_id(reply: httpx.Response) -> str:
 
 
 def record(env: dict[str, Any], tid: str) -> dict[str, Any]:
-    reply = httpx.get(f"{env['gateway']}/v1/tasks/{tid}", timeout=30)
+    reply = http.get(f"{env['gateway']}/v1/tasks/{tid}", timeout=30)
     assert reply.status_code == 200, reply.text
     return reply.json()
 
 
 def queue_position(env: dict[str, Any], tid: str) -> int:
-    return httpx.get(f"{env['gateway']}/api/status", params={"task_id": tid},
+    return http.get(f"{env['gateway']}/api/status", params={"task_id": tid},
                      timeout=30).json()["queue_position"]
 
 
@@ -154,7 +155,7 @@ def test_the_predicted_start_is_within_30_percent_and_a_missed_deadline_is_refus
         with env["clip"].open("rb") as handle:  # the OpenAI dialect names the code
             # (batch: behind the queued tasks; interactive waits only for what is left of
             # the running one, which the estimate now knows, and may well meet 0.05 s)
-            openai = httpx.post(f"{env['gateway']}/v1/audio/transcriptions",
+            openai = http.post(f"{env['gateway']}/v1/audio/transcriptions",
                                 files={"file": ("a.wav", handle)},
                                 data={"model": "whisper-1", "max_wait_seconds": "0.05",
                                       "priority": "batch"}, timeout=30)
@@ -163,7 +164,7 @@ def test_the_predicted_start_is_within_30_percent_and_a_missed_deadline_is_refus
         for reply in replies:
             assert wait_status(env, task_id(reply))["status"] == "SUCCEEDED"
         with env["clip"].open("rb") as handle:  # an OpenAI call says where it stood
-            openai = httpx.post(f"{env['gateway']}/v1/audio/transcriptions",
+            openai = http.post(f"{env['gateway']}/v1/audio/transcriptions",
                                 files={"file": ("a.wav", handle)}, data={"model": "whisper-1"},
                                 timeout=60)
         assert openai.status_code == 200, openai.text
@@ -191,7 +192,7 @@ def test_retry_after_of_a_long_predicted_wait_is_within_30_percent(admission):
         for tid in [task_id(submit(env)) for _ in range(8)]:  # a stable measured rate
             assert wait_status(env, tid)["status"] == "SUCCEEDED"
         queued = [task_id(submit(env)) for _ in range(40)]  # through the unlimited gateway
-        refused = httpx.post(f"{limited.url}/api/faster-whisper-submit",
+        refused = http.post(f"{limited.url}/api/faster-whisper-submit",
                              data={"audio_path": str(env["clip"])}, timeout=30)
         refused_at = time.time()
         assert refused.status_code == 429 and "predicted wait" in refused.json()["error"]
@@ -213,23 +214,23 @@ def test_a_full_queue_refuses_with_retry_after_and_queues_nothing(admission):
                             max_queued_tasks={"faster-whisper": 3}).start()
     client = env["redis"].client()
     try:
-        queued = [task_id(httpx.post(f"{gateway.url}/api/faster-whisper-submit",
+        queued = [task_id(http.post(f"{gateway.url}/api/faster-whisper-submit",
                                      data={"audio_path": str(env["clip"])}, timeout=30))
                   for _ in range(3)]
         before = queue_counts(client)
-        refused = httpx.post(f"{gateway.url}/api/faster-whisper-submit",
+        refused = http.post(f"{gateway.url}/api/faster-whisper-submit",
                              data={"audio_path": str(env["clip"])}, timeout=30)
         assert refused.status_code == 429, refused.text
         assert int(refused.headers["retry-after"]) >= 1
         assert queue_counts(client) == before  # no record, no entry
         # the OpenAI route refuses the same way; Sage's status polls still answer 200
         with env["clip"].open("rb") as handle:
-            openai = httpx.post(f"{gateway.url}/v1/audio/transcriptions",
+            openai = http.post(f"{gateway.url}/v1/audio/transcriptions",
                                 files={"file": ("a.wav", handle)}, data={"model": "whisper-1"},
                                 timeout=30)
         assert openai.status_code == 429 and openai.json()["error"]["code"] == "queue_full"
         assert "retry-after" in openai.headers
-        assert httpx.get(f"{gateway.url}/api/status", params={"task_id": queued[0]},
+        assert http.get(f"{gateway.url}/api/status", params={"task_id": queued[0]},
                          timeout=30).status_code == 200
     finally:
         gateway.stop()
@@ -254,7 +255,7 @@ def test_a_long_predicted_wait_refuses_and_the_backlog_balances(admission):
     queued: list[str] = []
     try:
         for _ in range(20):  # the earlier tests measured the rate; no worker runs now
-            reply = httpx.post(f"{gateway.url}/api/faster-whisper-submit",
+            reply = http.post(f"{gateway.url}/api/faster-whisper-submit",
                                data={"audio_path": str(env["clip"])}, timeout=30)
             if reply.status_code != 200:
                 break
@@ -263,7 +264,7 @@ def test_a_long_predicted_wait_refuses_and_the_backlog_balances(admission):
         assert int(reply.headers["retry-after"]) >= 1
         assert 1 <= len(queued) < 20
         before = queue_counts(client)
-        assert httpx.post(f"{gateway.url}/api/faster-whisper-submit",
+        assert http.post(f"{gateway.url}/api/faster-whisper-submit",
                           data={"audio_path": str(env["clip"])}, timeout=30).status_code == 429
         assert queue_counts(client) == before
     finally:

@@ -13,12 +13,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
 from common.audio import AudioTooLong, decode_audio, probe_audio
 from harness import procs
+from harness.http_client import http
 from tests.audio_fakes import decoded_seconds, lying_matroska, silence_opus
 from tests.helpers import JFK, submit_file, wait_done
 
@@ -123,7 +123,7 @@ def test_lying_file_fails_audio_too_long_under_the_memory_cap(
         final = wait_done(gateway, task_id, timeout=120)
     assert final["status"] == "FAILED", final
     assert "longer than the limit of 60 s" in final["error"]
-    view = httpx.get(f"{gateway}/v1/tasks/{task_id}", timeout=10).json()
+    view = http.get(f"{gateway}/v1/tasks/{task_id}", timeout=10).json()
     assert view["error_code"] == "audio_too_long"
     mib = 1024 * 1024
     full_decode_mib = decoded_seconds(fakes[name].read_bytes()) * 16000 * 4 / mib
@@ -133,13 +133,13 @@ def test_lying_file_fails_audio_too_long_under_the_memory_cap(
     assert rss.samples > 3 and rss.peak < MEMORY_CAP_MIB * mib
     if name == "silence":  # keeping every sample would have broken the cap
         assert rss.first + full_decode_mib * mib > MEMORY_CAP_MIB * mib
-    health = httpx.get(f"{worker.url}/health", timeout=10).json()
+    health = http.get(f"{worker.url}/health", timeout=10).json()
     assert health["loaded_models"] == ["tiny.en"], "the worker went over its cap and unloaded"
 
 
 def test_sync_caller_gets_413_audio_too_long(limited: dict, fakes: dict[str, Path]) -> None:
     with fakes["speech"].open("rb") as handle:
-        reply = httpx.post(f"{limited['gateway']}/v1/audio/transcriptions",
+        reply = http.post(f"{limited['gateway']}/v1/audio/transcriptions",
                            files={"file": ("speech.mkv", handle)}, data={"model": "whisper-1"},
                            timeout=120)
     assert reply.status_code == 413, reply.text

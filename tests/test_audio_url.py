@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from harness import procs
+from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import queue_counts, wait_done
 
@@ -28,7 +29,7 @@ def file_server() -> Iterator[str]:
 
     def up() -> bool:
         try:
-            return httpx.get(f"{url}/README.md", timeout=1).status_code == 200
+            return http.get(f"{url}/README.md", timeout=1).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -79,7 +80,7 @@ def url_gateway(stack: dict, redis_server: procs.RedisServer, workdir: Path, fil
 
 
 def submit(gateway: str, audio_url: str) -> httpx.Response:
-    return httpx.post(f"{gateway}/api/faster-whisper-submit", data={"audio_url": audio_url},
+    return http.post(f"{gateway}/api/faster-whisper-submit", data={"audio_url": audio_url},
                       timeout=60)
 
 

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import websockets
 from starlette.routing import WebSocketRoute
@@ -20,6 +19,7 @@ from gateway.app import create_app
 from gateway.auth import METRICS_ROUTE, PUBLIC_ROUTES, SIGNED_AUDIO_ROUTE, digest
 from gateway.errors import SAGE_STATUS_ROUTES
 from harness import procs
+from harness.http_client import http
 
 KEY = "route-walk-key-0123456789"
 METRICS_TOKEN = "scraper-token-9876543210"
@@ -84,7 +84,7 @@ def test_every_route_but_the_public_ones_needs_a_key(keyed_gateway: str) -> None
             assert asyncio.run(websocket_close_code(url)) == 1008, path
             checked += 1
             continue
-        reply = httpx.request(method, url, timeout=30)
+        reply = http.request(method, url, timeout=30)
         where = (method, path, reply.status_code, reply.text[:200])
         if path in PUBLIC_ROUTES:
             assert reply.status_code == 200, where
@@ -101,16 +101,16 @@ def test_every_route_but_the_public_ones_needs_a_key(keyed_gateway: str) -> None
             checked += 1
     assert checked >= 15
     # a wrong key is no better than none
-    reply = httpx.get(f"{keyed_gateway}/api/config", headers={"x-api-key": "wrong"})
+    reply = http.get(f"{keyed_gateway}/api/config", headers={"x-api-key": "wrong"})
     assert reply.status_code == 401
 
 
 def test_the_right_key_opens_them(keyed_gateway: str) -> None:
     auth = {"Authorization": f"Bearer {KEY}"}
     for path in ("/api/config", "/metrics", "/docs", "/redoc", "/openapi.json", "/v1/models"):
-        reply = httpx.get(keyed_gateway + path, headers=auth, timeout=30)
+        reply = http.get(keyed_gateway + path, headers=auth, timeout=30)
         assert reply.status_code == 200, (path, reply.text[:200])
-    assert "/v1/audio/transcriptions" in httpx.get(f"{keyed_gateway}/openapi.json",
+    assert "/v1/audio/transcriptions" in http.get(f"{keyed_gateway}/openapi.json",
                                                    headers=auth).json()["paths"]
 
 
@@ -118,34 +118,34 @@ def test_metrics_token_and_signed_audio_are_their_own_credentials(keyed_gateway:
                                                                   stack: dict,
                                                                   workdir: Path) -> None:
     assert METRICS_ROUTE == "/metrics"
-    scraper = httpx.get(f"{keyed_gateway}/metrics",
+    scraper = http.get(f"{keyed_gateway}/metrics",
                         headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
     assert scraper.status_code == 200 and "speech_redis_up 1.0" in scraper.text
-    assert httpx.get(f"{keyed_gateway}/metrics",
+    assert http.get(f"{keyed_gateway}/metrics",
                      headers={"Authorization": "Bearer nope"}).status_code == 401
     # the metrics token opens nothing else
-    assert httpx.get(f"{keyed_gateway}/api/config",
+    assert http.get(f"{keyed_gateway}/api/config",
                      headers={"Authorization": f"Bearer {METRICS_TOKEN}"}).status_code == 401
     # a signed audio URL needs no key: a wrong token reads as an unknown task
     audio = concrete(SIGNED_AUDIO_ROUTE)
-    assert httpx.get(f"{keyed_gateway}{audio}", params={"token": "0" * 32}).status_code == 404
+    assert http.get(f"{keyed_gateway}{audio}", params={"token": "0" * 32}).status_code == 404
     # keys off but a metrics token set: /metrics still needs the token
     redis_url = stack["worker_service"].env["SPEECH_REDIS_URL"]
     open_gateway = procs.gateway(redis_url, workdir, metrics_token=METRICS_TOKEN).start()
     try:
-        assert httpx.get(f"{open_gateway.url}/metrics").status_code == 401
-        assert httpx.get(f"{open_gateway.url}/metrics",
+        assert http.get(f"{open_gateway.url}/metrics").status_code == 401
+        assert http.get(f"{open_gateway.url}/metrics",
                          headers={"Authorization": f"Bearer {METRICS_TOKEN}"}).status_code == 200
-        assert httpx.get(f"{open_gateway.url}/api/config").status_code == 200
+        assert http.get(f"{open_gateway.url}/api/config").status_code == 200
     finally:
         open_gateway.stop()
 
 
 def test_ready_shows_worker_addresses_only_with_a_key(keyed_gateway: str) -> None:
-    public = httpx.get(f"{keyed_gateway}/ready").json()
+    public = http.get(f"{keyed_gateway}/ready").json()
     live = [w for b in public["backends"].values() for w in b["live"]]
     assert live, public
     assert all("url" not in w and "pid" not in w and w["consumer"] for w in live), live
-    private = httpx.get(f"{keyed_gateway}/ready", headers={"x-api-key": KEY}).json()
+    private = http.get(f"{keyed_gateway}/ready", headers={"x-api-key": KEY}).json()
     live = [w for b in private["backends"].values() for w in b["live"]]
     assert all(w["url"].startswith("http://") and w["pid"] for w in live), live

@@ -8,12 +8,12 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from common import keys
 from common.backends import BACKENDS as TABLE
 from harness import procs
+from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, submit_file, wait_done
 from tests.tiny import env_python, tiny_model
@@ -103,16 +103,16 @@ def test_sage_and_openai_endpoints(e2e: dict, backend: str) -> None:
         assert words in final["result"]["text"]
 
     url = f"{gateway}/v1/audio/transcriptions"
-    verbose = httpx.post(url, files={"file": JFK.open("rb")}, timeout=240,
+    verbose = http.post(url, files={"file": JFK.open("rb")}, timeout=240,
                          data={"model": f"{backend}/tiny", "response_format": "verbose_json"})
     assert verbose.status_code == 200, verbose.text
     body = verbose.json()
     assert isinstance(body["duration"], float) and body["duration"] == pytest.approx(11.0, 0.01)
     assert all(set(s) >= SEGMENT_FIELDS for s in body["segments"])
-    plain = httpx.post(url, files={"file": JFK.open("rb")}, timeout=240,
+    plain = http.post(url, files={"file": JFK.open("rb")}, timeout=240,
                        data={"model": f"{backend}/tiny", "response_format": "text"})
     assert plain.status_code == 200 and plain.text.strip() == body["text"].strip()
-    diarized = httpx.post(url, files={"file": JFK.open("rb")}, timeout=240,
+    diarized = http.post(url, files={"file": JFK.open("rb")}, timeout=240,
                           data={"model": f"{backend}/tiny", "response_format": "diarized_json"})
     if TABLE[backend].speakers:
         assert diarized.status_code == 200, diarized.text
@@ -122,7 +122,7 @@ def test_sage_and_openai_endpoints(e2e: dict, backend: str) -> None:
         assert {s["speaker"] for s in diarized.json()["segments"]} <= {"SPEAKER_00"}
     else:
         assert diarized.status_code == 400
-    translation = httpx.post(f"{gateway}/v1/audio/translations", files={"file": JFK.open("rb")},
+    translation = http.post(f"{gateway}/v1/audio/translations", files={"file": JFK.open("rb")},
                              data={"model": f"{backend}/tiny"}, timeout=60)
     assert translation.status_code == 400 and "translate" in translation.json()["error"]["message"]
 
@@ -153,7 +153,7 @@ def test_idle_unload_and_model_switch(e2e: dict, backend: str) -> None:
     worker = e2e["workers"][backend]
 
     def health() -> dict:
-        return httpx.get(f"{worker.url}/health", timeout=5).json()
+        return http.get(f"{worker.url}/health", timeout=5).json()
 
     task_id = submit_file(e2e["gateway"], JFK, backend=backend, model="tiny-copy").json()["taskid"]
     wait_until(lambda: health()["loaded_models"] == ["tiny-copy"], 120, "tiny-copy loaded", 0.05)

@@ -12,7 +12,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import httpx
 from redis.asyncio import Redis
 
 from common import keys
@@ -22,6 +21,7 @@ from common.settings import Settings
 from common.store import Task, TaskStore, new_task_id
 from common.store.worker import WorkerStore
 from harness import procs
+from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK_TEXT, pending_count, wer
 from tests.inprocess import worker_settings
@@ -101,7 +101,7 @@ def test_twelve_clips_in_batches_give_the_text_they_give_alone(
     # /metrics shows it per backend
     gateway = procs.gateway(redis.url, tmp_path).start()
     try:
-        text = httpx.get(f"{gateway.url}/metrics", timeout=10).text
+        text = http.get(f"{gateway.url}/metrics", timeout=10).text
     finally:
         gateway.stop()
     assert f'speech_batch_size_count{{backend="{BACKEND}"}} {sizes["count"]}' in text
@@ -236,7 +236,7 @@ def test_a_worker_killed_mid_batch_loses_nothing(redis: procs.RedisServer,
                 "cpu_threads": "2"}
     worker = procs.worker(redis.url, tmp_path, **settings).start()
     try:
-        ready = httpx.get(f"{gateway.url}/ready", timeout=10).json()
+        ready = http.get(f"{gateway.url}/ready", timeout=10).json()
         live = ready["backends"][BACKEND]["live"]
         assert live and live[0]["batch"] == {"enabled": True, "max_size": 8, "window_ms": 50.0}
         long_clip = (TEST_AUDIO / "multilingual.mp3").read_bytes()  # ~60 s: seconds of work

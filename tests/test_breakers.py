@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 from redis.asyncio import Redis
 
 from common import keys
@@ -20,6 +19,7 @@ from common.store import BreakerPolicy, TaskStore
 from common.store.breakers import BreakerStore
 from gateway.auth import digest
 from harness import procs
+from harness.http_client import http
 from harness.procs import wait_until
 from tests.helpers import JFK, submit_file, wait_done
 from tests.inprocess import InProcessWorker, worker_settings
@@ -31,11 +31,11 @@ COOLDOWN = 2.0
 
 
 def task_view(url: str, task_id: str, **headers: str) -> dict[str, Any]:
-    return httpx.get(f"{url}/v1/tasks/{task_id}", headers=headers, timeout=10).json()
+    return http.get(f"{url}/v1/tasks/{task_id}", headers=headers, timeout=10).json()
 
 
 def breakers(url: str) -> dict[str, Any]:
-    return httpx.get(f"{url}/ready", timeout=10).json()["backends"][BACKEND]["breakers"]
+    return http.get(f"{url}/ready", timeout=10).json()["backends"][BACKEND]["breakers"]
 
 
 def corrupt_model(directory: Path) -> Path:
@@ -187,17 +187,17 @@ def test_the_reset_call_closes_a_breaker_and_needs_a_key(tmp_path: Path,
     try:
         asyncio.run(_trip(redis.url, "tiny.en", source="bundled"))
         assert breakers(gateway.url)["tiny.en"]["state"] == "open"
-        assert httpx.delete(reset, timeout=10).status_code == 401
-        assert httpx.delete(reset, headers={"authorization": "Bearer wrong"},
+        assert http.delete(reset, timeout=10).status_code == 401
+        assert http.delete(reset, headers={"authorization": "Bearer wrong"},
                             timeout=10).status_code == 401
         assert redis.client().exists(keys.breaker(BACKEND, "tiny.en"))
-        reply = httpx.delete(reset, headers=auth, timeout=10)
+        reply = http.delete(reset, headers=auth, timeout=10)
         assert reply.status_code == 200, reply.text
         assert reply.json()["previous"]["state"] == "open"
         assert reply.json()["state"] == "closed"
         assert breakers(gateway.url)["tiny.en"]["state"] == "closed"
         assert not redis.client().exists(keys.breaker(BACKEND, "tiny.en"))
-        missing = httpx.delete(f"{gateway.url}/v1/breakers/{BACKEND}/nope", headers=auth,
+        missing = http.delete(f"{gateway.url}/v1/breakers/{BACKEND}/nope", headers=auth,
                                timeout=10)
         assert missing.status_code == 404
     finally:

@@ -7,10 +7,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
 
 from common import keys
+from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import (
     JFK,
@@ -59,7 +59,7 @@ def test_word_timestamps_and_legacy_format(stack: dict) -> None:
 @pytest.mark.parametrize("name", ["jfk.flac", "hotwords.mp3", "stereo_16k.wav",
                                   "multilingual.mp3"])
 def test_audio_path_input_in_every_format(stack: dict, name: str) -> None:
-    reply = httpx.post(f"{stack['gateway']}/api/submit",
+    reply = http.post(f"{stack['gateway']}/api/submit",
                        json={"backend": "faster-whisper", "audio_path": str(TEST_AUDIO / name)})
     assert reply.status_code == 200, reply.text
     final = wait_done(stack["gateway"], reply.json()["taskid"], timeout=180)
@@ -72,7 +72,7 @@ def test_audio_path_input_in_every_format(stack: dict, name: str) -> None:
 
 
 def test_get_submit_with_relative_path_and_query_params(stack: dict) -> None:
-    reply = httpx.get(f"{stack['gateway']}/api/faster-whisper-submit",
+    reply = http.get(f"{stack['gateway']}/api/faster-whisper-submit",
                       params={"audio_file": "jfk.flac", "language": "en"})
     assert reply.status_code == 200, reply.text
     final = wait_done(stack["gateway"], reply.json()["task_id"])
@@ -81,14 +81,14 @@ def test_get_submit_with_relative_path_and_query_params(stack: dict) -> None:
 
 def test_unknown_task_is_200_failed(stack: dict) -> None:
     for url in ("/api/status", "/api/faster-whisper-status"):
-        reply = httpx.post(stack["gateway"] + url, data={"task_id": "no-such-task"})
+        reply = http.post(stack["gateway"] + url, data={"task_id": "no-such-task"})
         assert reply.status_code == 200
         assert reply.json() == {"task_id": "no-such-task", "taskid": "no-such-task",
                                 "status": "FAILED", "error": "unknown or expired task"}
-    reply = httpx.get(stack["gateway"] + "/api/status")
+    reply = http.get(stack["gateway"] + "/api/status")
     assert reply.status_code == 200 and reply.json()["status"] == "FAILED"
     for body in (b"{not json", b"[1, 2]"):  # a broken body is still a 200 with a status
-        reply = httpx.post(stack["gateway"] + "/api/status", content=body,
+        reply = http.post(stack["gateway"] + "/api/status", content=body,
                            headers={"content-type": "application/json"})
         assert reply.status_code == 200 and reply.json()["status"] == "FAILED", body
 
@@ -131,19 +131,19 @@ def test_bad_input_is_a_clear_4xx_and_enqueues_nothing(stack: dict, tmp_path: Pa
         files = None
         if "upload" in case:
             files = {"file": (case["upload"].name, case["upload"].read_bytes())}
-        reply = httpx.post(f"{stack['gateway']}/api/{backend}-submit", data=fields, files=files)
+        reply = http.post(f"{stack['gateway']}/api/{backend}-submit", data=fields, files=files)
         assert 400 <= reply.status_code < 500, (label, reply.status_code, reply.text)
         body = reply.json()
         assert body["status"] == "FAILED" and len(body["error"]) > 5, (label, body)
         assert queue_counts(redis) == before, label
-    assert httpx.get(f"{stack['gateway']}/health").json() == {"status": "ok"}
+    assert http.get(f"{stack['gateway']}/health").json() == {"status": "ok"}
     reply = submit_file(stack["gateway"], JFK)  # still serving
     assert wait_done(stack["gateway"], reply.json()["taskid"])["status"] == "SUCCEEDED"
 
 
 def test_fifty_concurrent_submits_each_run_exactly_once(stack: dict, speech_clip: Path) -> None:
     gateway, redis = stack["gateway"], stack["redis"]
-    done_before = httpx.get(f"{stack['worker']}/health").json()["tasks_done"]
+    done_before = http.get(f"{stack['worker']}/health").json()["tasks_done"]
     with ThreadPoolExecutor(16) as pool:
         replies = list(pool.map(lambda _: submit_file(gateway, speech_clip), range(50)))
     task_ids = [r.json()["taskid"] for r in replies]
@@ -152,9 +152,9 @@ def test_fifty_concurrent_submits_each_run_exactly_once(stack: dict, speech_clip
     assert all(f["status"] == "SUCCEEDED" for f in finals)
     assert all("hello world" in f["result"]["text"].lower() for f in finals)
     for task_id in task_ids:  # one attempt each: nothing ran twice
-        assert httpx.get(f"{gateway}/v1/tasks/{task_id}").json()["attempts"] == 1
+        assert http.get(f"{gateway}/v1/tasks/{task_id}").json()["attempts"] == 1
     assert pending_count(redis) == 0
-    health = httpx.get(f"{stack['worker']}/health").json()
+    health = http.get(f"{stack['worker']}/health").json()
     assert health["tasks_done"] - done_before == 50
 
 
@@ -164,13 +164,13 @@ def test_cancel_pending_task_never_runs(stack: dict, speech_clip: Path) -> None:
     # the worker busy with the blocker first: otherwise it may take both in one batch
     wait_until(lambda: status(gateway, blocker)["status"] == "RUNNING", 60, "the blocker", 0.02)
     victim = submit_file(gateway, speech_clip).json()["taskid"]
-    reply = httpx.delete(f"{gateway}/v1/tasks/{victim}")
+    reply = http.delete(f"{gateway}/v1/tasks/{victim}")
     assert reply.status_code == 200 and reply.json()["status"] == "CANCELLED"
-    again = httpx.delete(f"{gateway}/v1/tasks/{victim}")  # idempotent
+    again = http.delete(f"{gateway}/v1/tasks/{victim}")  # idempotent
     assert again.status_code == 200 and again.json()["status"] == "CANCELLED"
     wait_done(gateway, blocker, timeout=180)
     time.sleep(1.0)
-    view = httpx.get(f"{gateway}/v1/tasks/{victim}").json()
+    view = http.get(f"{gateway}/v1/tasks/{victim}").json()
     assert view["status"] == "CANCELLED" and view["attempts"] == 0 and view["started_at"] is None
     sage = status(gateway, victim)  # Sage stops only on FAILED: a cancel must read as one
     assert sage["status"] == "FAILED" and sage["state"] == "CANCELLED"
@@ -179,14 +179,14 @@ def test_cancel_pending_task_never_runs(stack: dict, speech_clip: Path) -> None:
 
 def test_rest_view_and_cancel_errors(stack: dict) -> None:
     gateway = stack["gateway"]
-    assert httpx.get(f"{gateway}/v1/tasks/nope").status_code == 404
-    assert httpx.get(f"{gateway}/v1/tasks/nope").json()["error"]["message"]
-    assert httpx.delete(f"{gateway}/v1/tasks/nope").status_code == 404
+    assert http.get(f"{gateway}/v1/tasks/nope").status_code == 404
+    assert http.get(f"{gateway}/v1/tasks/nope").json()["error"]["message"]
+    assert http.delete(f"{gateway}/v1/tasks/nope").status_code == 404
     task_id = submit_file(gateway, JFK).json()["taskid"]
     wait_done(gateway, task_id)
-    view = httpx.get(f"{gateway}/v1/tasks/{task_id}").json()
+    view = http.get(f"{gateway}/v1/tasks/{task_id}").json()
     assert view["status"] == "SUCCEEDED" and view["result"]["text"]
-    assert httpx.delete(f"{gateway}/v1/tasks/{task_id}").status_code == 409
+    assert http.delete(f"{gateway}/v1/tasks/{task_id}").status_code == 409
 
 
 def test_pending_reply_has_queue_position(stack: dict, speech_clip: Path) -> None:
@@ -201,21 +201,21 @@ def test_pending_reply_has_queue_position(stack: dict, speech_clip: Path) -> Non
 
 
 def test_ready_and_config(stack: dict) -> None:
-    ready = httpx.get(f"{stack['gateway']}/ready").json()
+    ready = http.get(f"{stack['gateway']}/ready").json()
     assert ready["ready"] and ready["backends"]["faster-whisper"]["workers"] >= 1
-    config = httpx.get(f"{stack['gateway']}/api/config").json()
+    config = http.get(f"{stack['gateway']}/api/config").json()
     assert config["backends"]["faster-whisper"]["default_model"] == "tiny.en"
     assert config["aliases"]["whisper-1"] == "faster-whisper/tiny.en"
 
 
 def test_worker_direct_transcribe_and_health(stack: dict) -> None:
     with JFK.open("rb") as handle:
-        reply = httpx.post(f"{stack['worker']}/transcribe", files={"file": handle}, timeout=60)
+        reply = http.post(f"{stack['worker']}/transcribe", files={"file": handle}, timeout=60)
     assert reply.status_code == 200, reply.text
     assert wer(JFK_TEXT, reply.json()["text"]) <= 0.10
-    reply = httpx.post(f"{stack['worker']}/transcribe", files={"file": ("x.wav", b"garbage")})
+    reply = http.post(f"{stack['worker']}/transcribe", files={"file": ("x.wav", b"garbage")})
     assert reply.status_code == 400 and "error" in reply.json()
-    health = httpx.get(f"{stack['worker']}/health").json()
+    health = http.get(f"{stack['worker']}/health").json()
     assert health["loaded_models"] == ["tiny.en"] and health["state"] in ("ready", "busy")
     assert health["pid"] == stack["worker_service"].pid and health["memory"]["rss_mib"] > 0
     heartbeat = stack["redis"].get(keys.heartbeat("faster-whisper", health["consumer"]))

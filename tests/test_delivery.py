@@ -10,10 +10,10 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from harness import procs
+from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, pending_count, submit_file, wait_done
 from tests.inprocess import InProcessWorker, worker_settings
@@ -51,7 +51,7 @@ def pair(redis: procs.RedisServer, gateway: str, tmp_path: Path) -> Iterator[dic
 
 
 def health(worker: procs.Service) -> dict:
-    return httpx.get(f"{worker.url}/health", timeout=5).json()
+    return http.get(f"{worker.url}/health", timeout=5).json()
 
 
 def test_preload_lease_and_janitor(pair: dict) -> None:
@@ -62,21 +62,21 @@ def test_preload_lease_and_janitor(pair: dict) -> None:
     # lease: a task longer than the visibility timeout is not stolen from its live worker
     task_id = submit_file(gateway, LONG).json()["taskid"]
     assert wait_done(gateway, task_id, timeout=120)["status"] == "SUCCEEDED"
-    view = httpx.get(f"{gateway}/v1/tasks/{task_id}").json()
+    view = http.get(f"{gateway}/v1/tasks/{task_id}").json()
     assert view["attempts"] == 1 and view["deliveries"] == 1
     # janitor: a worker killed for good; the other claims its task after the timeout. Each
     # worker's name is read first, so the kill follows the RUNNING state at once (on a
     # loaded machine, asking both workers then could outlast the task).
     by_consumer = {health(w)["consumer"]: w for w in workers}
     task_id = submit_file(gateway, LONG).json()["taskid"]
-    running = wait_until(lambda: (v := httpx.get(f"{gateway}/v1/tasks/{task_id}").json())
+    running = wait_until(lambda: (v := http.get(f"{gateway}/v1/tasks/{task_id}").json())
                          ["status"] == "RUNNING" and v, 30, "RUNNING", 0.02)
     victim = by_consumer[running["worker"]]
     os.kill(victim.pid, signal.SIGKILL)
     survivor = next(w for w in workers if w is not victim)
     final = wait_done(gateway, task_id, timeout=120)
     assert final["status"] == "SUCCEEDED"
-    view = httpx.get(f"{gateway}/v1/tasks/{task_id}").json()
+    view = http.get(f"{gateway}/v1/tasks/{task_id}").json()
     assert view["deliveries"] == 2 and view["worker"] == health(survivor)["consumer"]
     assert pending_count(pair["redis"].client()) == 0
 
@@ -88,10 +88,10 @@ def test_memory_cap_refuses_work_and_the_worker_keeps_serving(redis: procs.Redis
     try:
         final = wait_done(gateway, submit_file(gateway, JFK).json()["taskid"])
         assert final["status"] == "FAILED" and "memory cap is 1 MiB" in final["error"]
-        reply = httpx.post(f"{gateway}/v1/audio/transcriptions",
+        reply = http.post(f"{gateway}/v1/audio/transcriptions",
                            files={"file": JFK.open("rb")}, timeout=60)
         assert reply.status_code == 503 and reply.json()["error"]["code"] == "out_of_memory"
-        state = httpx.get(f"{worker.url}/health", timeout=5).json()
+        state = http.get(f"{worker.url}/health", timeout=5).json()
         assert state["loaded_models"] == [] and state["memory_cap_mib"] == 1
         assert worker.exits == []  # it never asked to exit
     finally:
@@ -104,7 +104,7 @@ def test_a_task_no_worker_takes_fails_after_max_queue_seconds(redis: procs.Redis
     gateway = procs.gateway(redis.url, tmp_path, models=models, max_queue_seconds="2").start()
     try:  # no parakeet worker runs at all; the submitted task waits while the call does
         task_id = submit_file(gateway.url, JFK, backend="parakeet").json()["taskid"]
-        reply = httpx.post(f"{gateway.url}/v1/audio/transcriptions", timeout=30,
+        reply = http.post(f"{gateway.url}/v1/audio/transcriptions", timeout=30,
                            files={"file": JFK.open("rb")}, data={"model": "parakeet/tiny"})
         assert reply.status_code == 503 and reply.json()["error"]["code"] == "no_worker"
         final = wait_done(gateway.url, task_id, timeout=30)
@@ -169,7 +169,7 @@ def test_a_successful_load_closes_the_breaker(redis: procs.RedisServer, gateway:
                         mapping={"open": 1, "failures": 3, "error": "model was broken"})
     assert submit_file(gateway, JFK).status_code == 503
     with JFK.open("rb") as handle:  # the files are fine again: a direct call loads them
-        assert httpx.post(f"{in_process.url}/transcribe", files={"file": handle},
+        assert http.post(f"{in_process.url}/transcribe", files={"file": handle},
                           timeout=60).status_code == 200
     assert not redis.client().exists(keys.breaker("faster-whisper", "tiny.en"))
     task_id = submit_file(gateway, JFK).json()["taskid"]

@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -24,6 +23,7 @@ from common.schemas import TaskState
 from common.store import WorkerStore
 from common.store.devices import DeviceLedger, devices
 from harness import procs
+from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, submit_file, wait_done
 from tests.test_consumer_inprocess import run_worker, submit, task_of, worker_settings
@@ -257,12 +257,12 @@ def test_three_models_on_a_budget_of_two_all_succeed(trio: dict) -> None:
         assert len(sample) <= 2, sample  # at most two models loaded (or loading) at once
         # a holder running a task is never asked to yield
         assert not any(h["busy"] == 1 and h["evict"] == 1 for h in sample.values()), sample
-    ready = httpx.get(f"{gateway}/ready", timeout=10).json()
+    ready = http.get(f"{gateway}/ready", timeout=10).json()
     (device,) = ready["devices"].values()
     assert device["budget_mib"] == 2 * MIB and device["reserved_mib"] <= 2 * MIB
     assert device["free_mib"] == 2 * MIB - device["reserved_mib"]
     assert device["waiting_loads"] == 0 and device["evictions"] >= 3
-    metrics = httpx.get(f"{gateway}/metrics", timeout=10).text
+    metrics = http.get(f"{gateway}/metrics", timeout=10).text
     assert f'speech_device_budget_mib{{device="{next(iter(ready["devices"]))}"}} 2000.0' in metrics
     assert "speech_device_evictions_total" in metrics and "speech_device_waiting_loads" in metrics
     # the loads' waits in line are observed, apart from the loads themselves
@@ -274,9 +274,9 @@ def test_a_busy_holder_finishes_and_a_killed_one_lapses(trio: dict) -> None:
     waits for the busy holder's task to end (the holder is never asked to yield mid-task),
     and, when that holder is killed mid-task, for its lease to lapse."""
     gateway, workers, client = trio["gateway"], trio["workers"], trio["redis"].client()
-    device_id = next(iter(httpx.get(f"{gateway}/ready", timeout=10).json()["devices"]))
+    device_id = next(iter(http.get(f"{gateway}/ready", timeout=10).json()["devices"]))
     holders_key = keys.device_holders(device_id)
-    fw_consumer = httpx.get(f"{workers['faster-whisper'].url}/health").json()["consumer"]
+    fw_consumer = http.get(f"{workers['faster-whisper'].url}/health").json()["consumer"]
 
     def holders() -> dict[str, Any]:
         return _live(client, holders_key)
@@ -289,11 +289,11 @@ def test_a_busy_holder_finishes_and_a_killed_one_lapses(trio: dict) -> None:
         evictions = int(client.hget(keys.device(device_id), "evictions") or 0)
         qwen_id = submit_file(gateway, JFK, backend="qwen3").json()["taskid"]
         waited = []
-        while (view := httpx.get(f"{gateway}/api/status", params={"taskid": long_id},
+        while (view := http.get(f"{gateway}/api/status", params={"taskid": long_id},
                                  timeout=10).json())["status"] not in ("SUCCEEDED", "FAILED"):
             fw = holders().get(fw_consumer)
             assert fw is None or not (fw["busy"] == 1 and fw["evict"] == 1), fw
-            device = httpx.get(f"{gateway}/ready", timeout=10).json()["devices"][device_id]
+            device = http.get(f"{gateway}/ready", timeout=10).json()["devices"][device_id]
             waited += [w for w in device["waiting"] if w["backend"] == "qwen3"]
             time.sleep(0.05)
         assert view["status"] == "SUCCEEDED"
@@ -322,9 +322,9 @@ def test_a_stopped_holder_keeps_its_reservation_until_it_resumes(trio: dict) -> 
     fw = workers["faster-whisper"]
     if fw.proc.poll() is not None:  # the test before killed it
         fw.start()
-    device_id = next(iter(httpx.get(f"{gateway}/ready", timeout=10).json()["devices"]))
+    device_id = next(iter(http.get(f"{gateway}/ready", timeout=10).json()["devices"]))
     holders_key = keys.device_holders(device_id)
-    fw_consumer = httpx.get(f"{fw.url}/health").json()["consumer"]
+    fw_consumer = http.get(f"{fw.url}/health").json()["consumer"]
 
     def vibevoice_waiting() -> bool:
         return waiting(gateway, device_id, "vibevoice")
@@ -347,7 +347,7 @@ def test_a_stopped_holder_keeps_its_reservation_until_it_resumes(trio: dict) -> 
         assert fw_consumer not in _live(client, holders_key)  # lapsed ...
         held = every_holder()
         assert fw_consumer in held  # ... but not taken away, and /ready says so
-        shown = httpx.get(f"{gateway}/ready", timeout=10).json()["devices"][device_id]
+        shown = http.get(f"{gateway}/ready", timeout=10).json()["devices"][device_id]
         assert shown["lapsed"][fw_consumer]["lapsed_seconds"] > 0, shown
         assert fw_consumer not in shown["holders"]
         assert sum(h["mib"] for h in held.values()) <= 2 * MIB, held
@@ -377,7 +377,7 @@ async def ballast(trio: dict, device_id: str, release: bool = False) -> bool:
 
 def waiting(gateway: str, device_id: str, backend: str) -> bool:
     """Whether a load of `backend` waits in the device's line (/ready)."""
-    line = httpx.get(f"{gateway}/ready", timeout=10).json()["devices"][device_id]["waiting"]
+    line = http.get(f"{gateway}/ready", timeout=10).json()["devices"][device_id]["waiting"]
     return any(w["backend"] == backend for w in line)
 
 

@@ -12,7 +12,6 @@ import base64
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import openai
 import psutil
 import pytest
@@ -22,6 +21,7 @@ from common.backends import BACKENDS
 from common.schemas import DiarizationOptions, Segment, Transcription, Word
 from common.settings import Settings
 from harness import conversation, diarization_set, procs
+from harness.http_client import http
 from harness.procs import TEST_AUDIO
 from tests.helpers import (
     queue_counts,
@@ -245,7 +245,7 @@ def test_known_speakers_with_close_voices(tmp_path: Path, diarizer_handle: tuple
 # --- the service ------------------------------------------------------------------------------
 
 def test_api_config_says_which_backends_diarize(service: dict) -> None:
-    backends = httpx.get(f"{service['gateway']}/api/config", timeout=10).json()["backends"]
+    backends = http.get(f"{service['gateway']}/api/config", timeout=10).json()["backends"]
     assert backends["faster-whisper"]["diarization"] is True
     assert backends["xtts"]["diarization"] is False
     for backend in service["others"]:
@@ -320,7 +320,7 @@ def test_openai_sdk_diarized_json_with_known_speakers(service: dict, clips: dict
     paths = [str(clips["references"][name]) for name in names]
     url = f"{service['gateway']}/v1/audio/transcriptions"
     with clips["talk"].open("rb") as handle:
-        vtt = httpx.post(url, files={"file": handle}, timeout=240, data={
+        vtt = http.post(url, files={"file": handle}, timeout=240, data={
             "diarize": "true", "response_format": "vtt", "known_speaker_names[]": names,
             "known_speaker_references[]": paths})
     assert vtt.status_code == 200, vtt.text
@@ -341,7 +341,7 @@ def test_bad_diarization_input_is_refused_before_queueing(service: dict, clips: 
     def refused(param: str, backend: str = "faster-whisper", files: dict | None = None,
                 **params: object) -> None:
         with talk.open("rb") as handle:
-            reply = httpx.post(f"{base}/api/{backend}-submit", timeout=60,
+            reply = http.post(f"{base}/api/{backend}-submit", timeout=60,
                                files={"file": handle, **(files or {})}, data=params)
         assert reply.status_code in (400, 200) and reply.json()["status"] == "FAILED", reply.text
         assert param in reply.json()["error"], reply.json()
@@ -357,7 +357,7 @@ def test_bad_diarization_input_is_refused_before_queueing(service: dict, clips: 
             **{"known_speaker_names[]": ["alice", "bob"], "known_speaker_references[]": ref})
     refused("diarize", backend="xtts", diarize="true", text="Hello there.")
     refused("num_speakers", num_speakers="2")  # without diarize
-    reply = httpx.post(f"{base}/v1/audio/transcriptions", timeout=60,
+    reply = http.post(f"{base}/v1/audio/transcriptions", timeout=60,
                        files={"file": talk.open("rb")},
                        data={"response_format": "diarized_json", "max_speakers": "40"})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "max_speakers"

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
@@ -27,6 +26,7 @@ from common.audio import decode_audio, encode_wav
 from common.speech_text import unspeakable
 from gateway.auth import digest
 from harness import conversation, procs
+from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
 from tests.audio_fakes import decoded_seconds, lying_matroska
 from tests.helpers import wait_task
@@ -55,7 +55,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def used_today(env: dict[str, Any]) -> float:
-    reply = httpx.get(f"{env['gateway']}/v1/usage", headers=AUTH, timeout=30)
+    reply = http.get(f"{env['gateway']}/v1/usage", headers=AUTH, timeout=30)
     assert reply.status_code == 200, reply.text
     return float(reply.json()["day"]["audio_seconds"]["used"])
 
@@ -103,7 +103,7 @@ def test_a_task_killed_after_its_segments_went_out_keeps_their_charge(env: dict[
     subscribed.wait(10)
     try:
         with clip.open("rb") as handle:
-            reply = httpx.post(f"{env['gateway']}/api/faster-whisper-submit", headers=AUTH,
+            reply = http.post(f"{env['gateway']}/api/faster-whisper-submit", headers=AUTH,
                                files={"file": ("long.wav", handle)}, timeout=60)
         assert reply.status_code == 200, reply.text
         task_id = reply.json()["task_id"]
@@ -146,7 +146,7 @@ def test_a_lying_known_speaker_clip_fails_before_anything_streams_and_costs_noth
     try:
         before = used_today(env)
         events: list[dict[str, Any]] = []
-        with talk.open("rb") as handle, httpx.stream(
+        with talk.open("rb") as handle, http.stream(
                 "POST", f"{env['gateway']}/v1/audio/transcriptions", headers=AUTH,
                 files={"file": ("talk.wav", handle)}, timeout=120,
                 data={"model": "whisper-1", "stream": "true", "diarize": "true",
@@ -174,22 +174,22 @@ def test_a_lying_known_speaker_clip_fails_before_anything_streams_and_costs_noth
 ])
 def test_text_xtts_cannot_speak_is_refused_at_submit(env: dict[str, Any], text: str) -> None:
     base = env["gateway"]
-    openai = httpx.post(f"{base}/v1/audio/speech", headers=AUTH, timeout=30,
+    openai = http.post(f"{base}/v1/audio/speech", headers=AUTH, timeout=30,
                         json={"model": "tts-1", "input": text, "voice": "alloy"})
     assert openai.status_code == 400, openai.text
     assert openai.json()["error"]["code"] == "unspeakable_text"
-    sage = httpx.post(f"{base}/api/xtts-submit", headers=AUTH, timeout=30,
+    sage = http.post(f"{base}/api/xtts-submit", headers=AUTH, timeout=30,
                       data={"text": text, "voice": "alloy"})
     assert sage.status_code == 400 and sage.json()["status"] == "FAILED", sage.text
 
 
 def test_text_with_ordinary_numbers_is_taken(env: dict[str, Any]) -> None:
-    reply = httpx.post(f"{env['gateway']}/api/xtts-submit", headers=AUTH, timeout=30,
+    reply = http.post(f"{env['gateway']}/api/xtts-submit", headers=AUTH, timeout=30,
                        data={"text": "Call 555 0142 on 12 March 2024 at 10:30, or pay "
                                      "$1,250,000.50 by 9 April.", "voice": "alloy"})
     assert reply.status_code == 200 and reply.json()["status"] == "PENDING", reply.text
     task_id = reply.json()["task_id"]
-    httpx.delete(f"{env['gateway']}/v1/tasks/{task_id}", headers=AUTH, timeout=30)
+    http.delete(f"{env['gateway']}/v1/tasks/{task_id}", headers=AUTH, timeout=30)
 
 
 def test_speech_text_fuzz_gives_no_5xx(env: dict[str, Any]) -> None:
@@ -202,14 +202,14 @@ def test_speech_text_fuzz_gives_no_5xx(env: dict[str, Any]) -> None:
     base = env["gateway"]
     for _ in range(40):
         text = "".join(rng.choice(pieces) for _ in range(rng.randrange(1, 60))).strip() or "x"
-        sage = httpx.post(f"{base}/api/xtts-submit", headers=AUTH, timeout=30,
+        sage = http.post(f"{base}/api/xtts-submit", headers=AUTH, timeout=30,
                           data={"text": text, "voice": "alloy"})
         assert sage.status_code in (200, 400), (text, sage.text)
         expected = unspeakable(" ".join(text.split()), "en")
         assert (sage.status_code == 400) == (expected is not None), (text, sage.text)
         if sage.status_code == 200:
-            httpx.delete(f"{base}/v1/tasks/{sage.json()['task_id']}", headers=AUTH, timeout=30)
-        openai = httpx.post(f"{base}/v1/audio/speech", headers=AUTH, timeout=5,
+            http.delete(f"{base}/v1/tasks/{sage.json()['task_id']}", headers=AUTH, timeout=30)
+        openai = http.post(f"{base}/v1/audio/speech", headers=AUTH, timeout=5,
                             json={"model": "tts-1", "input": text, "voice": "alloy"}) \
             if expected is not None else None
         if openai is not None:

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
 from common.audio import decode_audio
 from harness import conversation, procs
+from harness.http_client import http
 from tests.helpers import wait_task
 
 pytestmark = pytest.mark.timeout(400)
@@ -59,7 +59,7 @@ def test_known_speaker_references_as_uploads(env: dict[str, Any]) -> None:
     handles = [("file", ("talk.wav", env["talk"].read_bytes()))]
     handles += [("known_speaker_references[]", (f"{name}.wav", env["references"][name]
                                                 .read_bytes())) for name in names]
-    reply = httpx.post(f"{env['gateway']}/api/faster-whisper-submit", files=handles,
+    reply = http.post(f"{env['gateway']}/api/faster-whisper-submit", files=handles,
                        data={"diarize": "true", "num_speakers": "2",
                              "known_speaker_names[]": names}, timeout=60)
     assert reply.status_code == 200, reply.text
@@ -67,7 +67,7 @@ def test_known_speaker_references_as_uploads(env: dict[str, Any]) -> None:
     assert task["status"] == "SUCCEEDED", task
     assert set(task["result"]["speakers"]) == set(names)
     # an unreadable upload is refused for what it is, not as "not a value"
-    garbage = httpx.post(f"{env['gateway']}/v1/audio/transcriptions", timeout=60,
+    garbage = http.post(f"{env['gateway']}/v1/audio/transcriptions", timeout=60,
                          files=[("file", ("talk.wav", env["talk"].read_bytes())),
                                 ("known_speaker_references[]", ("x.wav", b"RIFF" * 100))],
                          data={"model": "whisper-1", "diarize": "true",
@@ -84,7 +84,7 @@ def test_a_data_url_past_one_megabyte_is_taken(env: dict[str, Any]) -> None:
         for name in names]
     assert all(len(url) > 2 * 1024 * 1024 for url in urls)
     with env["talk"].open("rb") as handle:
-        reply = httpx.post(f"{env['gateway']}/v1/audio/transcriptions", timeout=300,
+        reply = http.post(f"{env['gateway']}/v1/audio/transcriptions", timeout=300,
                            files={"file": ("talk.wav", handle)},
                            data={"model": "whisper-1", "response_format": "diarized_json",
                                  "diarize": "true", "num_speakers": "2",

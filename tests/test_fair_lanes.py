@@ -20,6 +20,7 @@ from common.store.queue import Queue
 from gateway.auth import digest
 from harness import procs
 from harness.conversation import speak_to
+from harness.http_client import http
 from tests.audio_fakes import decoded_seconds, lying_matroska, silence_opus
 from tests.helpers import wait_task
 
@@ -54,7 +55,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def submit(env: dict[str, Any], key: str, **params: Any) -> httpx.Response:
-    return httpx.post(f"{env['gateway']}/api/faster-whisper-submit", headers=auth(key),
+    return http.post(f"{env['gateway']}/api/faster-whisper-submit", headers=auth(key),
                       data={"audio_path": str(env["clip"]), **params}, timeout=30)
 
 
@@ -64,7 +65,7 @@ def task_id(reply: httpx.Response) -> str:
 
 
 def cancel(env: dict[str, Any], key: str, tid: str) -> None:
-    httpx.delete(f"{env['gateway']}/v1/tasks/{tid}", headers=auth(key), timeout=30)
+    http.delete(f"{env['gateway']}/v1/tasks/{tid}", headers=auth(key), timeout=30)
 
 
 def test_an_aged_backlog_gets_one_entry_per_n_interactive(tmp_path) -> None:
@@ -105,14 +106,14 @@ def test_an_interactive_call_waits_for_the_running_task_not_an_aged_backlog(
         for tid in batch[:3]:  # a rate is measured
             wait_task(env["gateway"], tid, headers=auth("batchy"), timeout=60)
         with env["clip"].open("rb") as handle:
-            reply = httpx.post(f"{env['gateway']}/v1/audio/transcriptions",
+            reply = http.post(f"{env['gateway']}/v1/audio/transcriptions",
                                headers=auth("live"), files={"file": ("a.wav", handle)},
                                data={"model": "whisper-1"}, timeout=120)
         assert reply.status_code == 200, reply.text
         assert "x-estimated-wait" in reply.headers
-        call = httpx.get(f"{env['gateway']}/v1/tasks/{reply.headers['x-task-id']}",
+        call = http.get(f"{env['gateway']}/v1/tasks/{reply.headers['x-task-id']}",
                          headers=auth("live"), timeout=30).json()
-        records = [httpx.get(f"{env['gateway']}/v1/tasks/{tid}", headers=auth("batchy"),
+        records = [http.get(f"{env['gateway']}/v1/tasks/{tid}", headers=auth("batchy"),
                              timeout=30).json() for tid in batch]
     finally:
         worker.stop()
@@ -163,7 +164,7 @@ def test_an_understated_container_is_charged_and_counted_near_its_length(
     before = float(client.hget(keys.backlog("faster-whisper"), "batch:seconds") or 0)
 
     def send() -> httpx.Response:
-        return httpx.post(f"{env['gateway']}/api/faster-whisper-submit", headers=auth("small"),
+        return http.post(f"{env['gateway']}/api/faster-whisper-submit", headers=auth("small"),
                           files={"file": ("lie.mka", lying)}, timeout=30)
 
     first = task_id(send())

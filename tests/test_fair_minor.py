@@ -11,7 +11,6 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 import websockets
 
@@ -22,6 +21,7 @@ from gateway.auth import digest
 from gateway.realtime.protocol import ProtocolError, Transcription
 from gateway.realtime.session import resolve
 from harness import procs
+from harness.http_client import http
 from tests.helpers import JFK
 
 pytestmark = pytest.mark.timeout(120)
@@ -82,33 +82,33 @@ def test_a_nul_prompt_on_the_socket_is_an_error_event(env: dict[str, Any]) -> No
 def test_an_idempotency_key_reused_for_another_kind_is_a_409(env: dict[str, Any]) -> None:
     base, headers = env["gateway"], {**AUTH, "idempotency-key": "fair-minor-1"}
     with JFK.open("rb") as handle:
-        first = httpx.post(f"{base}/api/faster-whisper-submit", headers=headers,
+        first = http.post(f"{base}/api/faster-whisper-submit", headers=headers,
                            files={"file": ("jfk.flac", handle)}, timeout=30)
     assert first.status_code == 200, first.text
-    speech = httpx.post(f"{base}/v1/audio/speech", headers=headers, timeout=30,
+    speech = http.post(f"{base}/v1/audio/speech", headers=headers, timeout=30,
                         json={"model": "tts-1", "input": "Hello.", "voice": "alloy"})
     assert speech.status_code == 409, speech.text
     assert speech.json()["error"]["code"] == "idempotency_key_reused"
-    sage = httpx.post(f"{base}/api/xtts-submit", headers=headers, timeout=30,
+    sage = http.post(f"{base}/api/xtts-submit", headers=headers, timeout=30,
                       data={"text": "Hello.", "voice": "alloy"})
     assert sage.status_code == 409 and sage.json()["status"] == "FAILED", sage.text
     with JFK.open("rb") as handle:  # the same kind still gets its original task back
-        again = httpx.post(f"{base}/api/faster-whisper-submit", headers=headers,
+        again = http.post(f"{base}/api/faster-whisper-submit", headers=headers,
                            files={"file": ("jfk.flac", handle)}, timeout=30)
     assert again.json()["task_id"] == first.json()["task_id"]
-    httpx.delete(f"{base}/v1/tasks/{first.json()['task_id']}", headers=AUTH, timeout=30)
+    http.delete(f"{base}/v1/tasks/{first.json()['task_id']}", headers=AUTH, timeout=30)
 
 
 @pytest.mark.parametrize("field,value", [("deadline", "1000"), ("max_wait_seconds", "-5"),
                                          ("max_wait_seconds", "0")])
 def test_a_deadline_in_the_past_is_a_400(env: dict[str, Any], field: str, value: str) -> None:
     with JFK.open("rb") as handle:
-        sage = httpx.post(f"{env['gateway']}/api/faster-whisper-submit", headers=AUTH,
+        sage = http.post(f"{env['gateway']}/api/faster-whisper-submit", headers=AUTH,
                           files={"file": ("jfk.flac", handle)}, data={field: value}, timeout=30)
     assert sage.status_code == 400 and "past" in sage.json()["error"], sage.text
     assert "retry-after" not in sage.headers
     with JFK.open("rb") as handle:
-        openai = httpx.post(f"{env['gateway']}/v1/audio/transcriptions", headers=AUTH,
+        openai = http.post(f"{env['gateway']}/v1/audio/transcriptions", headers=AUTH,
                             files={"file": ("jfk.flac", handle)},
                             data={"model": "whisper-1", field: value}, timeout=30)
     assert openai.status_code == 400 and openai.json()["error"]["code"] == "deadline_passed"
@@ -123,7 +123,7 @@ def test_vtt_cue_text_is_escaped() -> None:
 
 def test_the_page_sends_a_csp_that_forbids_framing(env: dict[str, Any]) -> None:
     for path in ("/", "/static/app.js"):
-        reply = httpx.get(f"{env['gateway']}{path}", timeout=30)
+        reply = http.get(f"{env['gateway']}{path}", timeout=30)
         assert reply.status_code == 200
         policy = reply.headers["content-security-policy"]
         assert "frame-ancestors 'none'" in policy and "script-src 'self'" in policy
@@ -143,8 +143,8 @@ def test_ready_shows_holders_and_models_only_with_a_key(env: dict[str, Any]) -> 
     client.hset(keys.device_holders("cuda:0"), "w1", json.dumps(
         {"backend": "faster-whisper", "model": "secret-model", "mib": 300, "busy": 1,
          "evict": 0, "last_used": 0, "expires": 10 ** 10}))
-    anonymous = httpx.get(f"{env['gateway']}/ready", timeout=30).json()
-    keyed = httpx.get(f"{env['gateway']}/ready", headers=AUTH, timeout=30).json()
+    anonymous = http.get(f"{env['gateway']}/ready", timeout=30).json()
+    keyed = http.get(f"{env['gateway']}/ready", headers=AUTH, timeout=30).json()
     assert "secret-model" not in json.dumps(anonymous) and "tiny.en" not in json.dumps(
         anonymous["backends"]["faster-whisper"]["live"]), anonymous
     assert anonymous["devices"]["cuda:0"]["reserved_mib"] == 300

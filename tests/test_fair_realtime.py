@@ -22,6 +22,7 @@ import websockets
 from common import keys
 from gateway.auth import digest
 from harness import procs
+from harness.http_client import http
 
 pytestmark = pytest.mark.timeout(120)
 KEYS = {name: f"key-fair-live-{name}" for name in ("a", "b", "metered")}
@@ -167,7 +168,7 @@ def test_audio_without_transcription_is_charged_to_the_quota(env: dict[str, Any]
 
     error = asyncio.run(scenario())
     assert error["error"]["code"] == "quota_exceeded", error
-    usage = httpx.get(f"{env['gateway']}/v1/usage", headers=auth("metered"), timeout=30).json()
+    usage = http.get(f"{env['gateway']}/v1/usage", headers=auth("metered"), timeout=30).json()
     assert 3 <= usage["day"]["audio_seconds"]["used"] <= 4
 
 
@@ -201,7 +202,7 @@ def test_one_key_holds_at_most_its_share_of_waiting_calls(env: dict[str, Any]) -
     def call(key: str, timeout: float) -> httpx.Response | None:
         with procs.TEST_AUDIO.joinpath("jfk.flac").open("rb") as handle:
             try:
-                return httpx.post(url, headers=auth(key), files={"file": ("a.flac", handle)},
+                return http.post(url, headers=auth(key), files={"file": ("a.flac", handle)},
                                   data={"model": "whisper-1"}, timeout=timeout)
             except httpx.ReadTimeout:
                 return None  # still waiting for its task (no worker here)

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from openai import OpenAI
 
 from harness import procs
+from harness.http_client import http
 from tests.helpers import wait_task
 from tests.test_webhooks import HANG, SECRETS, Receiver, digest
 
@@ -58,7 +58,7 @@ def env(tmp_path_factory: pytest.TempPathFactory, speech_clip: Path) -> Iterator
 
 def submit(env: dict[str, Any], key: str, url: str) -> str:
     with env["clip"].open("rb") as handle:
-        reply = httpx.post(f"{env['gateway']}/api/faster-whisper-submit", headers=auth(key),
+        reply = http.post(f"{env['gateway']}/api/faster-whisper-submit", headers=auth(key),
                            files={"file": ("a.wav", handle)}, data={"callback_url": url},
                            timeout=30)
     assert reply.status_code == 200, reply.text
@@ -98,7 +98,7 @@ def test_redeliveries_per_key_are_capped(env: dict[str, Any]) -> None:
     receiver, base = env["receiver"], env["gateway"]
     task_id = submit(env, SLOW, receiver.url("again"))
     wait_task(base, task_id, headers=auth(SLOW), timeout=60)
-    answers = [httpx.post(f"{base}/v1/tasks/{task_id}/redeliver", headers=auth(SLOW),
+    answers = [http.post(f"{base}/v1/tasks/{task_id}/redeliver", headers=auth(SLOW),
                           timeout=30) for _ in range(7)]
     codes = [reply.status_code for reply in answers]
     assert codes.count(202) == 5 and codes[5:] == [429, 429], codes

@@ -12,6 +12,7 @@ import pytest
 
 from common.backends import BACKENDS, KINDS
 from harness import procs
+from harness.http_client import http
 from harness.procs import ROOT, TEST_AUDIO, wait_until
 from tests.tiny import env_python, tiny_model
 
@@ -46,7 +47,7 @@ def full_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
     def live_backends() -> set[str]:
         try:
-            ready = httpx.get(f"{url}/ready", timeout=5).json()
+            ready = http.get(f"{url}/ready", timeout=5).json()
         except (httpx.HTTPError, ValueError):
             return set()
         return {name for name, entry in ready.get("backends", {}).items() if entry["live"]}

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from harness import procs
+from harness.http_client import http
 from harness.procs import ROOT, wait_until
 
 POLL_SECONDS = 0.02
@@ -36,7 +37,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
     def ready() -> bool:
         try:
-            return httpx.get(f"{url}/ready", timeout=5).status_code == 200
+            return http.get(f"{url}/ready", timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -102,7 +103,7 @@ def restart_gateway(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 def test_restart_gateway_refuses_no_poll(stack: dict) -> None:
     url, state = stack["url"], stack["state"]
-    first = httpx.get(f"{url}/api/status", params={"taskid": TASK_ID}, timeout=10)
+    first = http.get(f"{url}/api/status", params={"taskid": TASK_ID}, timeout=10)
     assert first.json() == {"task_id": TASK_ID, "taskid": TASK_ID, "status": "FAILED",
                             "error": "unknown or expired task"}
     parent = launcher_state(state)["parent"]
@@ -147,7 +148,7 @@ def test_restart_when_the_gateway_is_stopped_starts_it(stack: dict) -> None:
     result = restart_gateway(stack["env"])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ordinary restart" in result.stderr
-    assert httpx.get(f"{stack['url']}/health", timeout=30).status_code == 200
+    assert http.get(f"{stack['url']}/health", timeout=30).status_code == 200
 
 
 def test_stopping_the_gateway_stops_every_server_process(stack: dict) -> None:
@@ -159,4 +160,4 @@ def test_stopping_the_gateway_stops_every_server_process(stack: dict) -> None:
     wait_until(lambda: not any(alive(pid) for pid in pids), 20, "gateway processes gone", 0.1)
     assert not state.exists()
     supervisor.ctl("start", "gateway")
-    assert httpx.get(f"{stack['url']}/health", timeout=30).status_code == 200
+    assert http.get(f"{stack['url']}/health", timeout=30).status_code == 200

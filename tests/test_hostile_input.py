@@ -19,6 +19,7 @@ import redis
 
 from common import keys
 from harness import procs
+from harness.http_client import http
 from harness.procs import TEST_AUDIO
 
 JFK_PATH = str(TEST_AUDIO / "jfk.flac")
@@ -97,20 +98,20 @@ def send(env: dict, route: Route, params: dict[str, Any], *,
          raw_body: bytes | None = None, content_type: str | None = None) -> httpx.Response:
     url = env["url"] + route.path
     if raw_body is not None:
-        return httpx.post(url, content=raw_body, headers={"content-type": content_type or ""},
+        return http.post(url, content=raw_body, headers={"content-type": content_type or ""},
                           timeout=30)
     if route.encoding == "json":
         body = json.dumps(params)  # NaN and Infinity pass as JSON's common extension
-        return httpx.request(route.method, url, content=body,
+        return http.request(route.method, url, content=body,
                              headers={"content-type": "application/json"}, timeout=30)
     fields = [(k, v) for k, value in params.items()
               for v in (value if isinstance(value, list) else [value])]
     if route.encoding == "query":
-        return httpx.request(route.method, url, params=fields, timeout=30)
+        return http.request(route.method, url, params=fields, timeout=30)
     if route.encoding == "urlencoded":
-        return httpx.post(url, data=dict(fields), timeout=30)
+        return http.post(url, data=dict(fields), timeout=30)
     files = [("file", ("clip.wav", env["clip"], "audio/wav"))]
-    return httpx.post(url, data=_multi(fields), files=files, timeout=30)
+    return http.post(url, data=_multi(fields), files=files, timeout=30)
 
 
 def _multi(fields: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -224,10 +225,10 @@ def test_broken_bodies_are_400(hostile: dict) -> None:
         reply = check(hostile, route, {}, raw_body=body, content_type="application/json")
         assert reply.status_code == 400, (body[:40], reply.text)
     for body in ({"taskid": ["a", "b"]}, {"task_id": {"x": 1}}, {"taskid": "\ud800"}):
-        reply = httpx.post(f"{hostile['url']}/api/status", content=json.dumps(body),
+        reply = http.post(f"{hostile['url']}/api/status", content=json.dumps(body),
                            headers={"content-type": "application/json"})
         assert reply.status_code == 200 and reply.json()["status"] == "FAILED", reply.text
-    reply = httpx.get(f"{hostile['url']}/api/status", params=[("taskid", "a"), ("taskid", "b")])
+    reply = http.get(f"{hostile['url']}/api/status", params=[("taskid", "a"), ("taskid", "b")])
     assert reply.status_code == 200 and "more than once" in reply.json()["error"]
     for content_type in ("multipart/form-data", "multipart/form-data; boundary=x",
                          "application/x-www-form-urlencoded"):
@@ -289,7 +290,7 @@ def test_fuzzed_parameters_never_yield_a_5xx(hostile: dict) -> None:
                 check(hostile, route, {**route.base, param: value})
                 sent += 1
     assert sent >= 200, f"only {sent} fuzzed requests within {FUZZ_BUDGET_SECONDS} s"
-    assert httpx.get(f"{hostile['url']}/health").json() == {"status": "ok"}
+    assert http.get(f"{hostile['url']}/health").json() == {"status": "ok"}
 
 
 def test_language_tables_match_the_engines() -> None:

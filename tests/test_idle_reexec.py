@@ -16,13 +16,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import psutil
 import pytest
 from redis.asyncio import Redis
 
 from common.settings import Settings
 from harness import procs
+from harness.http_client import http
 from harness.procs import wait_until
 from tests import inprocess
 from tests.helpers import JFK, JFK_TEXT, normalise, submit_file, wait_done
@@ -55,7 +55,7 @@ def rss_mib(pid: int) -> float:
 
 def health(worker: procs.Service) -> dict[str, Any]:
     # during the exec a request waits in the kept socket's backlog for the new image
-    return httpx.get(worker.health_url, timeout=60).json()
+    return http.get(worker.health_url, timeout=60).json()
 
 
 def test_idle_unload_reexecs_in_place_and_serves_again(stack: dict[str, Any]) -> None:
@@ -170,7 +170,7 @@ def test_a_task_opened_during_the_idle_unload_runs_once_before_the_re_exec(
         asyncio.run(main())
         assert opened, "the idle unload never came"
         final = wait_done(gateway.url, opened[0], timeout=30)
-        view = httpx.get(f"{gateway.url}/v1/tasks/{opened[0]}", timeout=10).json()
+        view = http.get(f"{gateway.url}/v1/tasks/{opened[0]}", timeout=10).json()
     finally:
         gateway.stop()
         redis.stop()

@@ -18,6 +18,7 @@ import pytest
 
 from common import keys
 from harness import procs
+from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, TERMINAL, pending_count, status, submit_file, wait_done
 
@@ -62,7 +63,7 @@ class Stack:
 
     def live(self) -> list[dict]:
         try:
-            reply = httpx.get(f"{self.url}/ready", timeout=5).json()
+            reply = http.get(f"{self.url}/ready", timeout=5).json()
         except (httpx.HTTPError, ValueError):
             return []
         return reply.get("backends", {}).get("faster-whisper", {}).get("live", [])
@@ -72,10 +73,10 @@ class Stack:
 
     def worker_health(self) -> dict:
         (worker,) = self.live()
-        return httpx.get(f"{worker['url']}/health", timeout=5).json()
+        return http.get(f"{worker['url']}/health", timeout=5).json()
 
     def task(self, task_id: str) -> dict:
-        return httpx.get(f"{self.url}/v1/tasks/{task_id}", timeout=10).json()
+        return http.get(f"{self.url}/v1/tasks/{task_id}", timeout=10).json()
 
 
 @pytest.fixture(scope="module")
@@ -193,12 +194,12 @@ def test_broken_model_exits_worker_trips_breaker_and_default_still_serves(
     worker = wait_until(lambda: [w for w in stack.live() if w["pid"] == stack.worker_pid()],
                         30, "a live worker")[0]
     with JFK.open("rb") as handle:
-        reply = httpx.post(f"{worker['url']}/transcribe", files={"file": handle}, timeout=60)
+        reply = http.post(f"{worker['url']}/transcribe", files={"file": handle}, timeout=60)
     assert reply.status_code == 200 and "country" in reply.json()["text"]
     # the breaker is open: new submits for the broken model are refused up front
     refused = submit_file(stack.url, JFK, model="broken")
     assert refused.status_code == 503 and "unavailable" in refused.json()["error"]
-    breakers = httpx.get(f"{worker['url']}/health", timeout=5).json()["breakers"]
+    breakers = http.get(f"{worker['url']}/health", timeout=5).json()["breakers"]
     assert list(breakers) == ["broken"] and "failed to load" in breakers["broken"]
     ok = submit_file(stack.url, JFK).json()["taskid"]
     assert wait_done(stack.url, ok)["status"] == "SUCCEEDED"
@@ -229,7 +230,7 @@ def test_two_gateways_and_two_replicas_share_forty_tasks_each_once(
         assert all(v["attempts"] == 1 for v in views)
         live = stack.live()
         assert {v["worker"] for v in views} == {w["consumer"] for w in live}  # both worked
-        assert sum(httpx.get(f"{w['url']}/health").json()["tasks_done"] for w in live) == 40
+        assert sum(http.get(f"{w['url']}/health").json()["tasks_done"] for w in live) == 40
         assert pending_count(redis.client()) == 0
     finally:
         second.stop()

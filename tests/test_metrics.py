@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import re
 
-import httpx
-
+from harness.http_client import http
 from tests.helpers import JFK, submit_file, wait_done
 
 
@@ -22,10 +21,10 @@ def sample(text: str, name: str, **labels: str) -> float:
 
 def test_metrics_move_with_a_task(stack: dict) -> None:
     gateway = stack["gateway"]
-    before = httpx.get(f"{gateway}/metrics").text
+    before = http.get(f"{gateway}/metrics").text
     fw = {"backend": "faster-whisper"}
     wait_done(gateway, submit_file(gateway, JFK).json()["taskid"])
-    after = httpx.get(f"{gateway}/metrics").text
+    after = http.get(f"{gateway}/metrics").text
     assert sample(after, "speech_redis_up") == 1
     assert (sample(after, "speech_tasks_total", outcome="SUCCEEDED", **fw)
             == sample(before, "speech_tasks_total", outcome="SUCCEEDED", **fw) + 1)

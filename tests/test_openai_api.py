@@ -14,6 +14,7 @@ import pytest
 
 from gateway.auth import digest
 from harness import procs
+from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, JFK_TEXT, queue_counts, status, wait_done, wer
 
@@ -77,7 +78,7 @@ def test_word_and_segment_granularities(client: openai.OpenAI) -> None:
 
 
 def test_granularity_without_brackets(stack: dict) -> None:
-    reply = httpx.post(f"{stack['gateway']}/v1/audio/transcriptions",
+    reply = http.post(f"{stack['gateway']}/v1/audio/transcriptions",
                        files={"file": JFK.open("rb")},
                        data={"response_format": "verbose_json",
                              "timestamp_granularities": "word"}, timeout=60)
@@ -122,50 +123,50 @@ def _openai_error(reply: httpx.Response, status_code: int) -> dict:
 def test_raw_bad_requests_enqueue_nothing(stack: dict, tmp_path: Path) -> None:
     url = f"{stack['gateway']}/v1/audio/transcriptions"
     before = queue_counts(stack["redis"])
-    _openai_error(httpx.post(url, data={"model": "whisper-1"}), 400)
-    _openai_error(httpx.post(url, files={"file": ("a.wav", b"")}), 400)
-    _openai_error(httpx.post(url, files={"file": ("a.wav", b"\x00garbage" * 500)}), 400)
-    assert _openai_error(httpx.post(url, files={"file": JFK.open("rb")},
+    _openai_error(http.post(url, data={"model": "whisper-1"}), 400)
+    _openai_error(http.post(url, files={"file": ("a.wav", b"")}), 400)
+    _openai_error(http.post(url, files={"file": ("a.wav", b"\x00garbage" * 500)}), 400)
+    assert _openai_error(http.post(url, files={"file": JFK.open("rb")},
                                     data={"model": "large-v9"}), 404)["param"] == "model"
-    _openai_error(httpx.post(url, files={"file": JFK.open("rb")},
+    _openai_error(http.post(url, files={"file": JFK.open("rb")},
                              data={"response_format": "xml"}), 400)
-    _openai_error(httpx.post(url, files={"file": JFK.open("rb")},
+    _openai_error(http.post(url, files={"file": JFK.open("rb")},
                              data={"response_format": "diarized_json",
                                    "num_speakers": "0"}), 400)
-    _openai_error(httpx.post(url, files={"file": JFK.open("rb")},
+    _openai_error(http.post(url, files={"file": JFK.open("rb")},
                              data={"timestamp_granularities[]": "phoneme"}), 400)
     assert queue_counts(stack["redis"]) == before
-    assert httpx.get(f"{stack['gateway']}/health").status_code == 200
+    assert http.get(f"{stack['gateway']}/health").status_code == 200
 
 
 def test_api_keys(keyed: str, redis_server: procs.RedisServer) -> None:
     url = f"{keyed}/v1/audio/transcriptions"
     before = queue_counts(redis_server.client())
-    assert _openai_error(httpx.post(url, files={"file": JFK.open("rb")}), 401)["type"] == \
+    assert _openai_error(http.post(url, files={"file": JFK.open("rb")}), 401)["type"] == \
         "authentication_error"
-    _openai_error(httpx.post(url, files={"file": JFK.open("rb")},
+    _openai_error(http.post(url, files={"file": JFK.open("rb")},
                              headers={"Authorization": "Bearer wrong"}), 401)
-    sage = httpx.post(f"{keyed}/api/faster-whisper-submit", files={"file": JFK.open("rb")})
+    sage = http.post(f"{keyed}/api/faster-whisper-submit", files={"file": JFK.open("rb")})
     assert sage.status_code == 401 and sage.json()["status"] == "FAILED"
     assert queue_counts(redis_server.client()) == before
-    assert httpx.get(f"{keyed}/health").status_code == 200  # public
+    assert http.get(f"{keyed}/health").status_code == 200  # public
     # a task belongs to the key that made it
-    reply = httpx.post(f"{keyed}/api/faster-whisper-submit", files={"file": JFK.open("rb")},
+    reply = http.post(f"{keyed}/api/faster-whisper-submit", files={"file": JFK.open("rb")},
                        headers={"x-api-key": KEY_A})
     task_id = reply.json()["taskid"]
-    mine = httpx.get(f"{keyed}/api/status", params={"taskid": task_id},
+    mine = http.get(f"{keyed}/api/status", params={"taskid": task_id},
                      headers={"Authorization": f"Bearer {KEY_A}"}).json()
     assert mine["status"] in ("PENDING", "RUNNING", "SUCCEEDED")
-    theirs = httpx.get(f"{keyed}/api/status", params={"taskid": task_id},
+    theirs = http.get(f"{keyed}/api/status", params={"taskid": task_id},
                        headers={"Authorization": f"Bearer {KEY_B}"})
     assert theirs.status_code == 200 and theirs.json()["error"] == "unknown or expired task"
-    keyless = httpx.get(f"{keyed}/api/status", params={"taskid": task_id})
+    keyless = http.get(f"{keyed}/api/status", params={"taskid": task_id})
     assert keyless.status_code == 200  # the status endpoint answers 200 whatever happens
     assert keyless.json() == {"status": "FAILED",
                               "error": "missing API key: send 'Authorization: Bearer KEY'"}
-    assert httpx.get(f"{keyed}/v1/tasks/{task_id}",
+    assert http.get(f"{keyed}/v1/tasks/{task_id}",
                      headers={"x-api-key": KEY_B}).status_code == 404
-    assert httpx.delete(f"{keyed}/v1/tasks/{task_id}",
+    assert http.delete(f"{keyed}/v1/tasks/{task_id}",
                         headers={"x-api-key": KEY_B}).status_code == 404
     sdk = openai.OpenAI(base_url=f"{keyed}/v1", api_key=KEY_B, max_retries=0)
     assert any(m.id == "whisper-1" for m in sdk.models.list())
@@ -174,12 +175,12 @@ def test_api_keys(keyed: str, redis_server: procs.RedisServer) -> None:
 
 
 def test_wait_timeout_is_504_with_task_id_and_loses_nothing(keyed: str) -> None:
-    reply = httpx.post(f"{keyed}/v1/audio/transcriptions", files={"file": JFK.open("rb")},
+    reply = http.post(f"{keyed}/v1/audio/transcriptions", files={"file": JFK.open("rb")},
                        headers={"x-api-key": KEY_A}, timeout=30)
     error = _openai_error(reply, 504)
     task_id = reply.headers["x-task-id"]
     assert reply.json()["task_id"] == task_id and task_id in error["message"]
-    view = wait_until(lambda: (v := httpx.get(f"{keyed}/v1/tasks/{task_id}",
+    view = wait_until(lambda: (v := http.get(f"{keyed}/v1/tasks/{task_id}",
                                              headers={"x-api-key": KEY_A}).json())["status"]
                       == "SUCCEEDED" and v, 60, "task to finish")
     assert wer(JFK_TEXT, view["result"]["text"]) <= 0.10 and view["attempts"] == 1
@@ -246,15 +247,15 @@ def test_oversized_bodies_are_413_without_reading_them(keyed: str,
             f"Content-Length: {50 * 1024 ** 3}\r\n\r\n")
     assert b" 413 " in _raw_request(port, head, iter([part])).split(b"\r\n")[0]
     assert queue_counts(redis_server.client()) == before
-    assert httpx.get(f"{keyed}/health").status_code == 200
+    assert http.get(f"{keyed}/health").status_code == 200
 
 
 def test_too_long_audio_is_413(keyed: str, redis_server: procs.RedisServer) -> None:
     before = queue_counts(redis_server.client())
-    reply = httpx.post(f"{keyed}/v1/audio/transcriptions", headers={"x-api-key": KEY_A},
+    reply = http.post(f"{keyed}/v1/audio/transcriptions", headers={"x-api-key": KEY_A},
                        files={"file": (TEST_AUDIO / "multilingual.mp3").open("rb")})
     assert "30 s" in _openai_error(reply, 413)["message"]
-    reply = httpx.post(f"{keyed}/api/submit", headers={"x-api-key": KEY_A},
+    reply = http.post(f"{keyed}/api/submit", headers={"x-api-key": KEY_A},
                        data={"backend": "faster-whisper",
                              "audio_path": str(TEST_AUDIO / "multilingual.mp3")})
     assert reply.status_code == 413 and reply.json()["status"] == "FAILED"
@@ -266,7 +267,7 @@ def test_client_disconnect_loses_and_duplicates_nothing(stack: dict) -> None:
     redis = stack["redis"]
     before = set(redis.scan_iter(match="sg:task:*"))
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{stack['gateway']}/v1/audio/transcriptions",
+        http.post(f"{stack['gateway']}/v1/audio/transcriptions",
                    files={"file": (TEST_AUDIO / "multilingual.mp3").open("rb")}, timeout=1.5)
     new = wait_until(lambda: set(redis.scan_iter(match="sg:task:*")) - before, 10, "the task")
     (key,) = new
@@ -274,5 +275,5 @@ def test_client_disconnect_loses_and_duplicates_nothing(stack: dict) -> None:
     final = wait_done(stack["gateway"], task_id, timeout=120)
     assert final["status"] == "SUCCEEDED"
     time.sleep(0.5)
-    assert httpx.get(f"{stack['gateway']}/v1/tasks/{task_id}").json()["attempts"] == 1
+    assert http.get(f"{stack['gateway']}/v1/tasks/{task_id}").json()["attempts"] == 1
     assert json.loads(json.dumps(status(stack["gateway"], task_id)))["status"] == "SUCCEEDED"

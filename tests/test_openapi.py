@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from harness import procs
+from harness.http_client import http
 from tests.test_auth_routes import WEBSOCKET, app_routes
 
 ERROR_FIELDS = {"message", "type", "param", "code"}
@@ -25,7 +25,7 @@ def schema(redis_server: procs.RedisServer, workdir: Path) -> Iterator[dict[str,
     """The schema a real gateway serves."""
     gateway = procs.gateway(redis_server.url, workdir).start()
     try:
-        reply = httpx.get(f"{gateway.url}/openapi.json", timeout=30)
+        reply = http.get(f"{gateway.url}/openapi.json", timeout=30)
         assert reply.status_code == 200, reply.text
         yield reply.json()
     finally:

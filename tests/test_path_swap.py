@@ -8,12 +8,12 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from common.paths import PathNotAllowed, open_allowed
 from harness import procs
 from harness.conversation import speak_to
+from harness.http_client import http
 from tests.helpers import JFK, JFK_TEXT, wait_done, wer
 
 SECRET_WORDS = "purple elephants guard the secret vault"
@@ -47,7 +47,7 @@ def stopped_worker(dirs: dict[str, Path]) -> Iterator[dict]:
 
 
 def submit_path(gateway: str, path: Path) -> str:
-    reply = httpx.post(f"{gateway}/api/faster-whisper-submit", json={"audio_path": str(path)},
+    reply = http.post(f"{gateway}/api/faster-whisper-submit", json={"audio_path": str(path)},
                        timeout=30)
     assert reply.status_code == 200, reply.text
     return reply.json()["taskid"]
@@ -86,7 +86,7 @@ def test_swapped_symlinks_fail_and_the_outside_file_is_never_read(
         final = finals[name]
         assert final["status"] == "FAILED", (name, final)
         assert final["error"] == "the path is outside the allowed roots", (name, final)
-        view = httpx.get(f"{gateway}/v1/tasks/{tasks[name]}", timeout=10).json()
+        view = http.get(f"{gateway}/v1/tasks/{tasks[name]}", timeout=10).json()
         assert view["error_code"] == "invalid_request" and "result" not in view
     for name in ("inside", "untouched"):
         assert finals[name]["status"] == "SUCCEEDED", (name, finals[name])

@@ -19,6 +19,7 @@ from common import keys
 from common.settings import Settings
 from gateway.auth import digest
 from harness import procs
+from harness.http_client import http
 from tests.helpers import JFK, queue_counts, wait_task
 
 KEYS = {name: f"key-{name}-secret" for name in ("a", "b", "c", "d", "e", "f")}
@@ -60,13 +61,13 @@ def auth(name: str) -> dict[str, str]:
 
 def submit(env: dict[str, Any], key: str, **data: Any) -> httpx.Response:
     with JFK.open("rb") as handle:
-        return httpx.post(f"{env['gateway']}/api/faster-whisper-submit", headers=auth(key),
+        return http.post(f"{env['gateway']}/api/faster-whisper-submit", headers=auth(key),
                           files={"file": ("jfk.flac", handle)}, data=data, timeout=60)
 
 
 def transcribe(env: dict[str, Any], key: str) -> httpx.Response:
     with JFK.open("rb") as handle:
-        return httpx.post(f"{env['gateway']}/v1/audio/transcriptions", headers=auth(key),
+        return http.post(f"{env['gateway']}/v1/audio/transcriptions", headers=auth(key),
                           files={"file": ("jfk.flac", handle)}, data={"model": "whisper-1"},
                           timeout=60)
 
@@ -77,7 +78,7 @@ def task_id(reply: httpx.Response) -> str:
 
 
 def usage(env: dict[str, Any], key: str) -> dict[str, Any]:
-    reply = httpx.get(f"{env['gateway']}/v1/usage", headers=auth(key), timeout=30)
+    reply = http.get(f"{env['gateway']}/v1/usage", headers=auth(key), timeout=30)
     assert reply.status_code == 200, reply.text
     return reply.json()
 
@@ -120,7 +121,7 @@ def test_the_third_jfk_is_refused_by_a_30_second_day_and_another_key_is_unaffect
     assert "retry-after" in openai.headers
     assert queue_counts(env["client"]) == before  # nothing queued by either refusal
     # Sage's status poll of a task of the refused key still answers 200
-    status = httpx.get(f"{env['gateway']}/api/status", params={"task_id": first},
+    status = http.get(f"{env['gateway']}/api/status", params={"task_id": first},
                        headers=auth("a"), timeout=30)
     assert status.status_code == 200 and status.json()["status"] == "PENDING"
 
@@ -147,7 +148,7 @@ def test_the_third_jfk_is_refused_by_a_30_second_day_and_another_key_is_unaffect
     # settled to the decoded duration of each result, and counted once per success
     decoded = sum(done[tid]["result"]["duration"] for tid in (first, second))
     assert usage(env, "a")["day"]["audio_seconds"]["used"] == pytest.approx(decoded, abs=0.01)
-    text = httpx.get(f"{env['gateway']}/metrics", headers=auth("f"), timeout=30).text
+    text = http.get(f"{env['gateway']}/metrics", headers=auth("f"), timeout=30).text
     assert metric(text, "speech_usage_audio_seconds_total", key="tenant-a",
                   backend="faster-whisper") == pytest.approx(decoded, abs=0.01)
     assert metric(text, "speech_usage_audio_seconds_total", key="tenant-b",
@@ -174,7 +175,7 @@ def test_a_backend_quota_refuses_and_a_cancelled_task_gives_its_charge_back(env)
     report = usage(env, "c")["day"]["audio_seconds"]
     assert report["limit"] is None and report["used"] == pytest.approx(11, abs=0.1)
     assert report["backends"]["faster-whisper"]["limit"] == 12
-    cancelled = httpx.delete(f"{env['gateway']}/v1/tasks/{first}", headers=auth("c"), timeout=30)
+    cancelled = http.delete(f"{env['gateway']}/v1/tasks/{first}", headers=auth("c"), timeout=30)
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "CANCELLED"
     assert usage(env, "c")["day"]["audio_seconds"]["used"] == pytest.approx(0, abs=0.01)
     task_id(submit(env, "c"))  # room again
@@ -194,13 +195,13 @@ def test_a_failed_task_gives_its_charge_back(env):
     assert failed["status"] == "FAILED", failed
     month = usage(env, "d")["month"]["audio_seconds"]
     assert month["used"] == pytest.approx(0, abs=0.01) and month["remaining"] == 11.5
-    text = httpx.get(f"{env['gateway']}/metrics", headers=auth("f"), timeout=30).text
+    text = http.get(f"{env['gateway']}/metrics", headers=auth("f"), timeout=30).text
     assert not metric(text, "speech_usage_audio_seconds_total", key="tenant-d",
                       backend="faster-whisper")
 
 
 def submit_path(env: dict[str, Any], key: str, path: Path) -> httpx.Response:
-    return httpx.post(f"{env['gateway']}/api/faster-whisper-submit", headers=auth(key),
+    return http.post(f"{env['gateway']}/api/faster-whisper-submit", headers=auth(key),
                       data={"audio_path": str(path)}, timeout=60)
 
 
@@ -222,14 +223,14 @@ def test_concurrent_submits_cannot_overshoot_a_quota(env):
 def test_characters_are_metered_per_month_for_speech(env):
     """No xtts worker runs: the refusal happens at submit, before any worker."""
     url = f"{env['gateway']}/api/xtts-submit"
-    accepted = httpx.post(url, headers=auth("a"), data={"text": "Hello there."}, timeout=30)
+    accepted = http.post(url, headers=auth("a"), data={"text": "Hello there."}, timeout=30)
     assert accepted.status_code == 200, accepted.text
-    refused = httpx.post(url, headers=auth("a"), data={"text": "Hello again."}, timeout=30)
+    refused = http.post(url, headers=auth("a"), data={"text": "Hello again."}, timeout=30)
     assert refused.status_code == 429, refused.text
     assert "20 characters per month" in refused.json()["error"]
     first_of_next = (datetime.now(UTC).replace(day=1) + timedelta(days=32)).replace(day=1)
     assert refused.json()["resets_at"] == first_of_next.strftime("%Y-%m-01T00:00:00Z")
-    openai = httpx.post(f"{env['gateway']}/v1/audio/speech", headers=auth("a"),
+    openai = http.post(f"{env['gateway']}/v1/audio/speech", headers=auth("a"),
                         json={"model": "tts-1", "input": "Hi there, you.", "voice": "alloy"},
                         timeout=30)
     assert openai.status_code == 429 and openai.json()["error"]["code"] == "quota_exceeded"
@@ -245,10 +246,10 @@ def test_usage_without_keys_reports_the_anonymous_callers_with_no_limits(env):
     gateway = procs.gateway(env["redis"].url, env["workdir"], allowed_roots=env["roots"]).start()
     try:
         with JFK.open("rb") as handle:
-            reply = httpx.post(f"{gateway.url}/api/faster-whisper-submit",
+            reply = http.post(f"{gateway.url}/api/faster-whisper-submit",
                                files={"file": ("jfk.flac", handle)}, timeout=60)
         assert reply.status_code == 200, reply.text
-        report = httpx.get(f"{gateway.url}/v1/usage", timeout=30).json()
+        report = http.get(f"{gateway.url}/v1/usage", timeout=30).json()
     finally:
         gateway.stop()
     assert report["key"] is None

@@ -18,7 +18,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import openai
 import pytest
@@ -35,6 +34,7 @@ from gateway.auth import digest
 from gateway.realtime.buffer import InputBuffer, decode_pcm16
 from gateway.realtime.protocol import max_message_bytes
 from harness import procs
+from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, JFK_TEXT, wait_task, wer
 
@@ -351,8 +351,8 @@ def test_wrong_key_is_closed_with_policy_violation(live: dict[str, Any]) -> None
 
     asyncio.run(run())
     # plain HTTP: behind the key like every route, then told to upgrade
-    assert httpx.get(f"{live['gateway']}/v1/realtime").status_code == 401
-    reply = httpx.get(f"{live['gateway']}/v1/realtime", headers=AUTH)
+    assert http.get(f"{live['gateway']}/v1/realtime").status_code == 401
+    reply = http.get(f"{live['gateway']}/v1/realtime", headers=AUTH)
     assert reply.status_code == 426 and reply.json()["error"]["code"] == "upgrade_required"
 
 
@@ -632,7 +632,7 @@ def test_live_turns_overtake_a_batch_backlog(live: dict[str, Any]) -> None:
         batch = []
         for _ in range(20):
             with JFK.open("rb") as handle:
-                reply = httpx.post(f"{gateway}/api/faster-whisper-submit", headers=AUTH,
+                reply = http.post(f"{gateway}/api/faster-whisper-submit", headers=AUTH,
                                    files={"file": ("jfk.flac", handle)}, timeout=60)
             assert reply.status_code == 200, reply.text
             batch.append(reply.json()["task_id"])

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import openai
 import pytest
@@ -26,6 +25,7 @@ from gateway.realtime.protocol import Transcription
 from gateway.realtime.session import resolve, turn_prompt
 from harness import procs
 from harness.conversation import speak_to
+from harness.http_client import http
 from tests.helpers import JFK, JFK_TEXT, wer
 from tests.test_realtime import (
     AUTH,
@@ -226,7 +226,7 @@ def test_live_turns_read_as_the_same_span_through_the_file_path(live: dict[str, 
         for i, (start, end) in enumerate(zip(starts, ends, strict=True)):
             span = encode_wav(pcm16[start * 16:end * 16], 16000)
             data = {"model": "whisper-1", "language": "en", "prompt": turn_prompt("", turns[:i])}
-            reply = httpx.post(f"{live['gateway']}/v1/audio/transcriptions", headers=AUTH,
+            reply = http.post(f"{live['gateway']}/v1/audio/transcriptions", headers=AUTH,
                                files={"file": ("span.wav", span)}, data=data, timeout=60)
             assert reply.status_code == 200, reply.text
             file_texts.append(reply.json()["text"])
@@ -245,7 +245,7 @@ def test_an_ephemeral_key_opens_a_session_until_it_expires(live: dict[str, Any])
     only, with the session it was minted with, charges the minting key's usage, and is
     refused (close 1008) once it expires."""
     client = openai.OpenAI(api_key=KEY, base_url=f"{live['gateway']}/v1", max_retries=0)
-    usage = httpx.get(f"{live['gateway']}/v1/usage", headers=AUTH).json()
+    usage = http.get(f"{live['gateway']}/v1/usage", headers=AUTH).json()
     before = usage["day"]["audio_seconds"]["used"]
     secret = client.realtime.client_secrets.create(
         expires_after={"anchor": "created_at", "seconds": 10},
@@ -273,11 +273,11 @@ def test_an_ephemeral_key_opens_a_session_until_it_expires(live: dict[str, Any])
     transcript = raw.of(f"{TRANSCRIPTION}.completed")[0]["transcript"]
     assert wer(JFK_TEXT, transcript) <= 0.25, transcript
     # the turn was charged to the key that minted the secret
-    usage = httpx.get(f"{live['gateway']}/v1/usage", headers=AUTH).json()
+    usage = http.get(f"{live['gateway']}/v1/usage", headers=AUTH).json()
     assert usage["day"]["audio_seconds"]["used"] >= before + 10
     # an ephemeral key is no API key
     bearer = {"Authorization": f"Bearer {secret.value}"}
-    assert httpx.get(f"{live['gateway']}/v1/models", headers=bearer).status_code == 401
+    assert http.get(f"{live['gateway']}/v1/models", headers=bearer).status_code == 401
     time.sleep(max(0.0, secret.expires_at - time.time()) + 1.1)
 
     async def expired() -> websockets.ConnectionClosed:

@@ -10,7 +10,6 @@ import logging
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -21,6 +20,7 @@ from common.store import Task, TaskStore, new_task_id
 from common.store.connection import RETRIES, bounded_client, worker_client
 from common.store.replicas import NotReplicated
 from harness import procs
+from harness.http_client import http
 from tests.helpers import JFK
 from tests.test_metrics import sample
 from workers.engines.faster_whisper import FasterWhisperEngine
@@ -63,7 +63,7 @@ def test_metrics_scrape_issues_no_scan(tmp_path: Path, redis: procs.RedisServer)
     gateway = procs.gateway(redis.url, tmp_path).start()
     try:
         client.config_resetstat()
-        scraped = httpx.get(f"{gateway.url}/metrics", timeout=30).text
+        scraped = http.get(f"{gateway.url}/metrics", timeout=30).text
         stats = client.info("commandstats")
     finally:
         gateway.stop()

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
-
 from harness import procs
+from harness.http_client import http
 from tests.helpers import JFK, status, submit_file, wait_done
 from tests.inprocess import InProcessWorker, worker_settings
 
@@ -25,8 +24,8 @@ def test_gateway_answers_clearly_while_redis_is_down(tmp_path: Path) -> None:
         assert refused.json()["status"] == "FAILED" and "unavailable" in refused.json()["error"]
         poll = status(gateway.url, task_id)  # 200, and not FAILED: Sage would give up for good
         assert poll["status"] == "PENDING" and "unavailable" in poll["detail"]
-        assert httpx.get(f"{gateway.url}/ready").status_code == 503
-        assert httpx.get(f"{gateway.url}/health").status_code == 200
+        assert http.get(f"{gateway.url}/ready").status_code == 503
+        assert http.get(f"{gateway.url}/health").status_code == 200
         redis.start()  # same port and data directory: the AOF brings the task back
         assert status(gateway.url, task_id)["status"] == "SUCCEEDED"
         again = submit_file(gateway.url, JFK).json()["taskid"]

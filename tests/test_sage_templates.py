@@ -9,12 +9,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import httpx
 import jinja2
 import pytest
 
 from common.backends import BACKENDS, KINDS
 from gateway import errors
+from harness.http_client import http
 from harness.procs import ROOT, TEST_AUDIO, wait_until
 from tests.helpers import JFK, queue_counts, status, submit_file, wait_done
 
@@ -45,15 +45,15 @@ def test_asr_templates_render_every_state_to_valid_json(stack: dict, allowed_dir
     gateway = stack["gateway"]
     request = render("asr_submit_request.json.j2",
                      {"audio_path": str(TEST_AUDIO / "multilingual.mp3"), "language": "en"})
-    blocker = httpx.post(f"{gateway}/api/faster-whisper-submit", json=request).json()["taskid"]
+    blocker = http.post(f"{gateway}/api/faster-whisper-submit", json=request).json()["taskid"]
     doomed_path = allowed_dir / "soon-gone \"quoted\" <b>.flac"
     shutil.copy(JFK, doomed_path)
-    doomed = httpx.post(f"{gateway}/api/faster-whisper-submit",
+    doomed = http.post(f"{gateway}/api/faster-whisper-submit",
                         json={"audio_path": str(doomed_path)}).json()["taskid"]
     cancelled = submit_file(gateway, JFK).json()["taskid"]
     replies: dict[str, dict] = {"PENDING": status(gateway, doomed)}
     doomed_path.unlink()  # the worker will find it gone: a real FAILED task
-    httpx.delete(f"{gateway}/v1/tasks/{cancelled}")
+    http.delete(f"{gateway}/v1/tasks/{cancelled}")
     replies["RUNNING"] = wait_until(
         lambda: (r := status(gateway, blocker))["status"] == "RUNNING" and r, 60, "RUNNING", 0.02)
     replies["SUCCEEDED"] = wait_done(gateway, blocker, timeout=180)
@@ -92,11 +92,11 @@ def test_a_refused_sage_submit_shows_its_reason_through_the_templates(
     outside = tmp_path / "outside.flac"  # not under an allowed root
     shutil.copy(JFK, outside)
     attempts = {
-        "garbage upload": lambda: httpx.post(submit_url, files={"file": garbage.open("rb")},
+        "garbage upload": lambda: http.post(submit_url, files={"file": garbage.open("rb")},
                                              timeout=60),
-        "path outside the roots": lambda: httpx.post(submit_url, timeout=60, json=render(
+        "path outside the roots": lambda: http.post(submit_url, timeout=60, json=render(
             "asr_submit_request.json.j2", {"audio_path": str(outside)})),
-        "audio_url refused": lambda: httpx.post(submit_url, timeout=60, json={
+        "audio_url refused": lambda: http.post(submit_url, timeout=60, json={
             "audio_url": "http://files.example/jfk.flac"}),
     }
     before = queue_counts(stack["redis"])
@@ -108,7 +108,7 @@ def test_a_refused_sage_submit_shows_its_reason_through_the_templates(
         assert body["error"] and body["taskid"].startswith("refused."), (what, body)
         shown = render("asr_status_response.json.j2", body)
         assert shown["status"] == "FAILED" and shown["error"] == body["error"], what
-        polled = httpx.get(status_url, params={"taskid": body["taskid"]}, timeout=30)
+        polled = http.get(status_url, params={"taskid": body["taskid"]}, timeout=30)
         assert polled.status_code == 200, (what, polled.text)
         assert render("asr_status_response.json.j2", polled.json()) == shown, what
     assert queue_counts(stack["redis"]) == before  # nothing enqueued, no record written
@@ -118,11 +118,11 @@ def test_a_refused_sage_submit_shows_its_reason_through_the_templates(
     assert "audio_url" in audio_url_reason, audio_url_reason
 
     # without the map's parameter, and on the OpenAI route, a refusal keeps its 4xx
-    plain = httpx.post(f"{stack['gateway']}/api/faster-whisper-submit",
+    plain = http.post(f"{stack['gateway']}/api/faster-whisper-submit",
                        files={"file": garbage.open("rb")}, timeout=60)
     assert plain.status_code == 400 and plain.json() == {"status": "FAILED",
                                                          "error": garbage_reason}
-    openai = httpx.post(f"{stack['gateway']}/v1/audio/transcriptions?refusal=task",
+    openai = http.post(f"{stack['gateway']}/v1/audio/transcriptions?refusal=task",
                         files={"file": garbage.open("rb")}, data={"model": "whisper-1"},
                         timeout=60)
     assert openai.status_code == 400 and openai.json()["error"]["message"] == garbage_reason

@@ -26,6 +26,7 @@ import redis
 
 from common import keys
 from harness import procs
+from harness.http_client import http
 
 FAILOVER_MS = 1000  # sentinels' down-after-milliseconds: the test stays short
 QUIET_DOWN_AFTER_MS = 30_000  # where nothing should fail over
@@ -132,7 +133,7 @@ def test_failover_loses_no_accepted_task(tmp_path: Path, speech_clip: Path) -> N
         finals = {task_id: _final(gateway.url, task_id) for task_id in accepted}
         # an OpenAI call waits on the gateway's pub/sub connection: it found the new primary
         with speech_clip.open("rb") as handle:
-            call = httpx.post(f"{gateway.url}/v1/audio/transcriptions", timeout=60,
+            call = http.post(f"{gateway.url}/v1/audio/transcriptions", timeout=60,
                               files={"file": (speech_clip.name, handle)},
                               data={"model": "whisper-1"})
     finally:
@@ -163,7 +164,7 @@ def test_failover_loses_no_accepted_task(tmp_path: Path, speech_clip: Path) -> N
 
 def _final(base: str, task_id: str) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
-        view = httpx.get(f"{base}/v1/tasks/{task_id}", timeout=15)
+        view = http.get(f"{base}/v1/tasks/{task_id}", timeout=15)
         if view.status_code != 200:
             return None
         body = view.json()

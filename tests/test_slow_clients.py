@@ -9,11 +9,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 
 from harness import procs
+from harness.http_client import http
 from harness.procs import wait_until
 
 HEADER_TIMEOUT = 2.0
@@ -89,7 +89,7 @@ async def trickle(port: int, initial: bytes) -> tuple[float | None, bytes]:
 
 def test_trickling_clients_are_cut_off_and_leave_nothing_behind(slow: dict) -> None:
     process = psutil.Process(slow["pid"])
-    assert httpx.get(f"{slow['url']}/health").status_code == 200
+    assert http.get(f"{slow['url']}/health").status_code == 200
     baseline = process.num_fds()
 
     async def run() -> list[tuple[float | None, bytes]]:
@@ -111,7 +111,7 @@ def test_trickling_clients_are_cut_off_and_leave_nothing_behind(slow: dict) -> N
     assert not late, late[:10]
     assert elapsed < BODY_DEADLINE + SLACK + 5
     # still serving: a normal upload goes through
-    reply = httpx.post(f"{slow['url']}/api/faster-whisper-submit",
+    reply = http.post(f"{slow['url']}/api/faster-whisper-submit",
                        files={"file": ("clip.wav", slow["clip"], "audio/wav")}, timeout=30)
     assert reply.status_code == 200, reply.text
     # and every socket of those 300 connections is gone
@@ -132,7 +132,7 @@ def test_a_slow_but_steady_upload_still_works(slow: dict) -> None:
             yield body[start:start + step]
             time.sleep(BODY_IDLE / 2)
 
-    reply = httpx.post(f"{slow['url']}/api/faster-whisper-submit", content=chunks(),
+    reply = http.post(f"{slow['url']}/api/faster-whisper-submit", content=chunks(),
                        headers={"content-type": f"multipart/form-data; boundary={boundary}"},
                        timeout=30)
     assert reply.status_code == 200, reply.text

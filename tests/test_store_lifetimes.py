@@ -25,6 +25,7 @@ from common.blobs import BlobDir
 from common.schemas import TaskState
 from common.store import Duplicate, Task, TaskStore
 from harness import procs
+from harness.http_client import http
 from harness.procs import wait_until
 from tests.helpers import JFK, status, submit_file, wait_done
 from tests.inprocess import InProcessWorker, worker_settings
@@ -67,13 +68,13 @@ def test_a_refused_or_repeated_upload_leaves_no_staged_blob(service: dict) -> No
     gateway, client = service["gateway"].url, service["redis"].client()
     clip, garbage = noise_wav(2.0, seed=3), os.urandom(200_000)
     sage, openai = f"{gateway}/api/{BACKEND}-submit", f"{gateway}/v1/audio/transcriptions"
-    refused = httpx.post(openai, files={"file": ("g.wav", garbage)},
+    refused = http.post(openai, files={"file": ("g.wav", garbage)},
                          data={"model": "whisper-1"}, timeout=60)
     assert refused.status_code == 400, refused.text
-    failed = httpx.post(sage, files={"file": ("g.wav", garbage)}, timeout=60).json()
+    failed = http.post(sage, files={"file": ("g.wav", garbage)}, timeout=60).json()
     assert failed["status"] == "FAILED", failed  # Sage's refusals are FAILED tasks
     headers = {"Idempotency-Key": "staged-once"}
-    first, again = (httpx.post(sage, files={"file": ("n.wav", clip)}, headers=headers,
+    first, again = (http.post(sage, files={"file": ("n.wav", clip)}, headers=headers,
                                timeout=60).json()["taskid"] for _ in range(2))
     assert first == again
     assert wait_done(gateway, first)["status"] == "SUCCEEDED"
@@ -84,14 +85,14 @@ def test_inputs_leave_redis_with_their_terminal_write(service: dict) -> None:
     gateway, client = service["gateway"].url, service["redis"].client()
     clip = noise_wav(32.0, seed=1)  # 1 MiB
     assert len(clip) > 1_000_000
-    first = httpx.post(f"{gateway}/api/{BACKEND}-submit", files={"file": ("n.wav", clip)},
+    first = http.post(f"{gateway}/api/{BACKEND}-submit", files={"file": ("n.wav", clip)},
                        data={"vad_filter": "true"}, timeout=60).json()["taskid"]
     assert wait_done(gateway, first)["status"] == "SUCCEEDED"
     client.memory_purge()
     before = int(client.info("memory")["used_memory"])
 
     def one(index: int) -> str:
-        reply = httpx.post(f"{gateway}/api/{BACKEND}-submit",
+        reply = http.post(f"{gateway}/api/{BACKEND}-submit",
                            files={"file": (f"n{index}.wav", clip)},
                            data={"vad_filter": "true"}, timeout=120)
         assert reply.status_code == 200, reply.text
@@ -135,7 +136,7 @@ def _position(gateway: str, task_id: str) -> int | None:
 
 
 def waiting_metric(gateway: str) -> float:
-    text = httpx.get(f"{gateway}/metrics", timeout=10).text
+    text = http.get(f"{gateway}/metrics", timeout=10).text
     line = next(line for line in text.splitlines()
                 if line.startswith(f'speech_queue_waiting{{backend="{BACKEND}"}}'))
     return float(line.split()[-1])
@@ -150,7 +151,7 @@ def test_an_idempotency_key_makes_one_task(service: dict) -> None:
 
     def concurrent(_: int) -> str:
         with JFK.open("rb") as handle:
-            reply = httpx.post(f"{gateway}/api/{BACKEND}-submit", files={"file": handle},
+            reply = http.post(f"{gateway}/api/{BACKEND}-submit", files={"file": handle},
                                headers={"Idempotency-Key": "burst-1"}, timeout=60)
         assert reply.status_code == 200, reply.text
         return reply.json()["taskid"]
@@ -170,7 +171,7 @@ def test_an_idempotency_key_makes_one_task(service: dict) -> None:
 
     def openai_call() -> httpx.Response:  # a client retrying a sync call it lost the reply of
         with JFK.open("rb") as handle:
-            return httpx.post(f"{gateway}/v1/audio/transcriptions", files={"file": handle},
+            return http.post(f"{gateway}/v1/audio/transcriptions", files={"file": handle},
                               data={"model": "whisper-1"},
                               headers={"Idempotency-Key": "sync-1"}, timeout=120)
 
@@ -189,7 +190,7 @@ def test_idempotency_keys_belong_to_their_owner(service: dict, tmp_path: Path) -
         ids = []
         for key in ("key-a", "key-b", "key-a"):
             with JFK.open("rb") as handle:
-                reply = httpx.post(f"{gateway.url}/api/{BACKEND}-submit", files={"file": handle},
+                reply = http.post(f"{gateway.url}/api/{BACKEND}-submit", files={"file": handle},
                                    headers={"Authorization": f"Bearer {key}",
                                             "Idempotency-Key": "same"}, timeout=60)
             assert reply.status_code == 200, reply.text

@@ -29,6 +29,7 @@ from common.schemas import INTERACTIVE, ErrorCode
 from common.settings import DEFAULT_MODELS, Settings
 from common.store import TaskStore
 from harness import procs
+from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, wait_task
 
@@ -72,7 +73,7 @@ def read_sse(url: str, path: str, body: dict[str, Any], files: Any = None,
              started: Future[str] | None = None) -> list[dict[str, Any]]:
     """Every event of a streamed reply (its x-task-id handed to `started` at once)."""
     kwargs: dict[str, Any] = {"data": body, "files": files} if files else {"json": body}
-    with httpx.stream("POST", url + path, timeout=120, **kwargs) as reply:
+    with http.stream("POST", url + path, timeout=120, **kwargs) as reply:
         assert reply.status_code == 200, reply.read()
         if started is not None:
             started.set_result(reply.headers["x-task-id"])
@@ -118,7 +119,7 @@ def end_task(env: dict[str, Any], task_id: str, outcome: str) -> None:
     """Cancel the queued task (DELETE, as a client does) or fail it with `outcome` through
     the store's own fenced terminal write (the sweeper's)."""
     if outcome == ErrorCode.CANCELLED:
-        reply = httpx.delete(f"{env['url']}/v1/tasks/{task_id}", timeout=30)
+        reply = http.delete(f"{env['url']}/v1/tasks/{task_id}", timeout=30)
         assert reply.status_code == 200, reply.text
         return
 
@@ -167,7 +168,7 @@ def test_a_queued_stream_gets_keep_alives(env: dict[str, Any]) -> None:
         kwargs: dict[str, Any] = {"data": body, "files": files} if files else {"json": body}
         sent = time.monotonic()
         arrivals: list[float] = []
-        with httpx.stream("POST", env["url"] + path, timeout=30, **kwargs) as reply:
+        with http.stream("POST", env["url"] + path, timeout=30, **kwargs) as reply:
             assert reply.status_code == 200
             task_id = reply.headers["x-task-id"]
             for line in reply.iter_lines():
@@ -196,7 +197,7 @@ def test_an_idempotent_replay_is_answered_at_once(env: dict[str, Any],
                                                   worker: procs.Service) -> None:
     def call() -> tuple[httpx.Response, float]:
         started = time.monotonic()
-        reply = httpx.post(f"{env['url']}/v1/audio/transcriptions", timeout=120,
+        reply = http.post(f"{env['url']}/v1/audio/transcriptions", timeout=120,
                            headers={"Idempotency-Key": "replay-once"},
                            files={"file": ("jfk.flac", JFK.read_bytes())},
                            data={"model": "whisper-1"})
@@ -217,7 +218,7 @@ def test_a_worker_killed_mid_stream_sends_each_segment_once(env: dict[str, Any],
     clip = TEST_AUDIO / "multilingual.mp3"
     killed = threading.Event()
     deltas: list[str] = []
-    with clip.open("rb") as handle, httpx.stream(
+    with clip.open("rb") as handle, http.stream(
             "POST", f"{env['url']}/v1/audio/transcriptions", timeout=300,
             files={"file": (clip.name, handle.read())},
             data={"model": "whisper-1", "stream": "true", "language": "en"}) as reply:

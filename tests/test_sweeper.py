@@ -11,7 +11,6 @@ import signal
 import time
 from pathlib import Path
 
-import httpx
 from redis.asyncio import Redis
 
 from common.schemas import TaskState
@@ -19,6 +18,7 @@ from common.settings import Settings
 from common.store import Task, TaskStore, new_task_id
 from gateway.jobs.sweeper import Sweeper
 from harness import procs
+from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK, submit_file, wait_done
 
@@ -39,7 +39,7 @@ def test_a_stuck_task_behind_250_finished_ones_fails_in_time(redis: procs.RedisS
         final = wait_done(gateway.url, task_id, timeout=30)
         took = time.monotonic() - submitted
         assert final["status"] == "FAILED" and "within 2 s" in final["error"], final
-        view = httpx.get(f"{gateway.url}/v1/tasks/{task_id}", timeout=10).json()
+        view = http.get(f"{gateway.url}/v1/tasks/{task_id}", timeout=10).json()
         assert view["error_code"] == "no_worker"
         assert took <= limit + period + 1.0, took  # + polling and a loaded machine's slack
     finally:
@@ -106,11 +106,11 @@ def test_a_backend_whose_worker_is_gone_fails_its_running_and_pending_tasks(
 
 
 def _ready(url: str) -> dict:
-    return httpx.get(f"{url}/ready", timeout=10).json()["backends"][BACKEND]
+    return http.get(f"{url}/ready", timeout=10).json()["backends"][BACKEND]
 
 
 def _task(url: str, task_id: str) -> dict:
-    return httpx.get(f"{url}/v1/tasks/{task_id}", timeout=10).json()
+    return http.get(f"{url}/v1/tasks/{task_id}", timeout=10).json()
 
 
 async def _queued(store: TaskStore) -> Task:

@@ -16,6 +16,7 @@ import redis
 import redis.asyncio
 
 from harness import procs
+from harness.http_client import http
 from harness.procs import wait_until
 from tests.helpers import wait_done
 
@@ -97,7 +98,7 @@ def test_a_caller_that_hangs_up_is_released_at_once(load: dict) -> None:
 def test_150_concurrent_calls_with_half_hanging_up(load: dict) -> None:
     if load["worker"].proc is None or load["worker"].proc.poll() is not None:
         load["worker"].start()
-    warm = httpx.post(f"{load['url']}/v1/audio/transcriptions",
+    warm = http.post(f"{load['url']}/v1/audio/transcriptions",
                       files={"file": ("clip.wav", load["clip"], "audio/wav")}, timeout=60)
     assert warm.status_code == 200, warm.text
     finished = warm.headers["x-task-id"]
@@ -146,7 +147,7 @@ def test_150_concurrent_calls_with_half_hanging_up(load: dict) -> None:
     # afterwards: no subscription left, no connection beyond the bounded pool
     wait_until(lambda: subscribed_channels(load["redis"]) == 0, 10, "waiters released")
     assert gateway_connections(load) <= MAX_CONNECTIONS + 1
-    assert httpx.get(f"{load['url']}/health").status_code == 200
+    assert http.get(f"{load['url']}/health").status_code == 200
 
 
 def test_a_waiting_call_survives_a_redis_restart(tmp_path: Path, speech_clip: Path) -> None:

@@ -23,6 +23,7 @@ import pytest
 from common.audio import OUTPUT_FORMATS, decode_audio, encode_wav, probe_audio
 from gateway.auth import digest
 from harness import procs
+from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import queue_counts, status, wait_done
 
@@ -76,7 +77,7 @@ def tts(request: pytest.FixtureRequest,
 
 def submit(base: str, headers: dict[str, str] | None = None,
            files: dict[str, Any] | None = None, **params: Any) -> httpx.Response:
-    return httpx.post(f"{base}/api/xtts-submit", data={k: str(v) for k, v in params.items()},
+    return http.post(f"{base}/api/xtts-submit", data={k: str(v) for k, v in params.items()},
                       files=files, headers=headers, timeout=60)
 
 
@@ -93,7 +94,7 @@ def check_audio_url(reply: dict[str, Any], base: str) -> float:
     assert usage["characters"] == len(SENTENCE) and usage["audio_seconds"] > 0, usage
     assert reply["result"]["format"] == "wav" and reply["result"]["backend"] == "xtts"
     assert reply["output_url"].startswith(f"{base}/v1/tasks/{reply['task_id']}/audio?token=")
-    audio = httpx.get(reply["output_url"], timeout=30)
+    audio = http.get(reply["output_url"], timeout=30)
     assert audio.status_code == 200 and audio.headers["content-type"] == "audio/wav"
     seconds = len(decode_audio(audio.content, RATE)) / RATE
     assert seconds == pytest.approx(usage["audio_seconds"], abs=0.05)
@@ -102,7 +103,7 @@ def check_audio_url(reply: dict[str, Any], base: str) -> float:
 
 
 def loaded_models(service: procs.Service) -> list[str]:
-    return httpx.get(service.health_url, timeout=5).json()["loaded_models"]
+    return http.get(service.health_url, timeout=5).json()["loaded_models"]
 
 
 def test_voice_task_succeeds_its_audio_url_is_signed_and_the_worker_unloads_when_idle(
@@ -112,7 +113,7 @@ def test_voice_task_succeeds_its_audio_url_is_signed_and_the_worker_unloads_when
     task_id = reply.json()["taskid"]
     final = wait_done(tts["url"], task_id, timeout=SYNTH_TIMEOUT)
     # (it may already have unloaded again: idle_unload_seconds is 3; its last use proves it ran)
-    health = httpx.get(tts["worker"].health_url, timeout=5).json()
+    health = http.get(tts["worker"].health_url, timeout=5).json()
     assert health["last_used"] is not None and health["tasks_done"] >= 1, health
     check_audio_url(final, tts["url"])
     assert final["result"]["model"] == "tiny" and final["result"]["sample_rate"] == RATE
@@ -120,10 +121,10 @@ def test_voice_task_succeeds_its_audio_url_is_signed_and_the_worker_unloads_when
     audio_url = f"{tts['url']}/v1/tasks/{task_id}/audio"
     for params in ({}, {"token": "0" * 32}, {"token": final["output_url"][-31:]},
                    {"token": "\u00e9"}):
-        assert httpx.get(audio_url, params=params, timeout=10).status_code == 404, params
+        assert http.get(audio_url, params=params, timeout=10).status_code == 404, params
     token = final["output_url"].split("token=")[1]
     other = f"{tts['url']}/v1/tasks/not-a-task/audio?token={token}"
-    assert httpx.get(other, timeout=10).status_code == 404
+    assert http.get(other, timeout=10).status_code == 404
     # every poll hands out the same URL
     assert status(tts["url"], task_id)["output_url"] == final["output_url"]
 
@@ -144,32 +145,32 @@ def test_uploaded_reference_clip_and_key_owned_audio(tts: dict[str, Any]) -> Non
     assert reply.status_code == 200, reply.text
     task_id = reply.json()["taskid"]
     deadline = time.monotonic() + SYNTH_TIMEOUT
-    while (final := httpx.get(f"{base}/api/status", params={"taskid": task_id}, headers=owner,
+    while (final := http.get(f"{base}/api/status", params={"taskid": task_id}, headers=owner,
                               timeout=10).json())["status"] not in ("SUCCEEDED", "FAILED"):
         assert time.monotonic() < deadline, final
         time.sleep(0.1)
     check_audio_url(final, base)  # the signed URL needs no key
     unsigned = f"{base}/v1/tasks/{task_id}/audio"
-    assert httpx.get(unsigned, headers=owner, timeout=10).status_code == 200
+    assert http.get(unsigned, headers=owner, timeout=10).status_code == 200
     other = {"authorization": f"Bearer {KEY_B}"}
-    assert httpx.get(unsigned, headers=other, timeout=10).status_code == 404
-    assert httpx.get(unsigned, timeout=10).status_code == 401  # no credential at all
+    assert http.get(unsigned, headers=other, timeout=10).status_code == 404
+    assert http.get(unsigned, timeout=10).status_code == 401  # no credential at all
     # the key-less gateway derives another signing key, and has no owner to match
-    assert httpx.get(f"{tts['url']}/v1/tasks/{task_id}/audio?{final['output_url'].split('?')[1]}",
+    assert http.get(f"{tts['url']}/v1/tasks/{task_id}/audio?{final['output_url'].split('?')[1]}",
                      timeout=10).status_code == 404
 
 
 def test_speech_past_the_wait_is_504_and_its_audio_url_still_serves(
         tts: dict[str, Any]) -> None:
     base, owner = tts["keyed"], {"authorization": f"Bearer {KEY_A}"}
-    reply = httpx.post(f"{base}/v1/audio/speech", headers=owner, timeout=30,
+    reply = http.post(f"{base}/v1/audio/speech", headers=owner, timeout=30,
                        json={"model": "tts-1", "input": SENTENCE, "voice": "nova"})
     assert reply.status_code == 504 and reply.json()["error"]["code"] == "task_timeout"
     task_id, audio_url = reply.headers["x-task-id"], reply.headers["x-output-url"]
     assert audio_url.startswith(f"{base}/v1/tasks/{task_id}/audio?token=")
-    wait_until(lambda: httpx.get(f"{base}/v1/tasks/{task_id}", headers=owner, timeout=10)
+    wait_until(lambda: http.get(f"{base}/v1/tasks/{task_id}", headers=owner, timeout=10)
                .json()["status"] == "SUCCEEDED", SYNTH_TIMEOUT, "the timed-out task", 0.1)
-    audio = httpx.get(audio_url, timeout=10)
+    audio = http.get(audio_url, timeout=10)
     assert audio.status_code == 200 and wav_seconds(audio.content) > 0
 
 
@@ -238,7 +239,7 @@ def test_bad_requests_are_clear_4xx_and_queue_nothing(tts: dict[str, Any]) -> No
         ({"model": "whisper-1", "input": SENTENCE}, 404, "model"),
     ]
     for body, code, param in openai_cases:
-        reply = httpx.post(speech, json=body, timeout=30)
+        reply = http.post(speech, json=body, timeout=30)
         assert reply.status_code == code, (body, reply.text)
         assert reply.json()["error"]["param"] == param, reply.text
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)

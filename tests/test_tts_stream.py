@@ -36,6 +36,7 @@ from common.schemas import SpeechChunk, TaskState
 from common.store import Task, TaskStore
 from common.store.chunks import StaleAttempt
 from harness import procs
+from harness.http_client import http
 from tests.helpers import queue_counts
 
 # The tiny checkpoint fixture (skips without .venvs/xtts; builds models/tiny/xtts if missing).
@@ -123,13 +124,13 @@ def sse_events(body: bytes) -> list[dict[str, Any]]:
 
 
 def stored_wav(reply: httpx.Response) -> bytes:
-    audio = httpx.get(reply.headers["x-output-url"], timeout=30)
+    audio = http.get(reply.headers["x-output-url"], timeout=30)
     assert audio.status_code == 200, audio.text
     return audio.content
 
 
 def stream(base: str, **body: Any) -> tuple[httpx.Response, bytes]:
-    with httpx.stream("POST", f"{base}/v1/audio/speech", json={**SPEECH, **body},
+    with http.stream("POST", f"{base}/v1/audio/speech", json={**SPEECH, **body},
                       timeout=TIMEOUT) as reply:
         return reply, b"".join(reply.iter_bytes())
 
@@ -139,7 +140,7 @@ def test_the_first_piece_arrives_while_the_rest_is_spoken_and_pcm_is_the_wav(
     client, pause = stack["redis"], stack["pause"]
     pause.arm()
     try:
-        with httpx.stream("POST", f"{stack['url']}/v1/audio/speech", timeout=TIMEOUT,
+        with http.stream("POST", f"{stack['url']}/v1/audio/speech", timeout=TIMEOUT,
                           json={**SPEECH, "input": SHORT, "response_format": "pcm",
                                 "stream_format": "audio"}) as reply:
             assert reply.status_code == 200
@@ -233,7 +234,7 @@ def test_a_worker_killed_mid_stream_resumes_and_the_client_hears_each_sentence_o
     pcm, _ = wav_pcm(stored_wav(reply))
     assert body == pcm  # no piece twice, none missing
     assert pcm == whole  # the resumed task spoke each sentence once, as a whole task does
-    view = httpx.get(f"{stack['url']}/v1/tasks/{task_id}", timeout=10).json()
+    view = http.get(f"{stack['url']}/v1/tasks/{task_id}", timeout=10).json()
     assert view["status"] == "SUCCEEDED" and view["attempts"] == 2
     assert f"resuming after {before['pieces']} stored pieces" in worker.log()
 
@@ -266,7 +267,7 @@ def test_a_task_failing_mid_stream_ends_sse_with_an_error_event(
     assert error["type"] == "error" and error["error"]["code"] == "delivery_limit", error
     task_id = failed["task_id"]
     assert reply.headers["x-task-id"] == task_id
-    view = httpx.get(f"{stack['url']}/v1/tasks/{task_id}", timeout=10).json()
+    view = http.get(f"{stack['url']}/v1/tasks/{task_id}", timeout=10).json()
     assert view["status"] == "FAILED" and view["error_code"] == "delivery_limit"
     assert 0 < client.pttl(keys.speech_chunks(task_id)) <= 60_000
     # charged for what was delivered (issue 30): the characters of the pieces it spoke
@@ -288,7 +289,7 @@ def test_clients_that_hang_up_or_read_nothing_leave_no_waiter_behind(
     try:
         pause.arm()  # the client hangs up while its task has a piece left to speak
         try:
-            with httpx.stream("POST", f"{base}/v1/audio/speech", timeout=TIMEOUT,
+            with http.stream("POST", f"{base}/v1/audio/speech", timeout=TIMEOUT,
                               json={**SPEECH, "input": SHORT, "response_format": "pcm",
                                     "stream_format": "audio"}) as reply:
                 assert reply.status_code == 200
@@ -338,17 +339,17 @@ def test_bad_stream_requests_are_400_and_a_task_failing_before_audio_is_its_erro
                         ({"stream_format": "sse", "response_format": "flac"}, "response_format"),
                         ({"stream_format": "audio", "response_format": "flac"},
                          "response_format")):
-        reply = httpx.post(f"{base}/v1/audio/speech", json={**SPEECH, **body}, timeout=30)
+        reply = http.post(f"{base}/v1/audio/speech", json={**SPEECH, **body}, timeout=30)
         assert reply.status_code == 400, reply.text
         assert reply.json()["error"]["param"] == param, reply.text
     assert queue_counts(client, "xtts") == before
     # no stream_format: flac is answered whole, as before
-    whole = httpx.post(f"{base}/v1/audio/speech", json={**SPEECH, "input": "Hi there.",
+    whole = http.post(f"{base}/v1/audio/speech", json={**SPEECH, "input": "Hi there.",
                                                         "response_format": "flac"},
                        timeout=TIMEOUT)
     assert whole.status_code == 200 and whole.headers["content-length"]
 
-    reply = httpx.post(f"{base}/v1/audio/speech", timeout=TIMEOUT,
+    reply = http.post(f"{base}/v1/audio/speech", timeout=TIMEOUT,
                        json={**SPEECH, "voice": "ash", "stream_format": "audio"})
     assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_request"
     assert "Craig Gutsy" in reply.json()["error"]["message"]

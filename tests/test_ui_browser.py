@@ -16,13 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from common.audio import wav_pcm
 from gateway.auth import digest
 from harness import procs
 from harness.conversation import speak_to
+from harness.http_client import http
 from harness.procs import ROOT, TEST_AUDIO
 from tests.helpers import JFK, JFK_TEXT, normalise, wer
 from tests.tiny import env_python, tiny_model
@@ -339,7 +339,7 @@ def test_streamed_speech_plays_as_it_arrives(ui_stack: dict[str, Any], page: Any
     assert playing and states.index(playing[0]) < states.index(done), states
     # every sample the stream sent was played, and they are the stored WAV's
     href = page.locator("#tts-download").get_attribute("href")
-    pcm, rate = wav_pcm(httpx.get(href, timeout=30).content)
+    pcm, rate = wav_pcm(http.get(href, timeout=30).content)
     assert rate == 24000
     assert int(page.locator("#tts-state").get_attribute("data-played")) == len(pcm) // 2
     page.wait_for_function("document.querySelector('#tts-audio').duration > 0")
@@ -361,7 +361,7 @@ def test_speak_with_a_voice_and_with_a_reference_clip(ui_stack: dict[str, Any],
     # the tiny model speaks noise: only check that a playable clip came back
     page.wait_for_function("document.querySelector('#tts-audio').duration > 0")
     href = page.locator("#tts-download").get_attribute("href")
-    assert httpx.get(href, timeout=30).headers["content-type"] == "audio/wav"
+    assert http.get(href, timeout=30).headers["content-type"] == "audio/wav"
     screenshots(page, "speak")
 
     page.select_option("#tts-voice", label="Upload a reference clip…")
@@ -376,7 +376,7 @@ def test_voices_panel_consent_sample_speak_delete(ui_stack: dict[str, Any], page
     """The Voices view: a consent reading the phrase shown, a sample of the same (espeak)
     speaker, the voice listed, spoken with, deleted."""
     workdir = ui_stack["workdir"]
-    phrase = httpx.get(f"{ui_stack['url']}/api/config").json()["consent_phrases"]["en"]
+    phrase = http.get(f"{ui_stack['url']}/api/config").json()["consent_phrases"]["en"]
     for name, text in (("consent", phrase), ("sample", "Please call Stella and ask her to "
                        "bring these things with her from the store, and a snack for Bob.")):
         speak_to(workdir / f"{name}.wav", text)
@@ -434,11 +434,11 @@ def test_a_wrong_key_shows_the_error_and_a_right_one_works(
     base = ui_stack["keyed"]
     for path, kind in (("/", "text/html"), ("/static/app.js", "javascript"),
                        ("/static/style.css", "text/css")):  # the page itself is public
-        reply = httpx.get(base + path, timeout=10)
+        reply = http.get(base + path, timeout=10)
         assert reply.status_code == 200 and kind in reply.headers["content-type"], path
         assert reply.headers["cache-control"] == "no-cache"
-    assert httpx.get(f"{base}/static/nothing.js", timeout=10).status_code == 404
-    assert httpx.get(f"{base}/static/%2e%2e%2fapp.py", timeout=10).status_code == 404
+    assert http.get(f"{base}/static/nothing.js", timeout=10).status_code == 404
+    assert http.get(f"{base}/static/%2e%2e%2fapp.py", timeout=10).status_code == 404
 
     page.goto(base + "/")
     page.wait_for_selector("#alert:not([hidden])")

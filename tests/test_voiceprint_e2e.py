@@ -19,6 +19,7 @@ import redis
 
 from harness import procs
 from harness.conversation import speak_to
+from harness.http_client import http
 from harness.procs import ROOT, wait_until
 from tests.helpers import queue_counts, status, wait_done
 from tests.tiny import env_python
@@ -55,7 +56,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
     def live() -> bool:
         try:
-            ready = httpx.get(f"{url}/ready", timeout=5).json()
+            ready = http.get(f"{url}/ready", timeout=5).json()
         except (httpx.HTTPError, ValueError):
             return False
         return bool(ready.get("backends", {}).get("voiceprint", {}).get("live"))
@@ -73,7 +74,7 @@ def submit(url: str, clips: Path, main: str, reference: str | None = None,
     files = {"file": (f"{main}.wav", (clips / f"{main}.wav").read_bytes())}
     if reference is not None:
         files["reference"] = (f"{reference}.wav", (clips / f"{reference}.wav").read_bytes())
-    return httpx.post(f"{url}/api/voiceprint-submit", files=files, data=params, timeout=60)
+    return http.post(f"{url}/api/voiceprint-submit", files=files, data=params, timeout=60)
 
 
 def finished(url: str, reply: httpx.Response) -> dict[str, Any]:
@@ -82,12 +83,12 @@ def finished(url: str, reply: httpx.Response) -> dict[str, Any]:
 
 
 def test_config_ready_and_supervisord_show_it(stack: dict) -> None:
-    info = httpx.get(f"{stack['url']}/api/config").json()["backends"]["voiceprint"]
+    info = http.get(f"{stack['url']}/api/config").json()["backends"]["voiceprint"]
     assert info["kind"] == "analysis" and info["models"] == ["resemblyzer"]
     assert [clip["name"] for clip in info["inputs"]] == ["file", "reference"]
     assert info["params"][0] | {"doc": ""} == {"name": "threshold", "type": "number",
                                                "default": 0.8, "min": 0.0, "max": 1.0, "doc": ""}
-    ready = httpx.get(f"{stack['url']}/ready").json()["backends"]["voiceprint"]
+    ready = http.get(f"{stack['url']}/ready").json()["backends"]["voiceprint"]
     assert ready["ready"] and ready["workers"] == 1
     wait_until(lambda: "RUNNING" in stack["supervisor"].ctl("status", "voiceprint:voiceprint_00"),
                30, "supervisord counting the worker as started (startsecs)", 0.5)
@@ -111,7 +112,7 @@ def test_sage_scores_voices_deterministically_from_uploads_and_paths(stack: dict
     # Sage's own way: allowed paths in a JSON body rendered from the kind's template
     body = json.loads(SAGE.get_template("analysis_submit_request.json.j2").render(
         audio_path=str(clips / "us_1.wav"), params={"reference": str(clips / "us_2.wav")}))
-    by_path = finished(url, httpx.post(f"{url}/api/voiceprint-submit", json=body, timeout=60))
+    by_path = finished(url, http.post(f"{url}/api/voiceprint-submit", json=body, timeout=60))
     assert by_path["result"]["score"] == same["result"]["score"]
     rendered = json.loads(SAGE.get_template("analysis_status_response.json.j2").render(**by_path))
     assert rendered["status"] == "SUCCEEDED" and rendered["result"] == by_path["result"]
@@ -125,11 +126,11 @@ def test_refusals_queue_nothing_and_a_silent_clip_fails_its_task(stack: dict) ->
     url, clips = stack["url"], stack["clips"]
     before = queue_counts(stack["redis"], "voiceprint")
     refusals = {
-        "file": httpx.post(f"{url}/api/voiceprint-submit", data={"threshold": "0.5"}),
+        "file": http.post(f"{url}/api/voiceprint-submit", data={"threshold": "0.5"}),
         "threshold": submit(url, clips, "us_1", "us_2", threshold="1.5"),
         "reference": submit(url, clips, "us_1", "garbage"),
     }
-    outside = httpx.post(f"{url}/api/voiceprint-submit", timeout=30,
+    outside = http.post(f"{url}/api/voiceprint-submit", timeout=30,
                          json={"audio_path": str(clips / "us_1.wav"), "reference": "/etc/hostname"})
     refusals["reference (outside the roots)"] = outside
     for param, reply in refusals.items():
@@ -154,7 +155,7 @@ def test_metrics_and_the_smoke_test_cover_it(stack: dict) -> None:
     assert smoke.returncode == 0, smoke.stdout + smoke.stderr
     assert "OK voiceprint worker " in smoke.stdout and "OK voiceprint sage: " in smoke.stdout
     assert "score=1.0" in smoke.stdout  # the same clip on both sides
-    metrics = httpx.get(f"{stack['url']}/metrics").text
+    metrics = http.get(f"{stack['url']}/metrics").text
     assert 'speech_tasks_total{backend="voiceprint",outcome="SUCCEEDED"}' in metrics
     assert 'speech_queue_waiting{backend="voiceprint"} 0.0' in metrics
     assert status(stack["url"], "no-such-task")["status"] == "FAILED"

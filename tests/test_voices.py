@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import openai
 import pytest
@@ -23,6 +22,7 @@ from common.settings import CONSENT_PHRASES
 from gateway.auth import digest
 from harness import procs
 from harness.conversation import speak_to
+from harness.http_client import http
 from tests.tiny import env_python, tiny_model
 
 KEY, OTHER = "voices-key-0123456789", "voices-other-0123456789"
@@ -79,7 +79,7 @@ def clip(stack: dict[str, Any], name: str) -> Path:
 
 def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
     sdk, other = client(stack), client(stack, OTHER)
-    config = httpx.get(f"{stack['url']}/api/config", headers={"authorization": f"Bearer {KEY}"})
+    config = http.get(f"{stack['url']}/api/config", headers={"authorization": f"Bearer {KEY}"})
     assert config.json()["consent_phrases"]["en"] == CONSENT_PHRASES["en"]
 
     # a consent must read the phrase of its language
@@ -121,12 +121,12 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
             model="tts-1", voice={"id": voice.id}, input="Hello there.",
             response_format="pcm", stream_format="audio") as streamed:
         assert sum(len(chunk) for chunk in streamed.iter_bytes()) > 1000
-    submitted = httpx.post(f"{stack['url']}/api/xtts-submit",
+    submitted = http.post(f"{stack['url']}/api/xtts-submit",
                            headers={"authorization": f"Bearer {KEY}"},
                            data={"text": "Hello there.", "voice": voice.id}, timeout=60)
     assert submitted.status_code == 200, submitted.text
     deadline = time.monotonic() + 300
-    while (state := httpx.get(f"{stack['url']}/api/status", params={
+    while (state := http.get(f"{stack['url']}/api/status", params={
             "taskid": submitted.json()["taskid"]}, headers={"authorization": f"Bearer {KEY}"},
             timeout=30).json())["status"] not in ("SUCCEEDED", "FAILED"):
         assert time.monotonic() < deadline

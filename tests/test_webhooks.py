@@ -28,6 +28,7 @@ from common import keys
 from common.settings import Settings
 from gateway.app import create_app
 from harness import procs
+from harness.http_client import http
 from harness.procs import wait_until
 from tests.helpers import queue_counts, wait_task
 
@@ -145,7 +146,7 @@ def hooks(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver,
 
 def sage_submit(base: str, clip: Path, key: str = KEY, **params: str) -> httpx.Response:
     with clip.open("rb") as handle:
-        return httpx.post(f"{base}/api/faster-whisper-submit", headers=auth(key),
+        return http.post(f"{base}/api/faster-whisper-submit", headers=auth(key),
                           files={"file": (clip.name, handle)}, data=params, timeout=60)
 
 
@@ -172,15 +173,15 @@ def assert_signed(hit: Hit) -> None:
 
 
 def deliveries(base: str, task_id: str, key: str = KEY) -> httpx.Response:
-    return httpx.get(f"{base}/v1/tasks/{task_id}/deliveries", headers=auth(key), timeout=30)
+    return http.get(f"{base}/v1/tasks/{task_id}/deliveries", headers=auth(key), timeout=30)
 
 
 def redeliver(base: str, task_id: str, key: str = KEY) -> httpx.Response:
-    return httpx.post(f"{base}/v1/tasks/{task_id}/redeliver", headers=auth(key), timeout=30)
+    return http.post(f"{base}/v1/tasks/{task_id}/redeliver", headers=auth(key), timeout=30)
 
 
 def webhook_metric(base: str, outcome: str) -> float:
-    text = httpx.get(f"{base}/metrics", headers=auth(), timeout=30).text
+    text = http.get(f"{base}/metrics", headers=auth(), timeout=30).text
     line = f'speech_webhook_deliveries_total{{outcome="{outcome}"}} '
     return float(next(row for row in text.splitlines() if row.startswith(line)).split()[-1])
 
@@ -220,7 +221,7 @@ def test_openai_submit_redeliver_and_owner_scoped_routes(hooks: dict[str, Any],
                                                         receiver: Receiver) -> None:
     base = hooks["gateway"]
     with hooks["clip"].open("rb") as handle:
-        reply = httpx.post(f"{base}/v1/audio/transcriptions", headers=auth(),
+        reply = http.post(f"{base}/v1/audio/transcriptions", headers=auth(),
                            files={"file": ("hello.wav", handle)},
                            data={"model": "whisper-1", "callback_url": receiver.url("again")},
                            timeout=120)
@@ -302,7 +303,7 @@ def test_callback_urls_off_the_allow_list_are_refused_and_queue_nothing(
         assert sage.status_code == 400, (url, sage.text)
         assert sage.json()["status"] == "FAILED" and message in sage.json()["error"]
         with hooks["clip"].open("rb") as handle:
-            openai = httpx.post(f"{base}/v1/audio/transcriptions", headers=auth(),
+            openai = http.post(f"{base}/v1/audio/transcriptions", headers=auth(),
                                 files={"file": ("hello.wav", handle)},
                                 data={"model": "whisper-1", "callback_url": url}, timeout=60)
         assert openai.status_code == 400, (url, openai.text)
@@ -352,7 +353,7 @@ def test_gateways_killed_between_and_during_attempts_lose_nothing(
         refused = redeliver(base, task_id)
         assert refused.status_code == 409 and refused.json()["error"]["code"] == \
             "task_not_finished"
-        assert httpx.delete(f"{base}/v1/tasks/{task_id}", headers=auth(),
+        assert http.delete(f"{base}/v1/tasks/{task_id}", headers=auth(),
                             timeout=30).status_code == 200
         receiver.wait("kill", 1)
         wait_until(lambda: deliveries(base, task_id).json()["attempts"], 10, "the first record")

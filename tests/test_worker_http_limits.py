@@ -13,6 +13,7 @@ import pytest
 
 from common.settings import Settings
 from harness import procs
+from harness.http_client import http
 from tests.audio_fakes import lying_matroska
 from tests.helpers import JFK, JFK_TEXT, wer
 from workers.engine_host import EngineHost
@@ -44,7 +45,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
 
 def transcribe(url: str, files: dict, headers: dict | None = None, **data: str) -> httpx.Response:
-    return httpx.post(f"{url}/transcribe", files=files, data=data, headers=headers, timeout=60)
+    return http.post(f"{url}/transcribe", files=files, data=data, headers=headers, timeout=60)
 
 
 def test_the_secret_is_required_and_right(secured: dict) -> None:
@@ -58,7 +59,17 @@ def test_the_secret_is_required_and_right(secured: dict) -> None:
     reply = transcribe(url, jfk, AUTH)
     assert reply.status_code == 200, reply.text
     assert wer(JFK_TEXT, reply.json()["text"]) <= 0.10
-    assert httpx.get(f"{url}/health", timeout=10).json()["state"] in ("ready", "busy")
+    assert http.get(f"{url}/health", timeout=10).json()["state"] in ("ready", "busy")
+
+
+def test_a_refused_upload_reads_as_its_401_not_a_reset(secured: dict) -> None:
+    """The refusal comes before the body is read: unless the worker reads it first, its close
+    finds bytes unread and resets the connection, and the reset can take the 401 with it."""
+    for size in (1 << 16, 1 << 17, 1 << 18, 3 << 17, 1 << 19):  # 64-512 KiB
+        for _ in range(2):
+            reply = transcribe(secured["worker"], {"file": ("a.wav", bytes(size))},
+                               {"Authorization": "Bearer wrong"})
+            assert reply.status_code == 401 and reply.json()["code"] == "unauthorized", size
 
 
 def test_upload_limit_holds_while_streaming(secured: dict) -> None:
@@ -77,7 +88,7 @@ def test_upload_limit_holds_while_streaming(secured: dict) -> None:
 
     headers = {**AUTH, "Content-Type": f"multipart/form-data; boundary={boundary}"}
     try:
-        reply = httpx.post(f"{secured['worker']}/transcribe", content=body(), headers=headers,
+        reply = http.post(f"{secured['worker']}/transcribe", content=body(), headers=headers,
                            timeout=60)
         assert reply.status_code == 413, reply.text
         assert "the request body is larger than" in reply.json()["error"]

@@ -204,6 +204,7 @@ class RequireSecret:
         if scope["type"] == "http" and scope["path"] not in self.open_paths:
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             if not hmac.compare_digest(given, self.expected):
+                await _drain(receive)
                 payload = json.dumps({"error": "this worker needs its secret: "
                                                "Authorization: Bearer <SPEECH_WORKER_SECRET>",
                                       "code": "unauthorized"}).encode()
@@ -215,6 +216,24 @@ class RequireSecret:
                 await send({"type": "http.response.body", "body": payload})
                 return
         await self.app(scope, receive, send)
+
+
+#: a refused request's body is read (and dropped) up to this much, for at most this long
+DRAIN_BYTES, DRAIN_SECONDS = 1 << 20, 2.0
+
+
+async def _drain(receive: Receive) -> None:
+    """Read what is left of the request body, within bounds, before a refusal: a socket
+    closed with unread bytes in it is reset, and the reset takes the refusal with it (the
+    client sees "connection reset", not the 401 it was sent)."""
+    taken = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(DRAIN_SECONDS):
+            while taken <= DRAIN_BYTES:
+                message = await receive()
+                taken += len(message.get("body", b""))
+                if message["type"] != "http.request" or not message.get("more_body"):
+                    return
 
 
 def is_loopback(host: str) -> bool:
