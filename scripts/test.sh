@@ -10,7 +10,7 @@ scripts/install.sh --tests all
 # start would compile them again where PYTHONDONTWRITEBYTECODE is set)
 .venvs/core/bin/python -m compileall -q -j 0 bench common gateway harness scripts tests workers \
     >/dev/null
-# one worker process per core, each running whole files (a module's fixtures stay in one
+# test processes (see below), each running whole files (a module's fixtures stay in one
 # process); the tests' servers bind free ports in per-process temp dirs, so they never meet.
 # Then the tests marked `alone` (they time what they check, predicted waits or a failover,
 # which another file's engines on the same cores would skew), one after another. Exit code 5
@@ -19,8 +19,11 @@ scripts/install.sh --tests all
 # passively: with a team per process on both cores, two files' engines stall at each other's
 # barriers (the Parakeet check CLI took 131 s beside another file's engines, 13-17 s alone;
 # the whole parallel part 23:30 and 36 CPU-minutes, 18:11 and 31 with one passive thread).
+# One more process than cores: a quarter of the part's time a file waits (for a timer, an
+# idle unload, a browser), and a third process fills those gaps (TEST_PROCESSES sets it).
+processes=${TEST_PROCESSES:-$(($(nproc) + 1))}
 status=0
-OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venvs/core/bin/pytest -n auto --dist loadfile -m "not alone" "$@" || status=$?
+OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venvs/core/bin/pytest -n "$processes" --dist loadfile -m "not alone" "$@" || status=$?
 [ "$status" -eq 5 ] && status=0
 alone=0
 .venvs/core/bin/pytest -n 0 -m alone "$@" || alone=$?
