@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import xmlrpc.client
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -359,8 +360,20 @@ class Supervisor:
                              timeout=30)
         return out.stdout + out.stderr
 
+    def info(self, program: str) -> dict[str, Any]:
+        """supervisord's view of `program` ("group:name": pid, statename, …) over its
+        socket's XML-RPC: no supervisorctl process (~0.12 s of CPU) per look in a poll."""
+        from supervisor.xmlrpc import SupervisorTransport
+
+        transport = SupervisorTransport(None, None, f"unix://{self.workdir / 'supervisor.sock'}")
+        proxy = xmlrpc.client.ServerProxy("http://127.0.0.1", transport=transport)
+        return proxy.supervisor.getProcessInfo(program)
+
     def pid(self, program: str) -> int:
-        return int(self.ctl("pid", program).strip() or 0)
+        return int(self.info(program)["pid"])
+
+    def state(self, program: str) -> str:
+        return str(self.info(program)["statename"])
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -64,7 +64,7 @@ def test_broken_models_fail_their_own_tasks_and_never_take_the_worker_down(
         SPEECH_MODELS={BACKEND: models}, SPEECH_BATCH_WINDOW_MS="0")
     supervisor = procs.Supervisor(tmp_path, env).start()
     try:
-        wait_until(lambda: "RUNNING" in supervisor.ctl("status", PROGRAM), 60, "worker up", 0.2)
+        wait_until(lambda: supervisor.state(PROGRAM) == "RUNNING", 60, "worker up", 0.2)
         started = time.monotonic()
         rounds = [{model: submit_file(url, JFK, model=model).json()["taskid"] for model in models}
                   for _ in range(2)]
@@ -92,7 +92,7 @@ def test_broken_models_fail_their_own_tasks_and_never_take_the_worker_down(
         # the worker had lived its minimum uptime): two restarts, never a failed start
         log_path = tmp_path / "logs" / "supervisord.log"
         wait_until(lambda: log_path.read_text().count("exit status 1") == 2, 30, "2nd exit")
-        wait_until(lambda: "RUNNING" in supervisor.ctl("status", PROGRAM), 30, "RUNNING", 0.2)
+        wait_until(lambda: supervisor.state(PROGRAM) == "RUNNING", 30, "RUNNING", 0.2)
         time.sleep(1)
         log = log_path.read_text()
         assert log.count("exit status 1") == 2, log

@@ -90,7 +90,7 @@ def test_config_ready_and_supervisord_show_it(stack: dict) -> None:
                                                "default": 0.8, "min": 0.0, "max": 1.0, "doc": ""}
     ready = http.get(f"{stack['url']}/ready").json()["backends"]["voiceprint"]
     assert ready["ready"] and ready["workers"] == 1
-    wait_until(lambda: "RUNNING" in stack["supervisor"].ctl("status", "voiceprint:voiceprint_00"),
+    wait_until(lambda: stack["supervisor"].state("voiceprint:voiceprint_00") == "RUNNING",
                30, "supervisord counting the worker as started (startsecs)", 0.5)
 
 
