@@ -95,8 +95,8 @@ def build_config(tokenizer: Tokenizer) -> XttsConfig:
     args.gpt_num_audio_tokens = 1026
     args.gpt_start_audio_token = 1024
     args.gpt_stop_audio_token = 1025
-    # A random GPT rarely emits the stop token: this bounds each sentence to ~2 s of audio.
-    args.gpt_max_audio_tokens = 48
+    # A random GPT rarely emits the stop token: this bounds each sentence to ~1 s of audio.
+    args.gpt_max_audio_tokens = 24
     args.gpt_max_text_tokens = 402
     args.gpt_max_prompt_tokens = 70
     args.gpt_use_perceiver_resampler = True
