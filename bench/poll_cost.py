@@ -5,8 +5,12 @@ One gateway process on Redis, no worker. The tasks are written through the task 
 head of its queue, and a PENDING one behind 1000 queued tasks; the backend has a measured
 rate, so the queued polls compute their estimate as in production. For each case and each
 concurrency (8 and 32 connections), wrk runs `--seconds` against one URL; the target is
-status ÷ `/health` ≥ 0.8. wrk (Debian's `wrk`) runs one thread and stays far from the
-gateway's ceiling (its CPU % is reported with the gateway's and Redis's).
+status ÷ `/health` ≥ 0.8. The cases run in `--rounds` interleaved rounds (each round:
+`/health`, then the three polls, at each concurrency), and a case's ratio is the median of its
+rounds' ratios to the same round's `/health`: on a shared machine the floor moves by ±15 %
+between runs a minute apart, and one pair of runs reads that as a verdict. wrk (Debian's
+`wrk`) runs one thread and stays far from the gateway's ceiling (its CPU % is reported with
+the gateway's and Redis's).
 
 Then submits (POST /api/faster-whisper-submit of a 1 s WAV upload: parsing, the probe, the
 submit script), for their cost next to the polls' (no target). `--profile` also samples the
@@ -27,6 +31,7 @@ import asyncio  # noqa: E402
 import collections  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
+import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -168,6 +173,8 @@ def profile(py_spy: str, pid: int, url: str, seconds: float, out: Path,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="each wrk run")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds of every poll case (the ratio: their median)")
     parser.add_argument("--profile", action="store_true", help="sample the gateway too")
     parser.add_argument("--py-spy", default=shutil.which("py-spy") or "py-spy")
     parser.add_argument("--no-submit", dest="submit", action="store_false",
@@ -191,23 +198,42 @@ def main() -> None:
         submit_url = f"{stack.url}/api/faster-whisper-submit"
         for url in urls.values():  # warm-up: imports, scripts loaded, connections open
             wrk(url, 8, 1)
-        cases = [(case, url, None, c) for c in CONCURRENCY for case, url in urls.items()]
+        polls = [(case, url, None, c) for c in CONCURRENCY for case, url in urls.items()]
+        runs: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+        for round_ in range(1, args.rounds + 1):
+            for case, url, script, concurrency in polls:
+                result = measured(url, concurrency, args.seconds, pids, script)
+                result["ratio"] = result["rps"] / (
+                    result["rps"] if case == "health"
+                    else runs[f"health c={concurrency}"][-1]["rps"])
+                runs[f"{case} c={concurrency}"].append(result)
+                print(f"round {round_} {case:15} c={concurrency:<3} {result['rps']:8.0f} req/s"
+                      f"  ÷ health {result['ratio']:.3f}  p99 {result['p99_ms']} ms  gateway "
+                      f"{result['gateway_cpu_pct']} %", flush=True)
+        for name, found in runs.items():
+            case, _, concurrency = name.partition(" c=")
+            results[name] = {"case": case, "concurrency": int(concurrency),
+                             "rounds": [round(r["ratio"], 3) for r in found],
+                             **{key: statistics.median(r[key] for r in found)
+                                for key in found[0]}}
         if args.submit:  # last: the tasks it queues go behind every polled one
-            cases += [("submit", submit_url, upload, c) for c in CONCURRENCY]
-        for case, url, script, concurrency in cases:
-            result = measured(url, concurrency, args.seconds, pids, script)
-            results[f"{case} c={concurrency}"] = {"case": case, "concurrency": concurrency,
-                                                  **result}
-            print(f"{case:15} c={concurrency:<3} {result['rps']:8.0f} req/s  p99 "
-                  f"{result['p99_ms']} ms  gateway {result['gateway_cpu_pct']} %", flush=True)
+            for concurrency in CONCURRENCY:
+                result = measured(submit_url, concurrency, args.seconds, pids, upload)
+                results[f"submit c={concurrency}"] = {"case": "submit",
+                                                      "concurrency": concurrency, **result}
+                print(f"submit          c={concurrency:<3} {result['rps']:8.0f} req/s  p99 "
+                      f"{result['p99_ms']} ms  gateway {result['gateway_cpu_pct']} %",
+                      flush=True)
         if args.profile:
-            for case, url, script, _ in cases[:len(urls)] + cases[2 * len(urls):][:1]:
+            for case, url, script, _ in polls[:len(urls)]:
                 profiles[case] = profile(args.py_spy, pids["gateway"], url, args.seconds,
                                          folder / "spy.txt", script)
-    rows, verdicts = [], []
+            profiles["submit"] = profile(args.py_spy, pids["gateway"], submit_url,
+                                         args.seconds, folder / "spy.txt", upload)
+    rows, verdicts = [], []  # a poll's ratio: the median of its rounds' (see the docstring)
     for r in results.values():
         floor = results[f"health c={r['concurrency']}"]["rps"]
-        r["ratio"] = round(r["rps"] / floor, 3)
+        r["ratio"] = round(r.get("ratio", r["rps"] / floor), 3)
         if r["case"] not in ("health", "submit"):
             verdicts.append(f"{r['case']} c={r['concurrency']}: "
                             f"{bc.verdict(r['ratio'], TARGET, at_most=False)}")
@@ -224,8 +250,8 @@ def main() -> None:
               f"{found['other_threads_pct']} %; frames by inclusive % of the busy loop --")
         for frame, share in found["frames"]:
             print(f"{share:6.1f}  {frame}")
-    bc.write_json(NAME, {"seconds": args.seconds, "target": TARGET, "cases": results,
-                         "verdicts": verdicts, "profiles": profiles}, started)
+    bc.write_json(NAME, {"seconds": args.seconds, "rounds": args.rounds, "target": TARGET,
+                         "cases": results, "verdicts": verdicts, "profiles": profiles}, started)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,12 @@ scripts/install.sh --tests all
 # passively: with a team per process on both cores, two files' engines stall at each other's
 # barriers (the Parakeet check CLI took 131 s beside another file's engines, 13-17 s alone;
 # the whole parallel part 23:30 and 36 CPU-minutes, 18:11 and 31 with one passive thread).
+# Files go out longest first (tests/conftest.py LONG_FILES), so the part ends on short files.
 # One more process than cores: a quarter of the part's time a file waits (for a timer, an
 # idle unload, a browser), and a third process fills those gaps (TEST_PROCESSES sets it).
 processes=${TEST_PROCESSES:-$(($(nproc) + 1))}
 status=0
-OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venvs/core/bin/pytest -n "$processes" --dist loadfile -m "not alone" "$@" || status=$?
+OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE .venvs/core/bin/pytest -n "$processes" --dist loadfile --no-loadscope-reorder -m "not alone" "$@" || status=$?
 [ "$status" -eq 5 ] && status=0
 alone=0
 .venvs/core/bin/pytest -n 0 -m alone "$@" || alone=$?

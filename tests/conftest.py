@@ -8,6 +8,23 @@ import pytest
 from harness import procs
 from harness.conversation import speak_to
 
+#: the files that take a minute or more of a test process (their fixtures' engines included),
+#: longest first: scripts/test.sh hands files out in collection order (xdist's reordering by
+#: test count off), so the parallel part starts on these and ends on short files, not on a
+#: lone long one while the other processes sit idle
+LONG_FILES = ("test_diarization.py", "test_lifecycle.py", "test_backends_e2e.py",
+              "test_realtime.py", "test_core_path.py", "test_ui_browser.py", "test_full_stack.py",
+              "test_batching.py", "test_diarization_pyannote.py", "test_engine_xtts.py",
+              "test_tts_stream.py", "test_store_lifetimes.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    missing = [name for name in LONG_FILES if not (Path(__file__).parent / name).is_file()]
+    if missing:
+        raise pytest.UsageError(f"LONG_FILES names files that do not exist: {missing}")
+    rank = {name: index for index, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _stop_leftover_processes() -> Iterator[None]:
