@@ -2,8 +2,8 @@
 the tiny random checkpoint. Sage submit + poll + signed audio URL, `/v1/audio/speech` through
 the official `openai` SDK, refusals that queue nothing, idle unload and the load-failure exit.
 
-Each synthesis speaks one short sentence (the tiny model's GPT is capped at 48 audio tokens:
-about 1-2 s of CPU each); the worker-killing load failure runs last.
+Each synthesis speaks one short sentence (the tiny model's GPT is capped at 24 audio tokens:
+about 0.7 s of CPU each); the worker-killing load failure runs last.
 """
 
 from __future__ import annotations
