@@ -175,7 +175,8 @@ def create_worker_app(host: EngineHost, health: Health | None = None,
         return limited
     # Outside the body limit: a request without the secret is refused before its body is read.
     return RequireSecret(limited, settings.worker_secret,
-                         frozenset({"/health"}) if open_health else frozenset())
+                         frozenset({"/health"}) if open_health else frozenset(),
+                         drain_bytes=settings.max_body_bytes)
 
 
 def _wrong_endpoint(host: EngineHost) -> JSONResponse:
@@ -193,18 +194,22 @@ def _ignore(_: object) -> None:
 
 class RequireSecret:
     """ASGI middleware: every HTTP request but `open_paths` carries `Authorization: Bearer
-    <secret>` (compared in constant time), else a 401."""
+    <secret>` (compared in constant time), else a 401. A refused request's body is read and
+    dropped first, up to `drain_bytes` (what the route would have read had the secret been
+    right) and for at most DRAIN_SECONDS."""
 
-    def __init__(self, app: ASGIApp, secret: str, open_paths: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, secret: str, open_paths: frozenset[str],
+                 drain_bytes: int) -> None:
         self.app = app
         self.expected = f"Bearer {secret}".encode()
         self.open_paths = open_paths
+        self.drain_bytes = drain_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in self.open_paths:
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             if not hmac.compare_digest(given, self.expected):
-                await _drain(receive)
+                await _drain(receive, self.drain_bytes)
                 payload = json.dumps({"error": "this worker needs its secret: "
                                                "Authorization: Bearer <SPEECH_WORKER_SECRET>",
                                       "code": "unauthorized"}).encode()
@@ -218,18 +223,20 @@ class RequireSecret:
         await self.app(scope, receive, send)
 
 
-#: a refused request's body is read (and dropped) up to this much, for at most this long
-DRAIN_BYTES, DRAIN_SECONDS = 1 << 20, 2.0
+#: a refused request's body is read (and dropped) for at most this long
+DRAIN_SECONDS = 2.0
 
 
-async def _drain(receive: Receive) -> None:
+async def _drain(receive: Receive, most_bytes: int) -> None:
     """Read what is left of the request body, within bounds, before a refusal: a socket
     closed with unread bytes in it is reset, and the reset takes the refusal with it (the
-    client sees "connection reset", not the 401 it was sent)."""
+    client sees "connection reset", not the 401 it was sent). A bound below the uploads the
+    worker takes would bring the reset back for the large ones (a 1 MiB bound did, for
+    jfk.flac's 1.15 MB)."""
     taken = 0
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(DRAIN_SECONDS):
-            while taken <= DRAIN_BYTES:
+            while taken <= most_bytes:
                 message = await receive()
                 taken += len(message.get("body", b""))
                 if message["type"] != "http.request" or not message.get("more_body"):
