@@ -33,14 +33,15 @@ from tests.inprocess import InProcessWorker, worker_settings
 BACKEND = "faster-whisper"
 
 
-def noise_wav(seconds: float, seed: int) -> bytes:
-    """Quiet noise: 16 kHz 16-bit mono, 32 KB per second; VAD finds no speech in it."""
-    samples = np.random.default_rng(seed).normal(0, 30, int(16000 * seconds)).astype(np.int16)
+def noise_wav(seconds: float, seed: int, rate: int = 16000, channels: int = 1) -> bytes:
+    """Quiet noise, 16-bit (at 16 kHz mono 32 KB per second); VAD finds no speech in it."""
+    samples = np.random.default_rng(seed).normal(
+        0, 30, int(rate * seconds) * channels).astype(np.int16)
     buffer = io.BytesIO()
     with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
+        out.setnchannels(channels)
         out.setsampwidth(2)
-        out.setframerate(16000)
+        out.setframerate(rate)
         out.writeframes(samples.tobytes())
     return buffer.getvalue()
 
@@ -83,7 +84,9 @@ def test_a_refused_or_repeated_upload_leaves_no_staged_blob(service: dict) -> No
 
 def test_inputs_leave_redis_with_their_terminal_write(service: dict) -> None:
     gateway, client = service["gateway"].url, service["redis"].client()
-    clip = noise_wav(32.0, seed=1)  # 1 MiB
+    # 1 MiB in 5.5 s of audio (48 kHz stereo): the blobs' size is what matters here, and the
+    # worker's decode and VAD then cover 5.5 s a task, not 32
+    clip = noise_wav(5.5, seed=1, rate=48000, channels=2)
     assert len(clip) > 1_000_000
     first = http.post(f"{gateway}/api/{BACKEND}-submit", files={"file": ("n.wav", clip)},
                        data={"vad_filter": "true"}, timeout=60).json()["taskid"]
