@@ -198,14 +198,13 @@ def main() -> None:
         submit_url = f"{stack.url}/api/faster-whisper-submit"
         for url in urls.values():  # warm-up: imports, scripts loaded, connections open
             wrk(url, 8, 1)
-        polls = [(case, url, None, c) for c in CONCURRENCY for case, url in urls.items()]
+        polls = [(case, url, c) for c in CONCURRENCY for case, url in urls.items()]
         runs: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
         for round_ in range(1, args.rounds + 1):
-            for case, url, script, concurrency in polls:
-                result = measured(url, concurrency, args.seconds, pids, script)
-                result["ratio"] = result["rps"] / (
-                    result["rps"] if case == "health"
-                    else runs[f"health c={concurrency}"][-1]["rps"])
+            for case, url, concurrency in polls:  # /health first in each concurrency's round
+                result = measured(url, concurrency, args.seconds, pids)
+                floor = runs[f"health c={concurrency}"][-1]["rps"] if case != "health" else None
+                result["ratio"] = result["rps"] / floor if floor else 1.0
                 runs[f"{case} c={concurrency}"].append(result)
                 print(f"round {round_} {case:15} c={concurrency:<3} {result['rps']:8.0f} req/s"
                       f"  ÷ health {result['ratio']:.3f}  p99 {result['p99_ms']} ms  gateway "
@@ -225,9 +224,9 @@ def main() -> None:
                       f"{result['p99_ms']} ms  gateway {result['gateway_cpu_pct']} %",
                       flush=True)
         if args.profile:
-            for case, url, script, _ in polls[:len(urls)]:
+            for case, url, _ in polls[:len(urls)]:
                 profiles[case] = profile(args.py_spy, pids["gateway"], url, args.seconds,
-                                         folder / "spy.txt", script)
+                                         folder / "spy.txt")
             profiles["submit"] = profile(args.py_spy, pids["gateway"], submit_url,
                                          args.seconds, folder / "spy.txt", upload)
     rows, verdicts = [], []  # a poll's ratio: the median of its rounds' (see the docstring)

@@ -29,6 +29,8 @@ PROBE_DECODE_PACKETS = 32
 #: AC-3/DTS), on every open (the gateway's probe, then the worker's decode); a file these
 #: bytes do not identify is opened again with the default
 PROBE_BYTES = 1 << 16
+#: what av.open raises for a file it cannot read
+_OPEN_ERRORS = (av.FFmpegError, UnicodeDecodeError, ValueError)
 
 
 class AudioError(ValueError):
@@ -57,17 +59,18 @@ def _open(source: SourceType) -> av.container.InputContainer:
             raise AudioError("the audio file is empty")
     elif os.fstat(source.fileno()).st_size == 0:
         raise AudioError("the audio file is empty")
-    with contextlib.suppress(av.FFmpegError, UnicodeDecodeError, ValueError):
+    start = None if isinstance(source, str | Path) else source.tell()
+    with contextlib.suppress(*_OPEN_ERRORS):
         container = av.open(source, mode="r", metadata_errors="ignore",
                             options={"probesize": str(PROBE_BYTES)})
         if _identified(container):
             return container
         container.close()
-    if not isinstance(source, str | Path):
-        source.seek(0)
+    if start is not None:
+        source.seek(start)  # type: ignore[union-attr]
     try:  # what the first PROBE_BYTES do not identify: with FFmpeg's default (5 MB)
         container = av.open(source, mode="r", metadata_errors="ignore")
-    except (av.FFmpegError, UnicodeDecodeError, ValueError) as exc:
+    except _OPEN_ERRORS as exc:
         raise AudioError(f"not a readable audio file ({_reason(exc)})") from None
     if not container.streams.audio:
         container.close()

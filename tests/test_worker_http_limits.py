@@ -50,6 +50,12 @@ def transcribe(url: str, files: dict, headers: dict | None = None, **data: str) 
     return http.post(f"{url}/transcribe", files=files, data=data, headers=headers, timeout=60)
 
 
+def multipart_head(boundary: str, filename: str) -> bytes:
+    """The start of a one-file multipart body, up to the file's bytes."""
+    return (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+            f'filename="{filename}"\r\nContent-Type: application/octet-stream\r\n\r\n').encode()
+
+
 def test_the_secret_is_required_and_right(secured: dict) -> None:
     url = secured["worker"]
     jfk = {"file": ("jfk.flac", JFK.read_bytes())}
@@ -73,9 +79,7 @@ def test_a_refused_upload_reads_as_its_401_not_a_reset(secured: dict) -> None:
     host, port = secured["worker"].removeprefix("http://").split(":")
     for size in (1 << 16, 1 << 19, 3 << 19, (UPLOAD_MIB << 20) - 99_999):
         boundary = "refused-boundary"
-        body = (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
-                f'filename="a.wav"\r\n\r\n').encode() + bytes(size) + \
-            f"\r\n--{boundary}--\r\n".encode()
+        body = multipart_head(boundary, "a.wav") + bytes(size) + f"\r\n--{boundary}--\r\n".encode()
         head = (f"POST /transcribe HTTP/1.1\r\nHost: {host}\r\n"
                 f"Authorization: Bearer wrong\r\nContent-Length: {len(body)}\r\n"
                 f"Content-Type: multipart/form-data; boundary={boundary}\r\n\r\n").encode()
@@ -91,8 +95,7 @@ def test_a_refused_upload_reads_as_its_401_not_a_reset(secured: dict) -> None:
 
 def test_upload_limit_holds_while_streaming(secured: dict) -> None:
     boundary = "limit-boundary"
-    head = (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.wav"'
-            "\r\nContent-Type: application/octet-stream\r\n\r\n").encode()
+    head = multipart_head(boundary, "big.wav")
     sent = 0
 
     def body() -> Iterator[bytes]:  # no Content-Length: only counting the stream can stop it
