@@ -13,7 +13,11 @@ the machine's background load hits all alike), in a rotating order:
   Redis pub/sub (upload, probe, submit, worker dispatch, run, result, reply);
 - sage: POST /api/faster-whisper-submit, then GET /api/status every --poll-ms, over one
   raw keep-alive socket (bench.common.StatusPoller): Sage polls from its own host, so the
-  poll's client CPU must not slow the engine here; httpx's cost a poll is printed beside.
+  poll's client CPU must not slow the engine here; httpx's cost a poll is printed beside;
+- openai_polled (no target): the openai call while another socket polls a finished task
+  every --poll-ms, as sage's polls do: what the same rate of polls costs the engine on
+  these cores when the polls are not the caller's own (the sage mode's gap less this one is
+  what the Sage path itself adds).
 
 Targets (median of each mode ÷ median of bare, jfk.flac, tiny.en on CPU): openai <= 1.02,
 sage <= 1.05 (the Sage ratio includes the poll interval: on average half of it).
@@ -34,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse  # noqa: E402
 import functools  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -43,7 +48,7 @@ from bench import common as bc  # noqa: E402
 
 NAME = "gateway_overhead"
 TARGETS = {"openai": 1.02, "sage": 1.05}  # ÷ bare
-MODES = ("bare", "direct", "openai", "sage")
+MODES = ("bare", "direct", "openai", "sage", "openai_polled")
 BUSY = 3  # processes sharing the cores in the throughput case
 
 
@@ -64,13 +69,13 @@ def main() -> None:
     direct = bc.Direct()
     bare = bc.Bare()
     wall: dict[str, list[float]] = {mode: [] for mode in MODES}
-    worker_run: dict[str, list[float]] = {"openai": [], "sage": []}
-    dispatch: dict[str, list[float]] = {"openai": [], "sage": []}
+    worker_run: dict[str, list[float]] = {"openai": [], "sage": [], "openai_polled": []}
+    dispatch: dict[str, list[float]] = {"openai": [], "sage": [], "openai_polled": []}
     texts: dict[str, set[str]] = {mode: set() for mode in MODES}
 
     with bc.Stack(NAME) as stack, httpx.Client() as client:
         base = stack.url
-        poller = bc.StatusPoller(base)
+        poller, other_poller = bc.StatusPoller(base), bc.StatusPoller(base)
         sage_ids: list[str] = []
 
         def run_direct() -> tuple[float, str | None]:
@@ -80,7 +85,7 @@ def main() -> None:
             texts["direct"].add(result["text"])
             return elapsed, None
 
-        def run_openai() -> tuple[float, str | None]:
+        def run_openai(mode: str = "openai") -> tuple[float, str | None]:
             start = time.perf_counter()
             reply = client.post(f"{base}/v1/audio/transcriptions",
                                 files={"file": (args.audio.name, audio)},
@@ -88,7 +93,7 @@ def main() -> None:
                                 timeout=300)
             elapsed = time.perf_counter() - start
             reply.raise_for_status()
-            texts["openai"].add(reply.json()["text"])
+            texts[mode].add(reply.json()["text"])
             return elapsed, reply.headers["x-task-id"]
 
         def run_sage() -> tuple[float, str | None]:
@@ -100,13 +105,29 @@ def main() -> None:
             sage_ids.append(task_id)
             return elapsed, task_id
 
+        def run_openai_polled() -> tuple[float, str | None]:
+            polling = threading.Event()
+            thread = threading.Thread(target=poll_other, args=(polling,))
+            polling.set()
+            thread.start()
+            try:
+                return run_openai("openai_polled")
+            finally:
+                polling.clear()
+                thread.join()
+
+        def poll_other(polling: threading.Event) -> None:
+            while polling.is_set():
+                other_poller.status(sage_ids[0])
+                time.sleep(args.poll_ms / 1000)
+
         def run_bare() -> tuple[float, str | None]:
             done = bare.transcribe(args.audio)
             texts["bare"].add(done["text"])
             return done["seconds"], None
 
         runners = {"bare": run_bare, "direct": run_direct, "openai": run_openai,
-                   "sage": run_sage}
+                   "sage": run_sage, "openai_polled": run_openai_polled}
         for _ in range(2):  # warm-up: the worker loads its model on its first task
             for mode in MODES:
                 runners[mode]()
@@ -126,6 +147,7 @@ def main() -> None:
             reps += 1
         poll_cpu = client_cpu_per_poll(client, poller, base, sage_ids[-1])
         poller.close()
+        other_poller.close()
     direct.close()
     bare.close()
     omp = omp_policies(args.audio, args.omp_reps, args.omp_seconds) if args.omp_seconds else {}
@@ -156,6 +178,11 @@ def main() -> None:
     for mode, verdict in verdicts.items():
         print(f"{mode} ÷ bare faster-whisper (default OpenMP policy), median: {verdict}")
     print(f"direct (in-process, PASSIVE) ÷ bare: {modes_out['direct']['ratio_of_medians']:.3f}")
+    polled_run = modes_out["openai_polled"]["worker_run_ms"].get("p50")
+    openai_run = modes_out["openai"]["worker_run_ms"].get("p50")
+    if polled_run and openai_run:
+        print(f"the worker's run while another task is polled every {args.poll_ms:g} ms ÷ "
+              f"without: {polled_run / openai_run:.3f} (what those polls cost the engine here)")
     print(f"same transcript on every path: {same}")
     print("client CPU a status poll (ms): " + ", ".join(f"{name} {ms:.3f}"
                                                       for name, ms in poll_cpu.items()))
