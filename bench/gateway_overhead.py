@@ -69,8 +69,9 @@ def main() -> None:
     direct = bc.Direct()
     bare = bc.Bare()
     wall: dict[str, list[float]] = {mode: [] for mode in MODES}
-    worker_run: dict[str, list[float]] = {"openai": [], "sage": [], "openai_polled": []}
-    dispatch: dict[str, list[float]] = {"openai": [], "sage": [], "openai_polled": []}
+    # the modes through the gateway: their task records give the worker's run and dispatch
+    worker_run: dict[str, list[float]] = {mode: [] for mode in MODES[2:]}
+    dispatch: dict[str, list[float]] = {mode: [] for mode in MODES[2:]}
     texts: dict[str, set[str]] = {mode: set() for mode in MODES}
 
     with bc.Stack(NAME) as stack, httpx.Client() as client:

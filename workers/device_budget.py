@@ -204,7 +204,11 @@ def for_worker(settings: Settings, store: WorkerStore, device: str,
     return BrokeredBudget(settings, store, f"{socket.gethostname()}/{label}", budget)
 
 
+def slack_ratio(device: str) -> float:
+    """How far over its reservation a peak on `device` may go (PEAK_SLACK_RATIO)."""
+    return PEAK_SLACK_RATIO["cuda" if device == "cuda" else "cpu"]
+
+
 def peak_over(peak_mib: float, reserved_mib: float, device: str) -> bool:
     """A measured peak too far over its reservation to go on serving."""
-    ratio = PEAK_SLACK_RATIO["cuda" if device == "cuda" else "cpu"]
-    return peak_mib > reserved_mib + max(PEAK_SLACK_MIB, ratio * reserved_mib)
+    return peak_mib > reserved_mib + max(PEAK_SLACK_MIB, slack_ratio(device) * reserved_mib)

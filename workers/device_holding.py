@@ -12,7 +12,7 @@ from typing import Any
 
 from common.schemas import ErrorCode
 from workers import memory
-from workers.device_budget import PEAK_SLACK_RATIO, PLAIN, DeviceBudget, PeakClass, peak_over
+from workers.device_budget import PLAIN, DeviceBudget, PeakClass, peak_over, slack_ratio
 from workers.execute import TaskError
 from workers.models import ModelSlot
 
@@ -107,8 +107,7 @@ class DeviceHolding:
             # refused after the load alone, the peak lacks a task's own memory (tiny.en on
             # cpu: 106 MiB loaded, 152 after jfk.flac), so the next reservation adds the slack
             # the check allows, or it is refused again after its first task
-            slack = PEAK_SLACK_RATIO["cuda" if self.device == "cuda" else "cpu"]
-            recorded = peak if after_task else peak * (1 + slack)
+            recorded = peak if after_task else peak * (1 + slack_ratio(self.device))
             try:
                 await self.budget.record_peak(model, recorded, self.held_class)
             except Exception as exc:
