@@ -9,6 +9,9 @@ from the moment the connection opens). When a response went out before its reque
 was read (a 401, a 413), uvicorn keeps reading that body to reuse the connection; that gets
 `body_timeout_seconds`. The body a route reads is bounded by gateway/process/limits.py.
 
+Sage's plain status polls skip h11 here (gateway/process/fast_poll.py): same app, same
+deadlines, a reply written as bytes.
+
 Use it with `uvicorn --http gateway.process.slow_clients:SlowClientProtocol` (`http=` in
 uvicorn.Config).
 """
@@ -20,9 +23,10 @@ import socket
 from typing import Any
 
 import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 
 from common.settings import get_settings
+from gateway.process import fast_poll
 
 
 class SlowClientProtocol(H11Protocol):
@@ -34,6 +38,10 @@ class SlowClientProtocol(H11Protocol):
         self.send_buffer = settings.send_buffer_bytes
         self._deadline: asyncio.TimerHandle | None = None
         self._draining_deadline = False
+        #: a poll answered without h11 is in flight: what arrives meanwhile waits here
+        self._polling = False
+        self._held = bytearray()
+        self._close_after_poll = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -42,6 +50,18 @@ class SlowClientProtocol(H11Protocol):
         self._arm(self.header_timeout)
 
     def data_received(self, data: bytes) -> None:
+        if self._polling:  # a pipelined request: read on once the poll is answered, as h11 does
+            self._held += data
+            self.flow.pause_reading()
+            return
+        if (data.startswith(fast_poll.PREFIX)
+                and self.conn.their_state is h11.IDLE and self.conn.our_state is h11.IDLE
+                and not self.conn.trailing_data[0] and self.limit_concurrency is None
+                and (head := fast_poll.parse(data)) is not None):
+            self._unset_keepalive_if_required()
+            self._disarm()  # the head is complete
+            self._start_poll(head)
+            return
         if self._deadline is None and self.conn.their_state is h11.IDLE:
             self._arm(self.header_timeout)  # the first bytes of a keep-alive's next request
         super().data_received(data)
@@ -61,6 +81,47 @@ class SlowClientProtocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        if self._polling:  # as uvicorn does with a cycle in flight: close once it is answered
+            self._close_after_poll = True
+            return
+        super().shutdown()
+
+    # --- a poll without h11 (gateway/process/fast_poll.py) -------------------------------
+
+    def _start_poll(self, head: fast_poll.PollHead) -> None:
+        self._polling = True
+        task = self.loop.create_task(self._answer_poll(fast_poll.scope_of(head, self)))
+        self.tasks.add(task)  # the server waits for these on shutdown
+        task.add_done_callback(self.tasks.discard)
+
+    async def _answer_poll(self, scope: dict[str, Any]) -> None:
+        reply = fast_poll.Reply()
+        try:
+            await self.app(scope, fast_poll.receive, reply.send)
+            if not reply.complete:
+                raise RuntimeError("the app returned without completing its response")
+        except Exception as exc:  # what uvicorn's cycle answers: a 500 that closes
+            self.logger.error("Exception in ASGI application\n", exc_info=exc)
+            reply = fast_poll.Reply(500, [(b"content-type", b"text/plain; charset=utf-8"),
+                                          (b"connection", b"close")],
+                                    bytearray(b"Internal Server Error"), True)
+        finally:
+            self._polling = False
+        fast_poll.access_line(self, scope, reply.status)
+        if self.transport.is_closing():
+            return
+        self.transport.write(reply.encoded(self.server_state.default_headers,
+                                           STATUS_PHRASES[reply.status]))
+        if reply.closes or self._close_after_poll:
+            self.conn.send(h11.ConnectionClosed())
+            self.transport.close()
+            return
+        self.on_response_complete()
+        if self._held:
+            held, self._held = bytes(self._held), bytearray()
+            self.data_received(held)
 
     def _draining(self) -> bool:
         """The response is out but the client is still sending a body nobody reads."""

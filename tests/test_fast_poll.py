@@ -1,0 +1,156 @@
+"""Sage's plain status poll is answered without h11 (gateway/process/fast_poll.py), and every
+other form of the same request still through h11: both give the same reply, keep-alive and
+pipelining still work, and what the fast path declines is still answered."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.auth import digest
+from gateway.process import fast_poll
+from harness import procs
+
+KEY = "fast-poll-key-0123456789"
+AUTH = f"Authorization: Bearer {KEY}\r\n"
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory, speech_clip: Path) -> Iterator[dict]:
+    """A keyed gateway with no worker: a submitted task stays queued."""
+    workdir = tmp_path_factory.mktemp("fast-poll")
+    server = procs.RedisServer(workdir / "redis", appendonly=False).start()
+    service = procs.gateway(server.url, workdir, api_keys=[f"sha256:{digest(KEY)}"]).start()
+    from harness.http_client import http
+
+    reply = http.post(f"{service.url}/api/faster-whisper-submit",
+                      files={"file": ("clip.wav", speech_clip.read_bytes())},
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    yield {"port": int(service.url.rsplit(":", 1)[1]), "url": service.url,
+           "task": reply.json()["task_id"], "pid": service.pid}
+    service.stop()
+    server.stop()
+
+
+def _poll(task: str, extra: str = "", version: str = "1.1") -> bytes:
+    return f"GET /api/status?taskid={task} HTTP/{version}\r\nHost: x\r\n{extra}\r\n".encode()
+
+
+def _replies(port: int, pieces: list[bytes], count: int) -> tuple[list[tuple[str, dict, bytes]],
+                                                                 bool]:
+    """Send `pieces` (each its own send) on one connection and read `count` replies:
+    (status line, headers, body) each, and whether the server then closed the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        for piece in pieces:
+            sock.sendall(piece)
+        buffer, replies = b"", []
+        while len(replies) < count:
+            while b"\r\n\r\n" not in buffer:
+                data = sock.recv(65536)
+                assert data, f"closed after {len(replies)} replies"
+                buffer += data
+            head, _, buffer = buffer.partition(b"\r\n\r\n")
+            status, *lines = head.decode().split("\r\n")
+            headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines)}
+            if "content-length" not in headers:  # h11's own 400: the body ends at the close
+                while data := sock.recv(65536):
+                    buffer += data
+                return [*replies, (status, headers, buffer)], True
+            size = int(headers["content-length"])
+            while len(buffer) < size:
+                data = sock.recv(65536)
+                assert data, "closed inside a body"
+                buffer += data
+            replies.append((status, headers, buffer[:size]))
+            buffer = buffer[size:]
+        sock.settimeout(0.5)
+        try:
+            closed = sock.recv(1) == b""
+        except TimeoutError:
+            closed = False
+    return replies, closed
+
+
+def test_the_plain_poll_parses_and_every_other_form_is_declined() -> None:
+    head = fast_poll.parse(b"GET /api/faster-whisper-status?taskid=a1 HTTP/1.1\r\n"
+                           b"Host: x\r\nAuthorization: Bearer k\r\nContent-Length: 0\r\n\r\n")
+    assert head is not None
+    assert head.raw_path == b"/api/faster-whisper-status" and head.query_string == b"taskid=a1"
+    assert (b"authorization", b"Bearer k") in head.headers
+    declined = [
+        b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\n",  # the head is not complete
+        b"GET /api/status?taskid=a HTTP/1.0\r\nHost: x\r\n\r\n",
+        b"HEAD /api/status?taskid=a HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"POST /api/status HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /api/%73tatus?taskid=a HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /api/tasks?taskid=a HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /api/status?taskid=a HTTP/1.1\r\n\r\n",  # no Host
+        b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+        b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc",
+        b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n",
+        b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n",
+        b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n",
+        b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n",
+        b"GET /api/status?taskid=a HTTP/1.1\r\nHost: \xc3\xa9\r\n\r\n",
+        b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\n\r\n"  # pipelined: two heads
+        b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 9000 + b"\r\n\r\n",
+    ]
+    for data in declined:
+        assert fast_poll.parse(data) is None, data
+
+
+def test_a_poll_reads_the_same_with_or_without_h11(gateway: dict) -> None:
+    """The same poll whole (the fast path) and with its head split over two sends (h11): the
+    same status, headers and body; a refused key reads alike too (HTTP 200, Sage's form)."""
+    for extra in (AUTH, "Authorization: Bearer wrong-key-0123456789\r\n"):
+        request = _poll(gateway["task"], extra)
+        (fast,), _ = _replies(gateway["port"], [request], 1)
+        (slow,), _ = _replies(gateway["port"], [request[:20], request[20:]], 1)
+        assert fast[0] == slow[0] == "HTTP/1.1 200 OK"
+        assert fast[2] == slow[2]
+        assert set(fast[1]) == set(slow[1]), (fast[1], slow[1])
+        assert fast[1]["content-type"] == "application/json"
+    body = json.loads(fast[2])
+    assert body["status"] == "FAILED" and "key" in json.dumps(body).lower(), body
+    (mine,), _ = _replies(gateway["port"], [_poll(gateway["task"], AUTH)], 1)
+    pending = json.loads(mine[2])
+    assert pending["status"] == "PENDING" and pending["queue_position"] == 1, pending
+
+
+def test_keep_alive_and_pipelining_go_on_across_both_paths(gateway: dict) -> None:
+    task = gateway["task"]
+    polls = [_poll(task, AUTH)] * 3
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    # one connection: three polls each its own send, a /health (h11), a poll again; then
+    # two polls in one send (h11 reads both) and a poll sent while the one before is out
+    replies, closed = _replies(gateway["port"], [*polls, health, polls[0]], 5)
+    assert [r[0] for r in replies] == ["HTTP/1.1 200 OK"] * 5 and not closed
+    assert json.loads(replies[3][2]) == {"status": "ok"}
+    assert all(json.loads(r[2])["status"] == "PENDING" for r in replies[:3] + replies[4:])
+    replies, closed = _replies(gateway["port"], [polls[0] + polls[0], polls[0], health], 4)
+    assert [json.loads(r[2]).get("task_id") for r in replies] == [task, task, task, None]
+    assert not closed
+
+
+def test_what_the_fast_path_declines_is_still_answered(gateway: dict) -> None:
+    task = gateway["task"]
+    (reply,), closed = _replies(gateway["port"], [_poll(task, AUTH, version="1.0")], 1)
+    assert json.loads(reply[2])["status"] == "PENDING" and closed
+    (reply,), closed = _replies(gateway["port"], [_poll(task, AUTH + "Connection: close\r\n")],
+                                1)
+    assert json.loads(reply[2])["status"] == "PENDING" and closed
+    escaped = _poll(task, AUTH).replace(b"/api/status", b"/api/%73tatus")
+    (reply,), _ = _replies(gateway["port"], [escaped], 1)
+    assert json.loads(reply[2])["status"] == "PENDING"
+    (reply,), closed = _replies(gateway["port"], [b"GET /api/status HTTP/1.1\r\n\r\n"], 1)
+    assert reply[0].startswith("HTTP/1.1 400") and closed  # h11: no Host
+    replies, _ = _replies(gateway["port"], [_poll("nope", AUTH)], 1)
+    assert json.loads(replies[0][2])["status"] == "FAILED"
