@@ -154,3 +154,66 @@ def test_what_the_fast_path_declines_is_still_answered(gateway: dict) -> None:
     assert reply[0].startswith("HTTP/1.1 400") and closed  # h11: no Host
     replies, _ = _replies(gateway["port"], [_poll("nope", AUTH)], 1)
     assert json.loads(replies[0][2])["status"] == "FAILED"
+
+
+def test_mangled_polls_get_an_http_answer_or_a_close_and_the_gateway_serves_on(
+        gateway: dict) -> None:
+    """200 seeded mutations of a plain poll (bytes flipped, CR/LF and NUL dropped in,
+    cut short, a header doubled, a body announced), 50 at a time: every connection gets an
+    HTTP/1.1 reply, is closed, or (a head never finished) waits; the gateway stays up, and
+    the plain poll still reads right."""
+    import asyncio
+    import random
+
+    import psutil
+
+    rng = random.Random(40)
+    base = _poll(gateway["task"], AUTH)
+
+    def mangled() -> bytes:
+        data = bytearray(base)
+        kind = rng.randrange(6)
+        if kind == 0:
+            for _ in range(rng.randint(1, 4)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        elif kind == 1:
+            at = rng.randrange(len(data))
+            data[at:at] = rng.choice([b"\r", b"\n", b"\x00", b"\r\n", b" ", b"\t"])
+        elif kind == 2:
+            del data[rng.randrange(len(data)):]
+        elif kind == 3:
+            data[-2:-2] = rng.choice([b"Host: y\r\n", b"Content-Length: 5\r\n", AUTH.encode()])
+        elif kind == 4:
+            data += rng.choice([b"hello", base, base[:30]])
+        else:
+            data = data.replace(b"HTTP/1.1", rng.choice([b"HTTP/1.0", b"HTTP/2", b"HTTP/1.1 x"]))
+        return bytes(data)
+
+    async def one(data: bytes) -> str:
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway["port"])
+        try:
+            writer.write(data)
+            await writer.drain()
+            first = await asyncio.wait_for(reader.read(9), 3.0)
+            if not first:
+                return "closed"
+            assert first == b"HTTP/1.1 ", (data, first)
+            return "answered"
+        except TimeoutError:
+            return "waiting"
+        except ConnectionError:
+            return "closed"
+        finally:
+            writer.close()
+
+    async def all_of(cases: list[bytes]) -> list[str]:
+        outcomes: list[str] = []
+        for start in range(0, len(cases), 50):
+            outcomes += await asyncio.gather(*(one(data) for data in cases[start:start + 50]))
+        return outcomes
+
+    outcomes = asyncio.run(all_of([mangled() for _ in range(200)]))
+    assert outcomes.count("answered") > 100, outcomes
+    assert psutil.pid_exists(gateway["pid"])
+    (reply,), _ = _replies(gateway["port"], [_poll(gateway["task"], AUTH)], 1)
+    assert json.loads(reply[2])["status"] == "PENDING"

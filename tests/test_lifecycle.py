@@ -10,10 +10,12 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from common import keys
@@ -133,22 +135,23 @@ def test_idle_unload_returns_memory_and_reloads(stack: Stack) -> None:
     unloaded = wait_until(lambda: (h := stack.worker_health())["loaded_models"] == [] and h,
                           20, "idle unload", 0.2)
     assert unloaded["state"] == "idle"
-    # load again; the loaded RSS is the highest seen while the model was resident (right
-    # after the load it is lower than after the first inference), then after the unload
+    # load again; the loaded RSS is the highest seen from the submit until the unload (right
+    # after the load it is lower than after the first inference), read from /proc, so a
+    # loaded machine's slow HTTP round trips cannot miss the model's resident window; then
+    # the RSS after the unload
+    worker = psutil.Process(stack.worker_pid())
     task_id = submit_file(stack.url, JFK).json()["taskid"]
-    loaded_samples: list[float] = []
+    samples: list[float] = []
 
-    def sample_until_done() -> bool:
-        health = stack.worker_health()
-        if health["loaded_models"]:
-            loaded_samples.append(health["memory"]["rss_mib"])
-        return status(stack.url, task_id)["status"] in TERMINAL and bool(loaded_samples)
+    def sampled(check: Callable[[], Any]) -> Any:
+        samples.append(worker.memory_info().rss / 2**20)
+        return check()
 
-    wait_until(sample_until_done, 60, "the reloaded task", 0.05)
-    loaded_rss = max(loaded_samples)
-    unloaded = wait_until(lambda: (h := stack.worker_health())["loaded_models"] == [] and h,
-                          20, "idle unload", 0.2)
-    assert unloaded["memory"]["rss_mib"] < loaded_rss - 20, (loaded_rss, unloaded["memory"])
+    wait_until(lambda: sampled(lambda: status(stack.url, task_id)["status"] in TERMINAL), 60,
+               "the reloaded task", 0.02)
+    unloaded = wait_until(lambda: sampled(lambda: (h := stack.worker_health())["loaded_models"]
+                                          == [] and h), 20, "idle unload", 0.05)
+    assert unloaded["memory"]["rss_mib"] < max(samples) - 20, (max(samples), unloaded["memory"])
 
 
 def test_model_switch_keeps_one_resident(stack: Stack) -> None:
