@@ -78,7 +78,8 @@ def _replies(port: int, pieces: list[bytes], count: int) -> tuple[list[tuple[str
 
 def test_the_plain_poll_parses_and_every_other_form_is_declined() -> None:
     head = fast_poll.parse(b"GET /api/faster-whisper-status?taskid=a1 HTTP/1.1\r\n"
-                           b"Host: x\r\nAuthorization: Bearer k\r\nContent-Length: 0\r\n\r\n")
+                           b"Host: x\r\nAuthorization: Bearer k\r\nContent-Length: 0\r\n"
+                           b"Connection: Keep-Alive\r\n\r\n")
     assert head is not None
     assert head.raw_path == b"/api/faster-whisper-status" and head.query_string == b"taskid=a1"
     assert (b"authorization", b"Bearer k") in head.headers
@@ -92,6 +93,7 @@ def test_the_plain_poll_parses_and_every_other_form_is_declined() -> None:
         b"GET /api/status?taskid=a HTTP/1.1\r\n\r\n",  # no Host
         b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
         b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, x\r\n\r\n",
         b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc",
         b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n",
         b"GET /api/status?taskid=a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",

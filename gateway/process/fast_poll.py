@@ -1,18 +1,20 @@
 """Sage's status poll read and written without h11: the most frequent request, in its one
 plain form.
 
-A poll is a bodiless `GET /api/status?task_id=…` (or `/api/{backend}-status`) whose answer
-is a few hundred bytes. h11's event machinery (parse the head into events, validate and
-normalise the response headers, track both sides' states) and uvicorn's per-request cycle
-cost a poll about as much CPU as the app's own work (bench/README.md, issue 24). Here a
-request head that arrives whole, alone, in that plain form is parsed with one regex per
-line and handed to the same ASGI app (uvicorn's proxy-headers wrapper, the launcher's
-`Connection: close` wrapper, gateway.app.Gateway), and the app's reply is written as bytes.
+A poll is a bodiless `GET /api/status?task_id=…` (or `/api/{backend}-status`), most often
+of a task still queued or running, whose answer is a few dozen bytes. h11's event machinery
+(parse the head into events, validate and normalise the response headers, track both sides'
+states) and uvicorn's per-request cycle cost such a poll about as much CPU as the app's own
+work (bench/README.md, issue 24). Here a request head that arrives whole, alone, in that
+plain form is parsed with one regex a line and handed to the same ASGI app (uvicorn's
+proxy-headers wrapper, the launcher's `Connection: close` wrapper, gateway.app.Gateway), and
+the app's reply is written as bytes.
 
 Anything else takes h11's path unchanged: a head split across reads, a pipelined second
-request, a body, HTTP/1.0, `Connection`, `Expect`, `Upgrade` or `Transfer-Encoding`
-headers, percent-escapes in the path, bytes outside printable ASCII. So this parser only
-ever accepts a subset of what h11 accepts, and a request it declines loses nothing.
+request, a body, HTTP/1.0, `Connection` (but `keep-alive`), `Expect`, `Upgrade` or
+`Transfer-Encoding` headers, percent-escapes in the path, bytes outside printable ASCII. So
+this parser only ever accepts a subset of what h11 accepts, and a request it declines loses
+nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ _REQUEST_LINE = re.compile(
 _HEADER = re.compile(
     rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?)?)"
     rb"[ \t]*")
-#: headers that ask for framing, a protocol switch or connection handling h11 does
+#: headers that ask for framing, a protocol switch or connection handling h11 does (but
+#: `Connection: keep-alive`, what HTTP/1.1 does anyway, and what python-requests sends)
 _DECLINED = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"connection", b"te"})
 #: how every such request begins (a cheap test before the parse, for every other request)
 PREFIX = b"GET /api/"
@@ -58,7 +61,10 @@ def parse(data: bytes) -> PollHead | None:
         if (header := _HEADER.fullmatch(raw)) is None:
             return None
         name = header[1].lower()
-        if name in _DECLINED or (name == b"content-length" and header[2] != b"0"):
+        if name in _DECLINED and not (name == b"connection"
+                                      and header[2].lower() == b"keep-alive"):
+            return None
+        if name == b"content-length" and header[2] != b"0":
             return None
         hosts += name == b"host"
         headers.append((name, header[2]))
