@@ -97,23 +97,18 @@ class SlowClientProtocol(H11Protocol):
         task.add_done_callback(self.tasks.discard)
 
     async def _answer_poll(self, scope: dict[str, Any]) -> None:
-        reply = fast_poll.Reply()
         try:
-            await self.app(scope, fast_poll.receive, reply.send)
-            if not reply.complete:
-                raise RuntimeError("the app returned without completing its response")
-        except Exception as exc:  # what uvicorn's cycle answers: a 500 that closes
-            self.logger.error("Exception in ASGI application\n", exc_info=exc)
-            reply = fast_poll.Reply(500, [(b"content-type", b"text/plain; charset=utf-8"),
-                                          (b"connection", b"close")],
-                                    bytearray(b"Internal Server Error"), True)
+            reply = await self._poll_reply(scope)
+            fast_poll.access_line(self, scope, reply.status)
+            if self.flow.write_paused and not self.transport.is_closing():
+                # as uvicorn's send: a client that reads nothing holds up its next reply
+                await self.flow.drain()
+            if self.transport.is_closing():
+                return
+            self.transport.write(reply.encoded(self.server_state.default_headers,
+                                               STATUS_PHRASES[reply.status]))
         finally:
             self._polling = False
-        fast_poll.access_line(self, scope, reply.status)
-        if self.transport.is_closing():
-            return
-        self.transport.write(reply.encoded(self.server_state.default_headers,
-                                           STATUS_PHRASES[reply.status]))
         if reply.closes or self._close_after_poll:
             self.conn.send(h11.ConnectionClosed())
             self.transport.close()
@@ -122,6 +117,19 @@ class SlowClientProtocol(H11Protocol):
         if self._held:
             held, self._held = bytes(self._held), bytearray()
             self.data_received(held)
+
+    async def _poll_reply(self, scope: dict[str, Any]) -> fast_poll.Reply:
+        reply = fast_poll.Reply()
+        try:
+            await self.app(scope, fast_poll.receive, reply.send)
+            if not reply.complete:
+                raise RuntimeError("the app returned without completing its response")
+        except Exception as exc:  # what uvicorn's cycle answers: a 500 that closes
+            self.logger.error("Exception in ASGI application\n", exc_info=exc)
+            return fast_poll.Reply(500, [(b"content-type", b"text/plain; charset=utf-8"),
+                                         (b"connection", b"close")],
+                                   bytearray(b"Internal Server Error"), True)
+        return reply
 
     def _draining(self) -> bool:
         """The response is out but the client is still sending a body nobody reads."""
