@@ -14,6 +14,7 @@ import pytest
 from gateway.auth import digest
 from gateway.process import fast_poll
 from harness import procs
+from harness.http_client import http
 
 KEY = "fast-poll-key-0123456789"
 AUTH = f"Authorization: Bearer {KEY}\r\n"
@@ -25,8 +26,6 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, speech_clip: Path) -> Iter
     workdir = tmp_path_factory.mktemp("fast-poll")
     server = procs.RedisServer(workdir / "redis", appendonly=False).start()
     service = procs.gateway(server.url, workdir, api_keys=[f"sha256:{digest(KEY)}"]).start()
-    from harness.http_client import http
-
     reply = http.post(f"{service.url}/api/faster-whisper-submit",
                       files={"file": ("clip.wav", speech_clip.read_bytes())},
                       headers={"Authorization": f"Bearer {KEY}"}, timeout=60)

@@ -32,9 +32,11 @@ _REQUEST_LINE = re.compile(
 _HEADER = re.compile(
     rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?)?)"
     rb"[ \t]*")
-#: headers that ask for framing, a protocol switch or connection handling h11 does (but
-#: `Connection: keep-alive`, what HTTP/1.1 does anyway, and what python-requests sends)
-_DECLINED = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"connection", b"te"})
+#: headers that ask for framing, a protocol switch or connection handling h11 does
+_DECLINED = frozenset({b"transfer-encoding", b"expect", b"upgrade", b"te"})
+#: headers taken only with the value that changes nothing (`Connection: keep-alive` is what
+#: HTTP/1.1 does anyway, and what python-requests sends)
+_ONLY = {b"connection": b"keep-alive", b"content-length": b"0"}
 #: how every such request begins (a cheap test before the parse, for every other request)
 PREFIX = b"GET /api/"
 #: a head larger than this goes to h11 (its own limit applies there)
@@ -61,10 +63,7 @@ def parse(data: bytes) -> PollHead | None:
         if (header := _HEADER.fullmatch(raw)) is None:
             return None
         name = header[1].lower()
-        if name in _DECLINED and not (name == b"connection"
-                                      and header[2].lower() == b"keep-alive"):
-            return None
-        if name == b"content-length" and header[2] != b"0":
+        if name in _DECLINED or _ONLY.get(name, header[2].lower()) != header[2].lower():
             return None
         hosts += name == b"host"
         headers.append((name, header[2]))
