@@ -14,6 +14,7 @@ from fastapi import Depends, Request
 
 from common.settings import Settings
 from common.store import TaskStore
+from common.store.running_polls import RunningPolls
 from common.store.webhooks import WebhookStore
 
 
@@ -25,10 +26,15 @@ async def app_store(request: Request) -> TaskStore:
     return request.app.state.store
 
 
+async def app_polls(request: Request) -> RunningPolls:
+    return request.app.state.polls
+
+
 async def app_webhooks(request: Request) -> WebhookStore:
     return request.app.state.webhooks
 
 
 SettingsDep = Annotated[Settings, Depends(app_settings)]
 StoreDep = Annotated[TaskStore, Depends(app_store)]
+PollsDep = Annotated[RunningPolls, Depends(app_polls)]
 WebhooksDep = Annotated[WebhookStore, Depends(app_webhooks)]

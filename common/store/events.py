@@ -7,6 +7,10 @@ Subscribe first, then read the state, so a task finishing in between is never mi
 the connection drops (a Redis restart), the hub reconnects, subscribes every channel again
 and tells each waiter to re-read its task's state, which is what decides; waiters also
 re-read it after `POLL_SECONDS` of silence.
+
+A listener that is not a waiter (`watch`: common/store/running_polls.py) hears a channel's
+messages the same way without waiting for its subscription; `subscribed` says whether the
+subscription holds on the connection the hub has now.
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, Protocol
 
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError
@@ -36,6 +40,12 @@ RETRY_AFTER_SECONDS = 2
 RESYNC: dict[str, Any] = {"type": "resync"}  # the hub reconnected: re-read the state
 TICK: dict[str, Any] = {"type": "tick"}  # to a waiter: look again, a message may be lost
 _SUBSCRIBED: dict[str, Any] = {"type": "subscribed"}
+
+
+class Listener(Protocol):
+    """What the hub hands a channel's messages to (an asyncio.Queue is one)."""
+
+    def put_nowait(self, item: dict[str, Any], /) -> None: ...
 
 
 class Overloaded(Exception):
@@ -60,11 +70,14 @@ class EventHub:
         #: silence after which a waiter re-reads the state and is told (a `tick`)
         self.tick_seconds = min(tick_seconds, POLL_SECONDS)
         self.waiters = 0
-        self._queues: dict[bytes, set[asyncio.Queue[dict[str, Any]]]] = {}
+        self._queues: dict[bytes, set[Listener]] = {}
         self._confirmed: dict[bytes, asyncio.Event] = {}
+        #: channel -> the connection (its `_epoch`) that confirmed its subscription
+        self._confirmed_on: dict[bytes, int] = {}
+        self._epoch = 0  # one more at every connect and every drop
         self._connection: AbstractConnection | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._pending: set[asyncio.Task[None]] = set()  # UNSUBSCRIBEs on their way
+        self._pending: set[asyncio.Task[None]] = set()  # (UN)SUBSCRIBEs on their way
 
     async def start(self) -> None:
         self._reader = asyncio.create_task(self._run())
@@ -125,15 +138,47 @@ class EventHub:
             self.waiters -= 1
             self._unsubscribe(channel, queue)
 
-    async def _subscribe(self, channel: bytes, queue: asyncio.Queue[dict[str, Any]]) -> None:
+    # --- a listener that does not wait (common/store/running_polls.py) ---------------------
+
+    def watch(self, task_id: str, listener: Listener) -> None:
+        """`listener` hears the task's channel from when `subscribed(task_id)` is true."""
+        channel = keys.events(task_id).encode()
+        if self._listen(channel, listener):
+            self._background(self._send_subscribe(channel))
+
+    def unwatch(self, task_id: str, listener: Listener) -> None:
+        self._unsubscribe(keys.events(task_id).encode(), listener)
+
+    def subscribed(self, task_id: str) -> bool:
+        """Whether the task's channel is subscribed on the connection the hub holds now: if
+        so, no message published on it from then on is missed without a RESYNC."""
+        channel = keys.events(task_id).encode()
+        return self._connection is not None and self._confirmed_on.get(channel) == self._epoch
+
+    # --- both -------------------------------------------------------------------------------
+
+    def _listen(self, channel: bytes, listener: Listener) -> bool:
+        """Adds a listener; True when it is the channel's first (then it needs a SUBSCRIBE)."""
         listeners = self._queues.setdefault(channel, set())
-        listeners.add(queue)
-        if len(listeners) == 1:
-            self._confirmed[channel] = asyncio.Event()
-            if self._connection is not None:
-                with contextlib.suppress(RedisError, OSError):
-                    await self._connection.send_command("SUBSCRIBE", channel,
-                                                        check_health=False)
+        listeners.add(listener)
+        if len(listeners) > 1:
+            return False
+        self._confirmed[channel] = asyncio.Event()
+        return True
+
+    async def _send_subscribe(self, channel: bytes) -> None:
+        if self._connection is not None:  # else the hub subscribes it when it reconnects
+            with contextlib.suppress(RedisError, OSError):
+                await self._connection.send_command("SUBSCRIBE", channel, check_health=False)
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _subscribe(self, channel: bytes, queue: asyncio.Queue[dict[str, Any]]) -> None:
+        if self._listen(channel, queue):
+            await self._send_subscribe(channel)
         confirmed = self._confirmed.get(channel)
         if confirmed is None or self._connection is None:
             return  # no connection now: the hub subscribes it when it reconnects
@@ -141,20 +186,19 @@ class EventHub:
             async with asyncio.timeout(SUBSCRIBE_WAIT_SECONDS):
                 await confirmed.wait()
 
-    def _unsubscribe(self, channel: bytes, queue: asyncio.Queue[dict[str, Any]]) -> None:
+    def _unsubscribe(self, channel: bytes, listener: Listener) -> None:
         listeners = self._queues.get(channel)
         if listeners is None:
             return
-        listeners.discard(queue)
+        listeners.discard(listener)
         if listeners:
             return
         del self._queues[channel]
         self._confirmed.pop(channel, None)
+        self._confirmed_on.pop(channel, None)
         if self._connection is not None:
             # not awaited by the waiter: a client that hung up is released at once
-            task = asyncio.get_running_loop().create_task(self._send_unsubscribe(channel))
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
+            self._background(self._send_unsubscribe(channel))
 
     async def _send_unsubscribe(self, channel: bytes) -> None:
         connection = self._connection
@@ -180,6 +224,7 @@ class EventHub:
         connection = self._connection_class(**self._connection_kwargs)
         await connection.connect()
         self._connection = connection
+        self._epoch += 1
         channels = list(self._queues)
         for start in range(0, len(channels), 500):
             await connection.send_command("SUBSCRIBE", *channels[start:start + 500],
@@ -213,11 +258,13 @@ class EventHub:
             for queue in self._queues.get(reply[1], ()):
                 queue.put_nowait(event)
         elif kind == b"subscribe" and (confirmed := self._confirmed.get(reply[1])):
+            self._confirmed_on[reply[1]] = self._epoch
             confirmed.set()
 
     async def _drop(self) -> None:
         connection, self._connection = self._connection, None
         if connection is not None:
+            self._epoch += 1
             with contextlib.suppress(RedisError, OSError):
                 await connection.disconnect(nowait=True)
 

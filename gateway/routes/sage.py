@@ -11,7 +11,7 @@ from starlette.datastructures import State
 from starlette.types import Receive, Scope, Send
 
 from gateway.auth import Owner, caller
-from gateway.dependencies import SettingsDep, StoreDep
+from gateway.dependencies import PollsDep, SettingsDep, StoreDep
 from gateway.errors import RequestError, sage_body, sage_errors, unexpected
 from gateway.serving import sage
 
@@ -43,17 +43,17 @@ async def submit_to(request: Request, backend: str, owner: Owner, settings: Sett
 @router.get("/api/status", responses=STATUS_REPLY)
 @router.post("/api/status", responses=STATUS_REPLY)
 async def status(request: Request, owner: Owner, settings: SettingsDep,
-                 store: StoreDep) -> Response:
+                 polls: PollsDep) -> Response:
     """A task's state (`task_id` or `taskid`), and its result once SUCCEEDED."""
-    return await sage.status(request, owner, settings, store)
+    return await sage.status(request, owner, settings, polls)
 
 
 @router.get("/api/{backend}-status", responses=STATUS_REPLY)
 @router.post("/api/{backend}-status", responses=STATUS_REPLY)
 async def status_of(request: Request, backend: str, owner: Owner, settings: SettingsDep,
-                    store: StoreDep) -> Response:
+                    polls: PollsDep) -> Response:
     del backend  # ids are unique across backends
-    return await sage.status(request, owner, settings, store)
+    return await sage.status(request, owner, settings, polls)
 
 
 #: the GET status routes' paths (`/api/status`, `/api/{backend}-status`)
@@ -76,7 +76,7 @@ async def answer_status(state: State, scope: Scope, receive: Receive, send: Send
     response: Response
     try:
         owner = caller(request, state.settings)
-        response = await sage.status(request, owner, state.settings, state.store)
+        response = await sage.status(request, owner, state.settings, state.polls)
     except RequestError as exc:
         response = JSONResponse(sage_body(exc))  # HTTP 200: see errors.SAGE_STATUS_ROUTES
     except Exception as exc:  # what the app's handler would answer (a 500, logged)

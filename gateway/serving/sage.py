@@ -20,6 +20,7 @@ from common.formats import fastwhisper_legacy
 from common.schemas import BATCH, TaskState
 from common.settings import Settings
 from common.store import StoreError, TaskStore
+from common.store.running_polls import RunningPolls
 from common.store.voices import VoiceStore
 from gateway.errors import STORE_NOTE, RequestError, refusal_of
 from gateway.policy.admission import Outlook, estimate_at
@@ -58,11 +59,12 @@ async def submit(request: Request, owner: str, settings: Settings, store: TaskSt
 
 
 async def status(request: Request, owner: str, settings: Settings,
-                  store: TaskStore) -> Response:
+                 polls: RunningPolls) -> Response:
     """A refusal here (a bad key, body or value) is still HTTP 200: gateway.errors renders
     every refusal on these routes so (SAGE_STATUS_ROUTES). The hot path of the Sage
-    contract: one store round trip (store.poll), no validation model, the stored result
-    spliced into the reply unparsed."""
+    contract: at most one store round trip (none for a RUNNING task polled often:
+    common/store/running_polls.py), no validation model, the stored result spliced into the
+    reply unparsed."""
     params = await read_params(request)
     task_id = params.get("task_id", "taskid")
     fmt = params.get("format")
@@ -71,7 +73,7 @@ async def status(request: Request, owner: str, settings: Settings,
     if (refused := refusal_of(task_id)) is not None:  # a refused submit's (SAGE_SUBMIT_ROUTES)
         return _reply(refused)
     try:
-        poll = await store.poll.read(task_id)
+        poll = await polls.read(task_id)
     except StoreError:
         return _reply({"task_id": task_id, "taskid": task_id, "status": "PENDING",
                        "detail": STORE_NOTE})

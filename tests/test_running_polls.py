@@ -1,0 +1,160 @@
+"""A RUNNING task polled often is answered without Redis until its state can have changed
+(common/store/running_polls.py). On a real redis-server with the store's own scripts and the
+gateway's own EventHub: every read counted in INFO commandstats (one EVALSHA a read)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+
+import pytest
+from redis.asyncio import Redis
+
+from common import keys
+from common.schemas import TaskState
+from common.store import Task, TaskStore, new_task_id
+from common.store.events import EventHub
+from common.store.running_polls import RunningPolls
+from harness import procs
+
+BACKEND = "faster-whisper"
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server = procs.RedisServer(tmp_path_factory.mktemp("running-polls") / "redis").start()
+    yield server.url
+    server.stop()
+
+
+@asynccontextmanager
+async def parts(redis_url: str, max_age: float,
+                most: int = 100) -> AsyncIterator[tuple[TaskStore, EventHub, RunningPolls]]:
+    store = TaskStore(Redis.from_url(redis_url), 60)
+    await store.ensure_queue(BACKEND)
+    hub = EventHub(store, 10)
+    await hub.start()
+    try:
+        yield store, hub, RunningPolls(store.poll, hub, max_age=max_age, most=most)
+    finally:
+        await hub.close()
+        await store.close()
+
+
+async def running(store: TaskStore) -> Task:
+    task = Task(id=new_task_id(), backend=BACKEND, model="tiny.en", state=TaskState.PENDING,
+                audio_seconds=1.0)
+    await store.submit(task, b"x" * 100)
+    assert await store.start(task.id, "test-worker", 1, BACKEND) == 1
+    return task
+
+
+async def reads(store: TaskStore) -> int:
+    """Poll reads Redis has answered so far (each is one EVALSHA of the poll script)."""
+    stats = await store.redis.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def kept(store: TaskStore, hub: EventHub, polls: RunningPolls, task: Task) -> None:
+    """Polls as a rapid poller does until the reply is kept: read, read again soon (the
+    subscription), read once it holds (kept)."""
+    for _ in range(2):
+        assert (await polls.read(task.id)).task.state == TaskState.RUNNING  # type: ignore[union-attr]
+    await until(lambda: hub.subscribed(task.id))
+    assert (await polls.read(task.id)).task.state == TaskState.RUNNING  # type: ignore[union-attr]
+    before = await reads(store)
+    assert (await polls.read(task.id)).task.state == TaskState.RUNNING  # type: ignore[union-attr]
+    assert await reads(store) == before, "the reply was not kept"
+
+
+def test_a_running_task_polled_often_reads_redis_again_only_when_its_state_changes(
+        redis_url: str) -> None:
+    """Kept for as long as no message says otherwise (max_age far away): twenty polls, no
+    read; a segment event changes nothing; the terminal write's message ends it at once,
+    and the finished task's subscription is dropped."""
+    async def scenario() -> None:
+        async with parts(redis_url, max_age=600) as (store, hub, polls):
+            task = await running(store)
+            await kept(store, hub, polls, task)
+            before = await reads(store)
+            replies = [await polls.read(task.id) for _ in range(20)]
+            await store.publish(task.id, {"type": "segment", "id": 0, "text": "so far"})
+            await asyncio.sleep(0.05)
+            replies.append(await polls.read(task.id))
+            assert await reads(store) == before
+            assert {reply.task.state for reply in replies if reply} == {TaskState.RUNNING}
+            assert all(reply is not None and reply.task.owner == task.owner
+                       for reply in replies)
+
+            assert await store.finish(task, TaskState.SUCCEEDED, attempt=1,
+                                      entry_id=task.entry_id, result={"text": "done"})
+            seen: list[TaskState] = []
+
+            async def poll() -> bool:
+                reply = await polls.read(task.id)
+                assert reply is not None
+                seen.append(reply.task.state)
+                return reply.task.state == TaskState.SUCCEEDED
+
+            deadline = time.monotonic() + 5
+            while not await poll():
+                assert time.monotonic() < deadline, f"still {seen[-1]} after the terminal write"
+                await asyncio.sleep(0.01)
+            assert seen[-1] == TaskState.SUCCEEDED
+            assert (await polls.read(task.id)).result  # type: ignore[union-attr]
+            assert not hub.subscribed(task.id)
+
+    asyncio.run(scenario())
+
+
+def test_a_change_no_message_tells_of_is_read_after_max_age_and_at_once_after_a_reconnect(
+        redis_url: str) -> None:
+    """A state written without a message (as a restore or a failover can leave it): served
+    from the kept reply for at most max_age; when the hub's connection drops, the kept
+    reply is not served any more (the messages in between may be lost)."""
+    async def scenario() -> None:
+        async with parts(redis_url, max_age=1.0) as (store, hub, polls):
+            task = await running(store)
+            await kept(store, hub, polls, task)
+            await store.redis.hset(keys.task(task.id), "state", "FAILED")
+            started = time.monotonic()
+            while (await polls.read(task.id)).task.state != TaskState.FAILED:  # type: ignore[union-attr]
+                assert time.monotonic() - started < 1.0 + 2, "the kept reply outlived max_age"
+                await asyncio.sleep(0.05)
+
+        async with parts(redis_url, max_age=600) as (store, hub, polls):
+            task = await running(store)
+            await kept(store, hub, polls, task)
+            await store.redis.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+            await until(lambda: not hub.subscribed(task.id))
+            await store.redis.hset(keys.task(task.id), "state", "FAILED")
+            reply = await polls.read(task.id)
+            assert reply is not None and reply.task.state == TaskState.FAILED
+
+    asyncio.run(scenario())
+
+
+def test_a_process_keeps_at_most_its_limit_of_tasks(redis_url: str) -> None:
+    """Beyond `most` tasks, a poll reads Redis as before (and no subscription is taken)."""
+    async def scenario() -> None:
+        async with parts(redis_url, max_age=600, most=1) as (store, hub, polls):
+            first, second = await running(store), await running(store)
+            await kept(store, hub, polls, first)
+            for _ in range(3):
+                await polls.read(second.id)
+                await asyncio.sleep(0.02)
+            before = await reads(store)
+            assert (await polls.read(second.id)).task.state == TaskState.RUNNING  # type: ignore[union-attr]
+            assert await reads(store) == before + 1
+            assert not hub.subscribed(second.id)
+
+    asyncio.run(scenario())
