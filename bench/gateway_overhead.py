@@ -15,9 +15,11 @@ the machine's background load hits all alike), in a rotating order:
   raw keep-alive socket (bench.common.StatusPoller): Sage polls from its own host, so the
   poll's client CPU must not slow the engine here; httpx's cost a poll is printed beside;
 - openai_polled (no target): the openai call while another socket polls a finished task
-  every --poll-ms, as sage's polls do: what the same rate of polls costs the engine on
-  these cores when the polls are not the caller's own (the sage mode's gap less this one is
-  what the Sage path itself adds).
+  every --poll-ms: what the same rate of polls costs the engine on these cores when the
+  polls are not the caller's own. A finished task's poll reads Redis every time, where the
+  sage mode's polls of its RUNNING task are mostly answered from the gateway's kept reply
+  (common/store/running_polls.py), so the two modes' worker runs also show what keeping
+  saves.
 
 Targets (median of each mode ÷ median of bare, jfk.flac, tiny.en on CPU): openai <= 1.02,
 sage <= 1.05 (the Sage ratio includes the poll interval: on average half of it).
