@@ -28,7 +28,8 @@ from common.store.poll import Poll, PollReader
 MAX_AGE_SECONDS = 1.0
 #: tasks one process keeps at most (a subscription each); beyond, polls read Redis
 MOST_KEPT = 1000
-#: a task not polled for this long is forgotten (its subscription dropped)
+#: a task not polled for this long is forgotten (its subscription dropped) at the next poll
+#: of any task
 IDLE_SECONDS = 5.0
 
 
@@ -62,13 +63,13 @@ class RunningPolls:
     async def read(self, task_id: str) -> Poll | None:
         """What `PollReader.read` would read now."""
         now = time.monotonic()
+        self._sweep(now)
         kept = self._kept.get(task_id)
         if kept is not None:
             kept.polled_at = now
             if (kept.reply is not None and now - kept.read_at <= self.max_age
                     and self._hub.subscribed(task_id)):
                 return kept.reply
-        self._sweep(now)
         # a reply may be kept only if the subscription held before the read was sent
         before = kept if kept is not None and self._hub.subscribed(task_id) else None
         generation = kept.generation if kept is not None else 0
