@@ -274,6 +274,7 @@ class Stack:
         self.workdir = Path(tempfile.mkdtemp(prefix=f"sg-bench-{name}-"))
         self.redis: procs.RedisServer | None = None
         self.gateway: procs.Service | None = None
+        self.other_gateways: list[procs.Service] = []
         self.workers: list[procs.Service] = []
         self.url = ""
 
@@ -312,6 +313,15 @@ class Stack:
             raise
         return service
 
+    def add_gateway(self, **settings: Any) -> procs.Service:
+        """A second gateway process on the same Redis (and workers), with these settings
+        over the stack's."""
+        assert self.redis is not None
+        service = procs.gateway(self.redis.url, self.workdir,
+                                **{**self.gateway_settings, **settings}).start()
+        self.other_gateways.append(service)
+        return service
+
     def stop_worker(self, service: procs.Service) -> None:
         service.stop()
         self.workers.remove(service)
@@ -346,9 +356,9 @@ class Stack:
         for service in reversed(self.workers):
             with _quiet():
                 service.stop()
-        if self.gateway is not None:
+        for service in [*self.other_gateways, *([self.gateway] if self.gateway else [])]:
             with _quiet():
-                self.gateway.stop()
+                service.stop()
         if self.redis is not None:
             with _quiet():
                 self.redis.stop()
@@ -427,6 +437,8 @@ class StatusPoller:
 
     def __init__(self, base: str) -> None:
         url = httpx.URL(base)
+        self.base = base
+        self.sent = 0  # polls sent so far
         self.address = (url.host, url.port or 80)
         self.host = f"{url.host}:{url.port}".encode()
         self.sock: socket.socket | None = None
@@ -435,6 +447,7 @@ class StatusPoller:
     def status(self, task_id: str) -> dict[str, Any]:
         request = (b"GET /api/status?taskid=" + task_id.encode() + b" HTTP/1.1\r\nHost: "
                    + self.host + b"\r\n\r\n")
+        self.sent += 1
         for attempt in range(2):  # a keep-alive connection the server closed: reconnect once
             try:
                 return self._exchange(request)

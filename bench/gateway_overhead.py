@@ -13,7 +13,12 @@ the machine's background load hits all alike), in a rotating order:
   Redis pub/sub (upload, probe, submit, worker dispatch, run, result, reply);
 - sage: POST /api/faster-whisper-submit, then GET /api/status every --poll-ms, over one
   raw keep-alive socket (bench.common.StatusPoller): Sage polls from its own host, so the
-  poll's client CPU must not slow the engine here; httpx's cost a poll is printed beside;
+  poll's client CPU must not slow the engine here; httpx's cost a poll is printed beside.
+  The gateway paces a RUNNING task's polls (SPEECH_POLL_PACE_SECONDS, 50 ms by default:
+  common/store/running_polls.py), so a poll every 10 ms is answered every ~50 ms;
+- sage_unpaced (no target): the same through a second gateway process on the same Redis and
+  worker with the pace off (SPEECH_POLL_PACE_SECONDS=0), every poll answered at once: what
+  the pace saves. Both Sage modes print their polls a task;
 - openai_polled (no target): the openai call while another socket polls a finished task
   every --poll-ms: what the same rate of polls costs the engine on these cores when the
   polls are not the caller's own. A finished task's poll reads Redis every time, where the
@@ -50,7 +55,7 @@ from bench import common as bc  # noqa: E402
 
 NAME = "gateway_overhead"
 TARGETS = {"openai": 1.02, "sage": 1.05}  # ÷ bare
-MODES = ("bare", "direct", "openai", "sage", "openai_polled")
+MODES = ("bare", "direct", "openai", "sage", "sage_unpaced", "openai_polled")
 BUSY = 3  # processes sharing the cores in the throughput case
 
 
@@ -75,10 +80,13 @@ def main() -> None:
     worker_run: dict[str, list[float]] = {mode: [] for mode in MODES[2:]}
     dispatch: dict[str, list[float]] = {mode: [] for mode in MODES[2:]}
     texts: dict[str, set[str]] = {mode: set() for mode in MODES}
+    polls: dict[str, list[int]] = {"sage": [], "sage_unpaced": []}
 
     with bc.Stack(NAME) as stack, httpx.Client() as client:
         base = stack.url
-        poller, other_poller = bc.StatusPoller(base), bc.StatusPoller(base)
+        unpaced = stack.add_gateway(poll_pace_seconds=0)
+        pollers = {"sage": bc.StatusPoller(base), "sage_unpaced": bc.StatusPoller(unpaced.url)}
+        other_poller = bc.StatusPoller(base)
         sage_ids: list[str] = []
 
         def run_direct() -> tuple[float, str | None]:
@@ -99,12 +107,15 @@ def main() -> None:
             texts[mode].add(reply.json()["text"])
             return elapsed, reply.headers["x-task-id"]
 
-        def run_sage() -> tuple[float, str | None]:
+        def run_sage(mode: str = "sage") -> tuple[float, str | None]:
+            poller = pollers[mode]
             start = time.perf_counter()
-            task_id = bc.sage_submit(client, base, audio, args.audio.name)
+            task_id = bc.sage_submit(client, poller.base, audio, args.audio.name)
+            sent = poller.sent
             final = poller.wait(task_id, interval=args.poll_ms / 1000)
             elapsed = time.perf_counter() - start
-            texts["sage"].add(final["result"]["text"])
+            polls[mode].append(poller.sent - sent)
+            texts[mode].add(final["result"]["text"])
             sage_ids.append(task_id)
             return elapsed, task_id
 
@@ -130,7 +141,8 @@ def main() -> None:
             return done["seconds"], None
 
         runners = {"bare": run_bare, "direct": run_direct, "openai": run_openai,
-                   "sage": run_sage, "openai_polled": run_openai_polled}
+                   "sage": run_sage, "sage_unpaced": functools.partial(run_sage, "sage_unpaced"),
+                   "openai_polled": run_openai_polled}
         for _ in range(2):  # warm-up: the worker loads its model on its first task
             for mode in MODES:
                 runners[mode]()
@@ -148,9 +160,9 @@ def main() -> None:
                     worker_run[mode].append(view["finished_at"] - view["started_at"])
                     dispatch[mode].append(view["started_at"] - view["created_at"])
             reps += 1
-        poll_cpu = client_cpu_per_poll(client, poller, base, sage_ids[-1])
-        poller.close()
-        other_poller.close()
+        poll_cpu = client_cpu_per_poll(client, pollers["sage"], base, sage_ids[-1])
+        for poller in (*pollers.values(), other_poller):
+            poller.close()
     direct.close()
     bare.close()
     omp = omp_policies(args.audio, args.omp_reps, args.omp_seconds) if args.omp_seconds else {}
@@ -186,6 +198,9 @@ def main() -> None:
     if polled_run and openai_run:
         print(f"the worker's run while another task is polled every {args.poll_ms:g} ms ÷ "
               f"without: {polled_run / openai_run:.3f} (what those polls cost the engine here)")
+    for mode, counts in polls.items():
+        print(f"{mode}: polls a task p50 {bc.median(counts):.0f} (min {min(counts)}, "
+              f"max {max(counts)})")
     print(f"same transcript on every path: {same}")
     print("client CPU a status poll (ms): " + ", ".join(f"{name} {ms:.3f}"
                                                       for name, ms in poll_cpu.items()))
@@ -198,7 +213,8 @@ def main() -> None:
     bc.write_json(NAME, {
         "audio": args.audio.name, "audio_seconds": seconds, "model": "tiny.en",
         "device": direct.device, "reps": reps, "poll_ms": args.poll_ms, "modes": modes_out,
-        "poll_client_cpu_ms": poll_cpu, "targets": TARGETS, "verdicts": verdicts,
+        "poll_client_cpu_ms": poll_cpu, "polls_a_task": polls, "targets": TARGETS,
+        "verdicts": verdicts,
         "omp_wait_policy": omp,
         "target_met": all(v.startswith("MET") for v in verdicts.values()),
         "same_transcript": same}, started)

@@ -139,6 +139,9 @@ class Settings(BaseSettings):
     stream_keepalive_seconds: float = Field(default=15.0, gt=0, le=300)
     #: a whole request body must arrive within this
     body_deadline_seconds: float = Field(default=900.0, gt=0)
+    #: a RUNNING task's Sage status poll sooner than this after its last reply waits out the
+    #: rest, or until the task's state changes (common/store/running_polls.py); 0: never
+    poll_pace_seconds: float = Field(default=0.05, ge=0, le=0.5)
 
     # --- worker ---
     backend: str = "faster-whisper"

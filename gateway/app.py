@@ -74,7 +74,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         calls = SyncCalls(settings, store, hub)
         app.state.settings = settings
         app.state.store = store
-        app.state.polls = RunningPolls(store.poll, hub)
+        app.state.polls = RunningPolls(store.poll, hub, pace=settings.poll_pace_seconds)
         app.state.transcription = TranscriptionServing(calls)
         app.state.speech = SpeechServing(calls)
         app.state.realtime = RealtimeServing(calls)

@@ -5,6 +5,7 @@ gateway's own EventHub: every read counted in INFO commandstats (one EVALSHA a r
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -30,14 +31,14 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @asynccontextmanager
-async def parts(redis_url: str, max_age: float,
-                most: int = 100) -> AsyncIterator[tuple[TaskStore, EventHub, RunningPolls]]:
+async def parts(redis_url: str, max_age: float, most: int = 100,
+                pace: float = 0.0) -> AsyncIterator[tuple[TaskStore, EventHub, RunningPolls]]:
     store = TaskStore(Redis.from_url(redis_url), 60)
     await store.ensure_queue(BACKEND)
     hub = EventHub(store, 10)
     await hub.start()
     try:
-        yield store, hub, RunningPolls(store.poll, hub, max_age=max_age, most=most)
+        yield store, hub, RunningPolls(store.poll, hub, max_age=max_age, most=most, pace=pace)
     finally:
         await hub.close()
         await store.close()
@@ -156,5 +157,52 @@ def test_a_process_keeps_at_most_its_limit_of_tasks(redis_url: str) -> None:
             assert (await polls.read(second.id)).task.state == TaskState.RUNNING  # type: ignore[union-attr]
             assert await reads(store) == before + 1
             assert not hub.subscribed(second.id)
+
+    asyncio.run(scenario())
+
+
+def test_a_poll_sooner_than_the_pace_waits_for_it_or_for_the_next_state_change(
+        redis_url: str) -> None:
+    """With a pace, a kept task is answered at most once a pace: a poll sent right after a
+    reply waits out the rest (no read of Redis meanwhile), and the terminal write's message
+    ends the wait at once, with the finished state. Bounds are lower ones, or a long pace
+    against an early end: no speed is measured."""
+    pace = 1.0
+
+    async def scenario() -> None:
+        async with parts(redis_url, max_age=600, pace=pace) as (store, hub, polls):
+            task = await running(store)
+            await kept(store, hub, polls, task)
+            before = await reads(store)
+            answered = []
+            for _ in range(3):
+                reply = await polls.read(task.id)
+                assert reply is not None and reply.task.state == TaskState.RUNNING
+                answered.append(time.monotonic())
+            assert await reads(store) == before
+            gaps = [later - earlier for earlier, later in itertools.pairwise(answered)]
+            assert min(gaps) >= pace * 0.9, f"polls answered {gaps} s apart, pace {pace} s"
+
+            async def finish_soon() -> None:
+                await asyncio.sleep(0.1)
+                assert await store.finish(task, TaskState.SUCCEEDED, attempt=1,
+                                          entry_id=task.entry_id, result={"text": "done"})
+
+            finishing = asyncio.create_task(finish_soon())
+            asked = time.monotonic()
+            reply = await polls.read(task.id)  # waits: the last reply was just now
+            waited = time.monotonic() - asked
+            await finishing
+            assert reply is not None and reply.task.state == TaskState.SUCCEEDED
+            assert waited < pace * 0.9, f"the terminal write did not end the wait ({waited} s)"
+            assert not hub.subscribed(task.id)
+
+        async with parts(redis_url, max_age=600, pace=pace) as (store, hub, polls):
+            task = await running(store)
+            # polls of a task not kept (yet) are never held
+            asked = time.monotonic()
+            for _ in range(2):
+                await polls.read(task.id)
+            assert time.monotonic() - asked < pace * 0.9
 
     asyncio.run(scenario())
