@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import shutil
 import signal
 import socket
@@ -117,6 +118,24 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def median(values: Sequence[float]) -> float:
     return percentile(values, 50)
+
+
+def ratio_interval(values: Sequence[float], base: Sequence[float], level: float = 0.9,
+                   resamples: int = 2000) -> tuple[float, float]:
+    """A bootstrap interval of median(values) ÷ median(base) for interleaved runs: the same
+    repetitions drawn for both (rep i of one was run beside rep i of the other), so what one
+    rep's machine did weighs on both sides alike. Seeded: the same data give the same
+    interval."""
+    if not values or len(values) != len(base):
+        return float("nan"), float("nan")
+    draw = random.Random(0)
+    count = len(values)
+    ratios = []
+    for _ in range(resamples):
+        picks = [draw.randrange(count) for _ in range(count)]
+        ratios.append(median([values[i] for i in picks]) / median([base[i] for i in picks]))
+    tail = (1 - level) / 2 * 100
+    return percentile(ratios, tail), percentile(ratios, 100 - tail)
 
 
 def summary(values: Sequence[float], scale: float = 1.0, digits: int = 3) -> dict[str, Any]:

@@ -180,6 +180,7 @@ def main() -> None:
                      None if mode == "bare" else (median - base_median) * 1000])
         modes_out[mode] = {"wall_ms": bc.summary(wall[mode], 1000), "ratio_of_medians": ratio,
                            "median_paired_ratio": paired,
+                           "ratio_interval_90": bc.ratio_interval(wall[mode], wall["bare"]),
                            "worker_run_ms": bc.summary(worker_run.get(mode, []), 1000),
                            "queue_dispatch_ms": bc.summary(dispatch.get(mode, []), 1000),
                            "distinct_texts": sorted(texts[mode])}
@@ -191,7 +192,9 @@ def main() -> None:
     verdicts = {mode: bc.verdict(modes_out[mode]["ratio_of_medians"], target, at_most=True)
                 for mode, target in TARGETS.items()}
     for mode, verdict in verdicts.items():
-        print(f"{mode} ÷ bare faster-whisper (default OpenMP policy), median: {verdict}")
+        low, high = modes_out[mode]["ratio_interval_90"]
+        print(f"{mode} ÷ bare faster-whisper (default OpenMP policy), median: {verdict}; "
+              f"90 % bootstrap interval {low:.3f}-{high:.3f}")
     print(f"direct (in-process, PASSIVE) ÷ bare: {modes_out['direct']['ratio_of_medians']:.3f}")
     polled_run = modes_out["openai_polled"]["worker_run_ms"].get("p50")
     openai_run = modes_out["openai"]["worker_run_ms"].get("p50")

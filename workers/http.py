@@ -33,6 +33,7 @@ from common.body_limit import BodyLimitMiddleware
 from common.catalog import BACKENDS, KINDS, speech_language
 from common.paths import AllowedFile
 from common.schemas import MAX_SPEED, MIN_SPEED, ErrorCode, TranscriptionOptions
+from common.uvicorn_server import QuietServer
 from workers.engine_host import EngineHost
 from workers.execute import TaskError
 
@@ -253,7 +254,7 @@ def is_loopback(host: str) -> bool:
     return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
 
 
-class _Server(uvicorn.Server):
+class _Server(QuietServer):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield  # the worker runtime owns SIGTERM/SIGINT
@@ -300,7 +301,7 @@ async def serve_http(host: EngineHost, health: Health | None = None,
     except asyncio.CancelledError:
         # The worker is leaving (or re-exec'ing): uvicorn's own shutdown closes kept-alive
         # connections (a client sees a close, not a reset) and lets a reply in flight end.
-        server.should_exit = True
+        server.stop()
         with contextlib.suppress(Exception):
             await serving
         raise

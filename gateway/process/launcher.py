@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+from common.uvicorn_server import QuietServer
+
 if TYPE_CHECKING:
     from common.settings import Settings
 
@@ -223,7 +225,7 @@ def bind(host: str, port: int) -> socket.socket:
 # --- one server process (child) ----------------------------------------------------------
 
 
-class _Server(uvicorn.Server):
+class _Server(QuietServer):
     def __init__(self, config: uvicorn.Config, ready_fd: int, draining: threading.Event) -> None:
         super().__init__(config)
         self.ready_fd = ready_fd
@@ -264,7 +266,7 @@ def serve(fd: int, ready_fd: int, log_level: str) -> None:
 
     def retire(signum: int, frame: FrameType | None) -> None:
         draining.set()
-        server.should_exit = True
+        server.stop()
         # a request stuck in a worker thread would keep asyncio.run from returning
         timer = threading.Timer(grace + 30, os._exit, (1,))
         timer.daemon = True
