@@ -89,7 +89,7 @@ class RunningPolls:
         self._swept_at = time.monotonic()
 
     async def read(self, task_id: str) -> Poll | None:
-        """What `PollReader.read` would read now."""
+        """What `PollReader.read` would read now; with a pace, perhaps a moment later."""
         now = time.monotonic()
         self._sweep(now)
         kept = self._kept.get(task_id)
