@@ -161,3 +161,29 @@ def test_stopping_the_gateway_stops_every_server_process(stack: dict) -> None:
     assert not state.exists()
     supervisor.ctl("start", "gateway")
     assert http.get(f"{stack['url']}/health", timeout=30).status_code == 200
+
+
+def wakeups(pid: int) -> int:
+    """The process's main thread's voluntary context switches so far (one per sleep)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+def test_the_launcher_sleeps_until_a_signal_and_respawns_a_server_that_died(
+        stack: dict) -> None:
+    """Idle, the launcher wakes about once a second (it looped every 0.1 s); a server process
+    killed outright is replaced at once, woken by SIGCHLD, and the gateway serves again."""
+    state = stack["state"]
+    wait_until(lambda: state.exists() and server_pids(state), 30, "gateway state", 0.1)
+    parent = int(launcher_state(state)["parent"])
+    before = wakeups(parent)
+    time.sleep(3.0)
+    woke = wakeups(parent) - before
+    assert woke <= 10, f"the idle launcher woke {woke} times in 3 s"
+
+    (victim,) = server_pids(state)
+    os.kill(victim, 9)
+    wait_until(lambda: server_pids(state) and victim not in server_pids(state), 30,
+               "a new server process", 0.1)
+    assert http.get(f"{stack['url']}/health", timeout=30).status_code == 200
+    assert alive(parent)

@@ -16,6 +16,7 @@ The launcher writes its state (its pid, the servers' pids, reloads done) to `--s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import select
@@ -41,6 +42,9 @@ log = logging.getLogger("gateway.launcher")
 
 READY_TIMEOUT_SECONDS = 60.0
 BACKLOG = 2048
+#: the longest the launcher sleeps: a signal (SIGHUP, SIGTERM, a server's exit: SIGCHLD) wakes
+#: it at once, so this only bounds how late a lost wake-up is made up for
+IDLE_SECONDS = 1.0
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
@@ -83,9 +87,14 @@ class Launcher:
         self.backoff = 1.0
 
     def run(self) -> int:
+        woken, wake = os.pipe()
+        for end in (woken, wake):
+            os.set_blocking(end, False)
+        signal.set_wakeup_fd(wake)  # every signal writes a byte here: the sleep below ends
         signal.signal(signal.SIGHUP, self._on_hup)
         signal.signal(signal.SIGTERM, self._on_stop)
         signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGCHLD, _nothing)  # a server's exit wakes the loop (reap)
         self.write_state()
         starting = [self.spawn() for _ in range(self.processes)]
         for server in starting:
@@ -102,9 +111,20 @@ class Launcher:
             if self.requested > self.reloads:
                 self.reload()
             self.reap()
-            time.sleep(0.1)
+            self.sleep(woken)
         self.stop_all([s.proc for s in self.servers] + self.retiring)
         return 0
+
+    def sleep(self, woken: int) -> None:
+        """Until a signal arrives, a respawn is due, or IDLE_SECONDS pass."""
+        seconds = IDLE_SECONDS
+        if len(self.servers) < self.processes:
+            seconds = min(seconds, max(0.0, self.respawn_at - time.monotonic()))
+        if not self.stopping and self.requested <= self.reloads:
+            select.select([woken], [], [], seconds)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(woken, 512):
+                pass
 
     def _on_hup(self, signum: int, frame: FrameType | None) -> None:
         self.requested += 1
@@ -200,6 +220,10 @@ class Launcher:
         tmp = self.state_file.with_name(self.state_file.name + ".tmp")
         tmp.write_text("\n".join(lines) + "\n")
         os.replace(tmp, self.state_file)
+
+
+def _nothing(signum: int, frame: FrameType | None) -> None:
+    return None
 
 
 def _signal(proc: subprocess.Popen[bytes], signum: int) -> None:
