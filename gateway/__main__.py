@@ -1,5 +1,7 @@
 """`python -m gateway`: the gateway launcher (gateway/process/launcher.py), which restarts the
-gateway without refusing a connection; with `--serve-fd`, one of its server processes."""
+gateway without refusing a connection; with `--serve-fd`, one of its server processes; with
+`--single`, one such server process on its own, no launcher (the tests' and benches' gateway,
+or a container restarted as a whole)."""
 
 from __future__ import annotations
 
@@ -19,11 +21,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--state-file", type=Path)
     parser.add_argument("--log-level", default="warning", help="uvicorn's log level")
+    parser.add_argument("--single", action="store_true",
+                        help="serve in this process, without the launcher (no reloads)")
     parser.add_argument("--serve-fd", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_fd is not None:
         serve(args.serve_fd, args.ready_fd, args.log_level)
+        return 0
+    if args.single:
+        sock = bind(args.host, args.port)
+        serve(sock.detach(), None, args.log_level)
         return 0
     logs.configure("gateway-launcher", os.environ.get("SPEECH_LOG_LEVEL", "INFO").upper())
     sock = bind(args.host, args.port)

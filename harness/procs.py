@@ -25,8 +25,6 @@ import httpx
 import redis
 
 from common.backends import BACKENDS, WORKER_PROCESS_ENV
-from common.settings import Settings
-from gateway.realtime.protocol import max_message_bytes
 from harness.http_client import http
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -312,18 +310,13 @@ class Service:
 
 
 def gateway(redis_url: str, workdir: Path, **settings: Any) -> Service:
+    """One gateway server process as the launcher runs each (`python -m gateway --single`:
+    the same uvicorn server, options and app), without the launcher, so its pid is the
+    server's own."""
     port = free_port()
     env = service_env(redis_url, **settings)
-    # the launcher's uvicorn options (gateway/process/launcher.py uvicorn_options), as flags
-    buffer = settings.get("realtime_max_buffer_seconds",
-                          Settings.model_fields["realtime_max_buffer_seconds"].default)
-    keepalive = settings.get("stream_keepalive_seconds",
-                             Settings.model_fields["stream_keepalive_seconds"].default)
-    args = [str(CORE_PYTHON), "-m", "uvicorn", "--factory", "gateway.app:create_app",
-            "--http", "gateway.process.slow_clients:SlowClientProtocol",
-            "--ws-max-size", str(max_message_bytes(float(buffer))),
-            "--ws-ping-interval", str(float(keepalive)),
-            "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    args = [str(CORE_PYTHON), "-m", "gateway", "--single", "--host", "127.0.0.1",
+            "--port", str(port), "--log-level", "warning"]
     return Service(args, env, workdir / f"gateway-{port}.log", f"http://127.0.0.1:{port}")
 
 

@@ -250,14 +250,15 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 class _Server(QuietServer):
-    def __init__(self, config: uvicorn.Config, ready_fd: int, draining: threading.Event) -> None:
+    def __init__(self, config: uvicorn.Config, ready_fd: int | None,
+                 draining: threading.Event) -> None:
         super().__init__(config)
         self.ready_fd = ready_fd
         self.draining = draining
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        if self.started:
+        if self.started and self.ready_fd is not None:
             os.write(self.ready_fd, b"1")
             os.close(self.ready_fd)
 
@@ -275,7 +276,10 @@ class _Server(QuietServer):
         await super().shutdown(sockets)
 
 
-def serve(fd: int, ready_fd: int, log_level: str) -> None:
+def serve(fd: int, ready_fd: int | None, log_level: str) -> None:
+    """One server process on the listening socket `fd`: the launcher's child (which tells it
+    on `ready_fd` once it serves, and stops with its launcher), or with `ready_fd` None a
+    gateway of one process and no launcher (`python -m gateway --single`)."""
     from common.settings import get_settings
     from gateway.app import create_app
 
@@ -298,7 +302,8 @@ def serve(fd: int, ready_fd: int, log_level: str) -> None:
 
     signal.signal(signal.SIGUSR1, retire)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # reloads are the launcher's business
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    if ready_fd is not None:
+        threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     server.run(sockets=[socket.socket(fileno=fd)])
 
 
