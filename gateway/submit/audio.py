@@ -46,6 +46,10 @@ async def read_audio_input(params: Params, settings: Settings,
         raise RequestError(400, "no audio given: send a 'file' upload or an 'audio_path'",
                            param="file")
     staging = None if blobs is None or blob is None else asyncio.create_task(blobs.stage(blob))
+    if staging is not None:
+        # let it send the SET before the probe's thread takes the GIL (PyAV's demux holds it
+        # for the whole probe): Redis then writes the blob while the probe runs
+        await asyncio.sleep(0)
     try:
         info = await _probed(source, settings)
     except BaseException:
