@@ -167,7 +167,7 @@ def test_a_poll_sooner_than_the_pace_waits_for_it_or_for_the_next_state_change(
     reply waits out the rest (no read of Redis meanwhile), and the terminal write's message
     ends the wait at once, with the finished state. Bounds are lower ones, or a long pace
     against an early end: no speed is measured."""
-    pace = 1.0
+    pace = 2.0
 
     async def scenario() -> None:
         async with parts(redis_url, max_age=600, pace=pace) as (store, hub, polls):
@@ -194,7 +194,7 @@ def test_a_poll_sooner_than_the_pace_waits_for_it_or_for_the_next_state_change(
             waited = time.monotonic() - asked
             await finishing
             assert reply is not None and reply.task.state == TaskState.SUCCEEDED
-            assert waited < pace * 0.9, f"the terminal write did not end the wait ({waited} s)"
+            assert waited < pace - 0.5, f"the terminal write did not end the wait ({waited} s)"
             assert not hub.subscribed(task.id)
 
         async with parts(redis_url, max_age=600, pace=pace) as (store, hub, polls):
