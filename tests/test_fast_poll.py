@@ -4,15 +4,21 @@ pipelining still work, and what the fast path declines is still answered."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import uvicorn
 
+from common.uvicorn_server import QuietServer
 from gateway.auth import digest
 from gateway.process import fast_poll
+from gateway.process.slow_clients import SlowClientProtocol
 from harness import procs
 from harness.http_client import http
 
@@ -42,10 +48,14 @@ def _poll(task: str, extra: str = "", version: str = "1.1") -> bytes:
 
 def _replies(port: int, pieces: list[bytes], count: int) -> tuple[list[tuple[str, dict, bytes]],
                                                                  bool]:
-    """Send `pieces` (each its own send) on one connection and read `count` replies:
-    (status line, headers, body) each, and whether the server then closed the connection."""
+    """Send `pieces` (each its own send, 50 ms apart, so that the server reads them apart) on
+    one connection and read `count` replies: (status line, headers, body) each, and whether
+    the server then closed the connection."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        for piece in pieces:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for index, piece in enumerate(pieces):
+            if index:
+                time.sleep(0.05)
             sock.sendall(piece)
         buffer, replies = b"", []
         while len(replies) < count:
@@ -218,3 +228,49 @@ def test_mangled_polls_get_an_http_answer_or_a_close_and_the_gateway_serves_on(
     assert psutil.pid_exists(gateway["pid"])
     (reply,), _ = _replies(gateway["port"], [_poll(gateway["task"], AUTH)], 1)
     assert json.loads(reply[2])["status"] == "PENDING"
+
+
+@pytest.mark.parametrize("root_path", ["", "/speech"])
+def test_the_fast_path_builds_the_scope_h11_builds(root_path: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fast_poll.scope_of` copies how uvicorn's h11 protocol builds a request's scope. An app
+    served by the gateway's protocol class (the launcher's options) records the scope of one
+    poll sent whole (the fast path) and split over two sends (h11): the two are equal, so a
+    uvicorn that builds its scope differently fails here, not in a deployment. The
+    X-Forwarded-For header makes uvicorn's proxy-headers wrapper (which trusts loopback) set
+    the same client on both connections."""
+    scopes: list[dict] = []
+    fast_scopes: list[dict] = []  # built by the fast path (the rest by h11)
+    built = fast_poll.scope_of
+    monkeypatch.setattr(fast_poll, "scope_of", lambda head, protocol: fast_scopes.append(
+        built(head, protocol)) or fast_scopes[-1])
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        if scope["type"] != "http":
+            return
+        scopes.append(scope)
+        await send({"type": "http.response.start", "status": 200,  # type: ignore[operator]
+                    "headers": [(b"content-type", b"text/plain"), (b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[operator]
+
+    port = procs.free_port()
+    server = QuietServer(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off",
+                                        log_level="warning", http=SlowClientProtocol,
+                                        root_path=root_path))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    try:
+        procs.wait_until(lambda: server.started, 30, "the test server", 0.01)
+        request = _poll("a-task-id&format=fastwhisper", "X-Forwarded-For: 10.1.2.3\r\n"
+                        "Authorization: Bearer k\r\n")
+        assert fast_poll.parse(request) is not None
+        for pieces in ([request], [request[:20], request[20:]]):
+            (reply,), _ = _replies(port, pieces, 1)
+            assert reply[0] == "HTTP/1.1 200 OK" and reply[2] == b"ok"
+    finally:
+        server.stop()
+        thread.join(timeout=30)
+    assert len(fast_scopes) == 1, "the whole poll took h11, or the split one the fast path"
+    fast, slow = scopes
+    assert fast["client"] == ("10.1.2.3", 0)
+    assert fast == slow
