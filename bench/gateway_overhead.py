@@ -27,7 +27,8 @@ the machine's background load hits all alike), in a rotating order:
   saves.
 
 Targets (median of each mode ÷ median of bare, jfk.flac, tiny.en on CPU): openai <= 1.02,
-sage <= 1.05 (the Sage ratio includes the poll interval: on average half of it).
+sage <= 1.05 (a poll the pace holds ends at the terminal message, so the end is
+seen at once; one between polls, within the client's interval).
 
 Then OMP_WAIT_POLICY both ways (`--omp-seconds`, 0 = skip), bare processes only: one
 stream's latency (PASSIVE and default interleaved, --omp-reps each), and throughput with

@@ -8,6 +8,7 @@ calls it when the test session ends).
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import json
 import os
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import xmlrpc.client
 from collections.abc import Callable
@@ -307,6 +309,16 @@ class Service:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def serve_in_thread(server: Any) -> threading.Thread:
+    """A uvicorn server (an in-process test's) serving on a thread of its own, started; stop
+    it with `server.stop()` (common/uvicorn_server.QuietServer) and join the thread."""
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    wait_until(lambda: server.started or not thread.is_alive(), 30, "the server", 0.01)
+    assert server.started, "the server did not start"
+    return thread
 
 
 def gateway(redis_url: str, workdir: Path, **settings: Any) -> Service:

@@ -4,10 +4,8 @@ pipelining still work, and what the fast path declines is still answered."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -257,10 +255,8 @@ def test_the_fast_path_builds_the_scope_h11_builds(root_path: str,
     server = QuietServer(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off",
                                         log_level="warning", http=SlowClientProtocol,
                                         root_path=root_path))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
+    thread = procs.serve_in_thread(server)
     try:
-        procs.wait_until(lambda: server.started, 30, "the test server", 0.01)
         request = _poll("a-task-id&format=fastwhisper", "X-Forwarded-For: 10.1.2.3\r\n"
                         "Authorization: Bearer k\r\n")
         assert fast_poll.parse(request) is not None

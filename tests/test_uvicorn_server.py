@@ -3,9 +3,7 @@ a second instead of ten times, serves as uvicorn does, and a stop ends its wait 
 
 from __future__ import annotations
 
-import asyncio
 import signal
-import threading
 import time
 
 import httpx
@@ -32,23 +30,13 @@ class Counted(QuietServer):
         return await super().on_tick(counter)
 
 
-def serving(server: QuietServer) -> threading.Thread:
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.01)
-    return thread
-
-
 @pytest.mark.parametrize("how", ["stop", "signal handler"])
 def test_the_server_ticks_once_a_second_and_stops_at_once(
         how: str, monkeypatch: pytest.MonkeyPatch) -> None:
     port = procs.free_port()
     server = Counted(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                     lifespan="off"))
-    thread = serving(server)
+    thread = procs.serve_in_thread(server)
     reply = httpx.get(f"http://127.0.0.1:{port}/", timeout=10)
     assert reply.status_code == 200 and reply.text == "ok"
     assert "date" in reply.headers  # on_tick still sets the header uvicorn sends
