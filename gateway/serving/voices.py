@@ -254,7 +254,7 @@ async def _audio(params: Params, name: str) -> tuple[bytes, AudioInfo]:
         raise RequestError(400, f"missing '{name}': upload the audio under that name",
                            param=name)
     try:
-        audio = await read_upload(upload, MAX_AUDIO_BYTES)
+        audio = read_upload(upload, MAX_AUDIO_BYTES)
     except RequestError as exc:
         exc.param = name
         raise

@@ -44,7 +44,7 @@ async def analysis_input(params: Params, settings: Settings,
         raw_path = None if upload is not None else params.get(clip.name)
         if upload is not None:
             try:
-                uploads[clip.name] = await read_upload(upload, _max_bytes(settings))
+                uploads[clip.name] = read_upload(upload, _max_bytes(settings))
             except RequestError as exc:
                 exc.param = clip.name
                 raise

@@ -32,7 +32,7 @@ async def read_audio_input(params: Params, settings: Settings,
     upload = params.files.get("file")
     raw_path = params.get("audio_file", "audio_path")
     if upload is not None:
-        blob = await read_upload(upload, settings.max_upload_bytes)
+        blob = read_upload(upload, settings.max_upload_bytes)
         source: bytes | Path = blob
         path = None
     elif raw_path is not None:

@@ -144,7 +144,7 @@ async def _references(params: Params, settings: Settings, count: int) -> list[by
     references: list[bytes | Path] = []
     for upload in uploads:
         try:
-            references.append(await read_upload(upload, max_bytes))
+            references.append(read_upload(upload, max_bytes))
         except RequestError as exc:
             exc.param, exc.message = name, f"{name}: {exc.message}"
             raise

@@ -9,20 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Request
-from starlette.datastructures import UploadFile
-from starlette.formparsers import MultiPartParser
+from starlette.requests import ClientDisconnect
 
 from common import paths
 from gateway.errors import RequestError
 from gateway.process.limits import BodyRefused
+from gateway.submit.multipart import FormError, Upload, parse_form
 
 MAX_FORM_FIELDS = 64
-#: an upload up to this size is parsed into memory. Starlette's default (1 MiB) rolls a larger
-#: one over to a file on disk: a disk write, then a thread-pool hop for each later chunk and
-#: for the read, which cost an 11 s FLAC upload (1.1 MB) ~4 ms of gateway CPU. The upload is
-#: read into memory whole anyway (it goes to Redis); past this size it spools to disk as before.
-UPLOAD_IN_MEMORY_BYTES = 16 * 1024 * 1024
-MultiPartParser.spool_max_size = UPLOAD_IN_MEMORY_BYTES
 #: the audio and up to 4 known speakers' reference clips (gateway/submit/diarization.py), and room
 MAX_FORM_FILES = 8
 #: the largest form field that is not a file: a known speaker's reference as a data URL (up
@@ -41,13 +35,13 @@ ID_OBJECT_PARAMS = frozenset({"voice"})
 @dataclass(slots=True)
 class Params:
     values: dict[str, str]
-    files: dict[str, UploadFile]
+    files: dict[str, Upload]
     lists: dict[str, list[str]]
     #: why a parameter's value is unusable (a list or object for a scalar, repeated, NUL …):
     #: reported as a 400 naming it when a route reads it
     problems: dict[str, str] = field(default_factory=dict)
     #: every upload under each name, in order (`files` keeps the last)
-    file_lists: dict[str, list[UploadFile]] = field(default_factory=dict)
+    file_lists: dict[str, list[Upload]] = field(default_factory=dict)
     #: a custom voice's sample (`voice` = "voice_…"), read by the route that owns the voices
     voice_sample: bytes | None = None
 
@@ -90,22 +84,32 @@ async def read_params(request: Request) -> Params:
     if request.method != "POST":
         return params
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type in ("multipart/form-data", "application/x-www-form-urlencoded"):
+    if content_type == "multipart/form-data":
         try:
-            form = await request.form(max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS,
-                                      max_part_size=MAX_FIELD_BYTES)
-        except BodyRefused:
-            raise
-        except Exception as exc:  # starlette raises HTTPException/MultiPartException variants
-            raise RequestError(400, f"malformed form body: {getattr(exc, 'detail', exc)}") from None
+            items = await parse_form(request.headers["content-type"], request.stream(),
+                                     max_files=MAX_FORM_FILES, max_fields=MAX_FORM_FIELDS,
+                                     max_field_bytes=MAX_FIELD_BYTES)
+        except FormError as exc:
+            raise RequestError(400, f"malformed form body: {exc}") from None
+        except ClientDisconnect:  # answered to no one; logged as a refusal, not a crash
+            raise RequestError(400, "the client left before its body ended") from None
         fields = []
-        for key, value in form.multi_items():
-            if isinstance(value, UploadFile):
+        for key, value in items:
+            if isinstance(value, Upload):
                 params.files[key] = value
                 params.file_lists.setdefault(key, []).append(value)
             else:
                 fields.append((key, value))
         _add_pairs(params, fields)
+    elif content_type == "application/x-www-form-urlencoded":
+        try:
+            form = await request.form(max_fields=MAX_FORM_FIELDS, max_part_size=MAX_FIELD_BYTES)
+        except BodyRefused:
+            raise
+        except Exception as exc:  # starlette raises HTTPException/MultiPartException variants
+            raise RequestError(400, f"malformed form body: {getattr(exc, 'detail', exc)}") from None
+        _add_pairs(params, [(key, value) for key, value in form.multi_items()
+                            if isinstance(value, str)])
     elif content_type == "application/json":
         raw = await request.body()
         try:
@@ -169,8 +173,8 @@ def _scalar(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-async def read_upload(upload: UploadFile, max_bytes: int) -> bytes:
-    data = await upload.read(max_bytes + 1)
+def read_upload(upload: Upload, max_bytes: int) -> bytes:
+    data = upload.data
     if len(data) > max_bytes:
         raise RequestError(413, f"the uploaded file is larger than {max_bytes} bytes",
                            param="file")
