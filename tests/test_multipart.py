@@ -66,6 +66,9 @@ def test_limits_and_malformed_bodies_say_what_is_wrong() -> None:
         _parse("multipart/form-data", body)
     with pytest.raises(FormError, match="invalid multipart data"):
         _parse("multipart/form-data; boundary=x", b"--x\r\n\x00\xff" * 100)
+    endless = b"--x\r\nContent-Disposition: form-data; name=" + b"n" * 100_000
+    with pytest.raises(FormError, match="header size"):  # python-multipart bounds it
+        _parse("multipart/form-data; boundary=x", endless, chunk=4096)
     nameless = b'--x\r\nContent-Disposition: form-data\r\n\r\nv\r\n--x--\r\n'
     with pytest.raises(FormError, match='"name"'):
         _parse("multipart/form-data; boundary=x", nameless)
