@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from gateway.submit.multipart import FormError, Upload, parse_form
+from gateway.submit.multipart import GATHER_BYTES, FormError, Upload, parse_form
 
 LIMITS = {"max_files": 3, "max_fields": 4, "max_field_bytes": 100}
 
@@ -28,9 +28,11 @@ def _parse(content_type: str, body: bytes, chunk: int = 65536,
     return asyncio.run(parse_form(content_type, stream(), **{**LIMITS, **limits}))
 
 
-@pytest.mark.parametrize("chunk", [1, 7, 4096, 1 << 20])
-def test_fields_and_uploads_come_back_whole_and_in_order(chunk: int) -> None:
-    audio = bytes(range(256)) * 300 + b"\r\n--not-the-boundary\r\n"
+@pytest.mark.parametrize(("chunk", "size"), [(1, 77_000), (7, 77_000), (4096, 77_000),
+                                           (1 << 20, 77_000), (65536, GATHER_BYTES + 300_000)])
+def test_fields_and_uploads_come_back_whole_and_in_order(chunk: int, size: int) -> None:
+    """Also an upload past GATHER_BYTES, whose chunks are gathered as they come."""
+    audio = (bytes(range(256)) * (size // 256) + b"\r\n--not-the-boundary\r\n")
     content_type, body = _encoded(
         {"model": "whisper-1", "prompt": "Zoë's café"},
         [("file", ("jfk ñ.flac", audio, "audio/flac")),
