@@ -35,8 +35,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 # The in-process baseline must run with the settings every worker gets: no SPEECH_* from
-# the caller's shell (harness/procs.service_env strips them too) and the workers' OpenMP
-# policy (deploy/supervisord.conf), which CTranslate2 reads when it loads.
+# the caller's shell (harness/procs.service_env strips them too), and OpenMP's PASSIVE wait
+# policy, which CTranslate2 reads when it loads (what workers that share a host run:
+# workers/openmp.py; a Stack's workers choose their own).
 for _name in [n for n in os.environ if n.startswith("SPEECH_")]:
     del os.environ[_name]
 os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -289,7 +290,10 @@ class Stack:
         if models is not None:
             self.shared["models"] = models
         self.gateway_settings = {**self.shared, **(gateway_settings or {})}
-        self.worker_settings = {**self.shared, **WORKER_SETTINGS, **(worker_settings or {})}
+        # the workers it starts with share the host, as scripts/run_stack.sh counts them
+        # (one alone keeps OpenMP's own wait policy: workers/openmp.py)
+        self.worker_settings = {**self.shared, **WORKER_SETTINGS, "host_workers": workers,
+                                **(worker_settings or {})}
         self.workdir = Path(tempfile.mkdtemp(prefix=f"sg-bench-{name}-"))
         self.redis: procs.RedisServer | None = None
         self.gateway: procs.Service | None = None

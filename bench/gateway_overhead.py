@@ -8,7 +8,9 @@ the machine's background load hits all alike), in a rotating order:
   its users run it (bench.common.Bare: WhisperModel, decode_audio, transcribe);
 - direct: `workers.execute.run_engine` with the worker's own engine class and defaults
   (decode with common.audio.decode_audio, then faster-whisper), on the bytes in memory, in
-  this process, with the workers' OMP_WAIT_POLICY=PASSIVE;
+  this process, with OMP_WAIT_POLICY=PASSIVE (what workers that share a host run; the
+  stack's one worker, alone as in the default stack, keeps the library's own policy:
+  workers/openmp.py);
 - openai: POST /v1/audio/transcriptions, which queues the task and waits for it via
   Redis pub/sub (upload, probe, submit, worker dispatch, run, result, reply);
 - sage: POST /api/faster-whisper-submit, then GET /api/status every --poll-ms, over one

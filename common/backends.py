@@ -291,7 +291,7 @@ check_table(BACKENDS)
 
 
 #: what every worker process runs with, however it is deployed (supervisord, Kubernetes, the
-#: tests' harness): OpenMP threads that sleep rather than spin between calls (co-located
-#: workers share the cores; measured in bench/README.md), and two malloc arenas, so an idle
-#: unload gives back what per-thread arenas would keep (idle RSS 159 -> 138 MiB, no slowdown)
-WORKER_PROCESS_ENV: dict[str, str] = {"OMP_WAIT_POLICY": "PASSIVE", "MALLOC_ARENA_MAX": "2"}
+#: tests' harness): two malloc arenas, so an idle unload gives back what per-thread arenas
+#: would keep (idle RSS 159 -> 138 MiB, no slowdown). OpenMP's wait policy is the worker's
+#: own choice (SPEECH_OMP_WAIT_POLICY, workers/openmp.py), made before its engine loads.
+WORKER_PROCESS_ENV: dict[str, str] = {"MALLOC_ARENA_MAX": "2"}

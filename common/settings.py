@@ -12,7 +12,7 @@ import os
 import socket
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -152,6 +152,13 @@ class Settings(BaseSettings):
     device: str = "auto"  # auto | cpu | cuda
     compute_type: str = "auto"  # faster-whisper: auto -> float16 on cuda, int8 on cpu
     cpu_threads: int = 0
+    #: OpenMP's wait policy for the engine's threads (workers/openmp.py): auto = the library's
+    #: own (spin a while, then sleep) where `host_workers` is 1, PASSIVE elsewhere; an
+    #: OMP_WAIT_POLICY already in the environment stands under auto
+    omp_wait_policy: Literal["auto", "passive", "library"] = "auto"
+    #: how many worker processes share this host (scripts/run_stack.sh counts its own); 0 =
+    #: unknown, as in a Kubernetes pod
+    host_workers: int = Field(default=0, ge=0)
     idle_unload_seconds: float = 120.0  # 0 = unload after every task, -1 = never
     #: after an idle unload, a worker whose RSS is still above this many times its fresh
     #: RSS re-execs itself (same pid, a fresh interpreter: what the imports, the allocator's

@@ -267,7 +267,7 @@ def service_env(redis_url: str, **settings: Any) -> dict[str, str]:
     """Environment for gateway/worker processes: SPEECH_* from keyword arguments."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPEECH_")}
     env.update(SPEECH_REDIS_URL=redis_url, SPEECH_HEARTBEAT_SECONDS="0.5",
-               OMP_WAIT_POLICY="PASSIVE", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
+               PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1")
     for key, value in settings.items():
         env[f"SPEECH_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
     return env
@@ -338,6 +338,7 @@ def worker(redis_url: str, workdir: Path, backend: str = "faster-whisper",
     settings.setdefault("consumer", f"test-{backend}-{port}")
     env = service_env(redis_url, backend=backend, worker_port=str(port), **settings)
     env.update(WORKER_PROCESS_ENV)  # as every deployment runs workers
+    env.pop("OMP_WAIT_POLICY", None)  # the worker's own choice (workers/openmp.py), as deployed
     args = [str(python), "-m", "workers"]
     return Service(args, env, workdir / f"worker-{backend}-{port}.log",
                    f"http://127.0.0.1:{port}")
@@ -389,6 +390,7 @@ def stack_env(**overrides: Any) -> dict[str, str]:
     """deploy/defaults.env, then `overrides`: the environment supervisord runs the stack with."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("SPEECH_") and k.split("_")[0] not in _WORKER_PREFIXES}
+    env.pop("OMP_WAIT_POLICY", None)  # the workers' own choice (workers/openmp.py)
     for line in (ROOT / "deploy" / "defaults.env").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
             key, _, value = line.partition("=")

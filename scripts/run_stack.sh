@@ -5,6 +5,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
+# how many worker processes this host runs: the replicas of each enabled program (a worker
+# alone on its host keeps OpenMP's own wait policy, workers/openmp.py)
+if [ -z "${SPEECH_HOST_WORKERS+x}" ]; then
+    SPEECH_HOST_WORKERS=0
+    for enabled in $(grep -oE '^[A-Z0-9]+_ENABLED' deploy/defaults.env); do
+        replicas="${enabled%_ENABLED}_REPLICAS"
+        if [ "${!enabled}" = true ]; then
+            SPEECH_HOST_WORKERS=$((SPEECH_HOST_WORKERS + ${!replicas}))
+        fi
+    done
+    export SPEECH_HOST_WORKERS
+fi
 mkdir -p "$SPEECH_RUN_DIR/logs" "$SPEECH_RUN_DIR/redis"
 url="http://$SPEECH_HOST:$SPEECH_PORT"
 [ "$SPEECH_HOST" = 0.0.0.0 ] && url="http://127.0.0.1:$SPEECH_PORT"

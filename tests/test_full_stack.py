@@ -4,6 +4,7 @@ the post-deploy smoke test, which must also name a worker that is down (issue 8)
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 
@@ -73,6 +74,17 @@ def test_smoke_test_passes_on_the_full_stack(full_stack: dict) -> None:
         for check in smoke_checks(backend):
             assert f"OK {backend} {check}:" in result.stdout, (backend, check)
         assert any(line.startswith(f"OK {backend} worker ") for line in lines), backend
+
+
+def test_workers_sharing_a_host_run_openmp_passive(full_stack: dict) -> None:
+    """Six programs enabled: scripts/run_stack.sh counts six workers on this host, so none
+    spins between parallel regions (workers/openmp.py)."""
+    logs = full_stack["supervisor"].workdir / "logs"
+    for row in BACKENDS.values():
+        chosen = {json.loads(line)["msg"] for line in
+                  (logs / f"{row.name}_00.log").read_text().splitlines()
+                  if "OpenMP wait policy" in line}
+        assert chosen == {"OpenMP wait policy: passive"}, (row.name, chosen)
 
 
 def test_smoke_test_names_a_broken_worker(full_stack: dict) -> None:

@@ -6,6 +6,7 @@ Redis stopped and restarted with AOF on. Each test counts what ends where.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -100,6 +101,16 @@ def wait_running(stack: Stack, task_id: str, attempt: int = 1) -> dict:
 def respawned(stack: Stack, old_pid: int) -> int:
     return wait_until(lambda: (p := stack.worker_pid()) not in (0, old_pid) and p, 60,
                       "supervisord respawn", 0.1)
+
+
+def test_a_worker_alone_on_its_host_keeps_openmps_own_wait_policy(stack: Stack) -> None:
+    """scripts/run_stack.sh counts the stack's one worker (SPEECH_HOST_WORKERS=1), so its
+    engine threads spin as the library's default does; several on one host are PASSIVE
+    (test_full_stack)."""
+    log = stack.supervisor.workdir / "logs" / "faster-whisper_00.log"
+    chosen = {json.loads(line)["msg"] for line in log.read_text().splitlines()
+              if "OpenMP wait policy" in line}
+    assert chosen == {"OpenMP wait policy: library"}, chosen
 
 
 def test_sigkill_mid_task_is_redelivered_and_succeeds_once(stack: Stack) -> None:

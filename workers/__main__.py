@@ -14,14 +14,17 @@ import sys
 
 from common import logs
 from common.settings import get_settings
-from workers import memory
+from workers import memory, openmp
 
 
 def main() -> None:
     settings = get_settings()
     logs.configure(f"worker:{settings.backend}", settings.log_level)
-    # CTranslate2 reads its allocator settings when it first touches the GPU.
+    # CTranslate2 reads its allocator settings when it first touches the GPU, and OpenMP its
+    # wait policy when the engine's library loads: both before create_engine imports it.
     memory.configure_ctranslate2_allocator(settings.memory_cap_mib)
+    omp_policy = openmp.configure(settings.omp_wait_policy, settings.host_workers)
+    logging.getLogger(__name__).info("OpenMP wait policy: %s", omp_policy)
     from common.store.connection import worker_client
     from workers.engines import create_engine
     from workers.http import serve_http
