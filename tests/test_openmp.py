@@ -17,7 +17,8 @@ from workers import openmp
     ("auto", 1, None, "library", None),  # alone on its host: the library's own spin
     ("auto", 0, None, "passive", "PASSIVE"),  # unknown (a pod): cores may be shared
     ("auto", 3, None, "passive", "PASSIVE"),
-    ("auto", 1, "ACTIVE", "ACTIVE", "ACTIVE"),  # an operator's own value stands
+    ("auto", 1, "ACTIVE", "active", "ACTIVE"),  # an operator's own value stands
+    ("auto", 2, "PASSIVE", "passive", "PASSIVE"),  # as after a re-exec
     ("passive", 1, None, "passive", "PASSIVE"),
     ("library", 4, "PASSIVE", "library", None),
 ])

@@ -21,10 +21,11 @@ LIBRARY = "library"  # the library's own default: spin a while, then sleep
 
 def configure(policy: str, host_workers: int) -> str:
     """Set or clear OMP_WAIT_POLICY for `policy` (auto | passive | library) and return what
-    the engine runs with: "passive", "library", or the operator's value under auto."""
+    the engine runs with: "passive", "library", or the operator's value under auto (in
+    lower case: a re-exec'd worker finds its own PASSIVE there and says the same)."""
     if policy == "auto":
         if os.environ.get("OMP_WAIT_POLICY"):
-            return os.environ["OMP_WAIT_POLICY"]
+            return os.environ["OMP_WAIT_POLICY"].lower()
         policy = LIBRARY if host_workers == 1 else PASSIVE
     if policy == PASSIVE:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
