@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -99,3 +100,11 @@ def queue_counts(client: redis.Redis, backend: str = "faster-whisper") -> tuple[
 def pending_count(client: redis.Redis, backend: str = "faster-whisper") -> int:
     return sum(int(client.xpending(keys.queue(backend, lane), keys.WORKER_GROUP)["pending"])
                for lane in keys.LANES if client.exists(keys.queue(backend, lane)))
+
+
+def openmp_policies(worker_log: Path) -> set[str]:
+    """The OpenMP wait policies a worker's JSON log says it started with (workers/openmp.py),
+    one per start (a respawn, a re-exec)."""
+    prefix = "OpenMP wait policy: "
+    return {json.loads(line)["msg"].removeprefix(prefix)
+            for line in worker_log.read_text().splitlines() if prefix in line}

@@ -4,7 +4,6 @@ the post-deploy smoke test, which must also name a worker that is down (issue 8)
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Iterator
 
@@ -15,6 +14,7 @@ from common.backends import BACKENDS, KINDS
 from harness import procs
 from harness.http_client import http
 from harness.procs import ROOT, TEST_AUDIO, wait_until
+from tests.helpers import openmp_policies
 from tests.tiny import env_python, tiny_model
 
 
@@ -81,10 +81,8 @@ def test_workers_sharing_a_host_run_openmp_passive(full_stack: dict) -> None:
     spins between parallel regions (workers/openmp.py)."""
     logs = full_stack["supervisor"].workdir / "logs"
     for row in BACKENDS.values():
-        chosen = {json.loads(line)["msg"] for line in
-                  (logs / f"{row.name}_00.log").read_text().splitlines()
-                  if "OpenMP wait policy" in line}
-        assert chosen == {"OpenMP wait policy: passive"}, (row.name, chosen)
+        chosen = openmp_policies(logs / f"{row.name}_00.log")
+        assert chosen == {"passive"}, (row.name, chosen)
 
 
 def test_smoke_test_names_a_broken_worker(full_stack: dict) -> None:

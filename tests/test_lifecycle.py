@@ -6,7 +6,6 @@ Redis stopped and restarted with AOF on. Each test counts what ends where.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -23,7 +22,15 @@ from common import keys
 from harness import procs
 from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
-from tests.helpers import JFK, TERMINAL, pending_count, status, submit_file, wait_done
+from tests.helpers import (
+    JFK,
+    TERMINAL,
+    openmp_policies,
+    pending_count,
+    status,
+    submit_file,
+    wait_done,
+)
 
 PROGRAM = "faster-whisper:faster-whisper_00"
 LONG = TEST_AUDIO / "multilingual.mp3"  # ~5 s of work with tiny.en on 2 cores
@@ -107,10 +114,8 @@ def test_a_worker_alone_on_its_host_keeps_openmps_own_wait_policy(stack: Stack) 
     """scripts/run_stack.sh counts the stack's one worker (SPEECH_HOST_WORKERS=1), so its
     engine threads spin as the library's default does; several on one host are PASSIVE
     (test_full_stack)."""
-    log = stack.supervisor.workdir / "logs" / "faster-whisper_00.log"
-    chosen = {json.loads(line)["msg"] for line in log.read_text().splitlines()
-              if "OpenMP wait policy" in line}
-    assert chosen == {"OpenMP wait policy: library"}, chosen
+    chosen = openmp_policies(stack.supervisor.workdir / "logs" / "faster-whisper_00.log")
+    assert chosen == {"library"}, chosen
 
 
 def test_sigkill_mid_task_is_redelivered_and_succeeds_once(stack: Stack) -> None:
