@@ -2,15 +2,17 @@
 
 In-process, with the worker's own code paths. harness/diarization_set.py renders its seeded
 conversations (24: six each of 2, 3, 4 and 5 espeak-ng speakers, varied accents, variants,
-pitch, rate, turn lengths, pauses, a few overlaps) and the two-voice conversation of
-harness/conversation.py. On each, faster-whisper (bundled tiny.en, word timestamps on, as a
-diarized task runs it) transcribes, and the bundled diarizer (workers/diarize.py) finds the
-turns with the count estimated and with num_speakers given. Reported per speaker count: how
-often the estimate found the right count, the mean DER (0.25 s collar, and none) of both
-cases, and diarization time / transcription time over the whole set.
+pitch, rate, turn lengths, pauses, a few overlaps), the two-voice conversation of
+harness/conversation.py, and the set's monologues (12: one voice each). On each,
+faster-whisper (bundled tiny.en, word timestamps on, as a diarized task runs it)
+transcribes, and the bundled diarizer (workers/diarize.py) finds the turns with the count
+estimated and with num_speakers given. Reported per speaker count: how often the estimate
+found the right count, the mean DER (0.25 s collar, and none) of both cases, and
+diarization time / transcription time over the whole set.
 
 Targets: count right >= 90 % and DER <= 0.10 with the estimate; DER <= 0.05 with
-num_speakers; diarization <= 1.0x the transcription time. Takes ~3-4 minutes on 2 cores
+num_speakers; diarization <= 1.0x the transcription time (the count's over the conversations;
+the monologues' count right is reported beside it). Takes ~4-5 minutes on 2 cores
 (--count N takes the first N conversations; --seed S renders another seeded set of the same
 kind, a held-out check of the estimate).
 """
@@ -39,14 +41,17 @@ from workers.engines.faster_whisper import FasterWhisperEngine  # noqa: E402
 COUNT_TARGET, DER_TARGET, DER_KNOWN_TARGET, COST_TARGET = 0.90, 0.10, 0.05, 1.0
 
 
-def cases(root: Path, count: int,
+def cases(root: Path, count: int, monologues: int,
           seed: int = diarization_set.SEED) -> list[tuple[str, Path, list[Turn]]]:
-    """(name, path, reference turns): the two-voice conversation, then the set."""
+    """(name, path, reference turns): the two-voice conversation, the set, its monologues."""
     talk = root / "two-voices.wav"
     found = [("two-voices", talk, [Turn(t.start, t.end, t.speaker)
                                    for t in conversation.build(talk)])]
     for item in diarization_set.build(root, range(count), seed=seed):
         found.append((f"set-{item.spec.index:02d}", item.path,
+                      [Turn(t.start, t.end, t.speaker) for t in item.turns]))
+    for item in diarization_set.build_monologues(root, range(monologues), seed=seed):
+        found.append((f"monologue-{item.spec.index:02d}", item.path,
                       [Turn(t.start, t.end, t.speaker) for t in item.turns]))
     return found
 
@@ -54,6 +59,7 @@ def cases(root: Path, count: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=diarization_set.COUNT)
+    parser.add_argument("--monologues", type=int, default=diarization_set.MONOLOGUES)
     parser.add_argument("--seed", type=int, default=diarization_set.SEED)
     args = parser.parse_args()
     started = bc.machine()
@@ -66,7 +72,7 @@ def main() -> None:
     results = []
     transcribe_s = diarize_s = audio_s = 0.0
     with tempfile.TemporaryDirectory() as tmp:
-        for name, path, truth in cases(Path(tmp), args.count, args.seed):
+        for name, path, truth in cases(Path(tmp), args.count, args.monologues, args.seed):
             audio = decode_audio(path, 16000)
             speakers = len({t.speaker for t in truth})
             t0 = time.perf_counter()
@@ -88,9 +94,10 @@ def main() -> None:
                   f"DER {results[-1]['der']:.3f} (told {results[-1]['der_told']:.3f})",
                   flush=True)
     rows, groups = [], {}
-    for result in results:
+    for result in sorted(results, key=lambda r: r["speakers"]):
         groups.setdefault(result["speakers"], []).append(result)
-    groups["all"] = results
+    conversations = [r for r in results if r["speakers"] > 1]
+    groups["all"] = conversations  # the targets are the conversations'; monologues beside
     summary = {}
     for key, group in groups.items():
         def mean(field: str, group: list[dict] = group) -> float:
@@ -101,9 +108,10 @@ def main() -> None:
                                                      "der_told_no_collar")}}
         rows.append([key, len(group), f"{right:.0%}", mean("der"), mean("der_no_collar"),
                      mean("der_told"), mean("der_told_no_collar")])
-    total = summary["all"]
+    total, alone = summary["all"], summary.get("1", {"count_right": float("nan")})
     ratio = diarize_s / transcribe_s
-    bc.table(f"Diarization: {len(results)} conversations, {audio_s:.0f} s of audio; diarizer "
+    bc.table(f"Diarization: {len(conversations)} conversations and "
+             f"{len(results) - len(conversations)} monologues, {audio_s:.0f} s of audio; diarizer "
              f"load {load[0]:.2f} s; diarize/transcribe {ratio:.2f} "
              f"({diarize_s:.1f} s / {transcribe_s:.1f} s)",
              ["speakers", "conversations", "count right", "DER", "DER, no collar",
@@ -114,6 +122,8 @@ def main() -> None:
                  bc.verdict(total["der"], DER_TARGET, at_most=True)],
                 ["DER, num_speakers", total["der_told"], DER_KNOWN_TARGET,
                  bc.verdict(total["der_told"], DER_KNOWN_TARGET, at_most=True)],
+                ["count right, monologues", alone["count_right"], COUNT_TARGET,
+                 bc.verdict(alone["count_right"], COUNT_TARGET, at_most=False)],
                 ["diarize/transcribe", round(ratio, 3), COST_TARGET,
                  bc.verdict(ratio, COST_TARGET, at_most=True)]]
     bc.table("Targets", ["measure", "value", "target", "verdict"], verdicts)

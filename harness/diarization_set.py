@@ -3,7 +3,8 @@
 Each conversation draws its speakers from espeak-ng's English accents and voice variants, each
 with its own pitch and rate; turns of 0.5 to 8 s (one short reply up to three sentences),
 pauses of 0.1 to 1.2 s, and in some conversations a few turns that start before the previous
-one ends (the two voices mixed). Everything is drawn from one `random.Random` per
+one ends (the two voices mixed); and monologues, one voice reading a few lines, where the
+estimate must find one speaker. Everything is drawn from one `random.Random` per
 conversation seeded by (SEED, index), so the set is the same on every run and a test can take
 conversation 3 without building 0-2. Nothing is committed as audio: `build` renders a
 conversation to a WAV file with the espeak-ng on the machine.
@@ -27,6 +28,7 @@ from harness.conversation import SAMPLE_RATE, speak
 
 SEED = 25
 COUNT = 24  # 6 each of 2, 3, 4 and 5 speakers
+MONOLOGUES = 12  # beside them: one voice each (`monologue`)
 SPEAKER_COUNTS = (2, 3, 4, 5)
 ACCENTS = ("en-us", "en-gb", "en-gb-scotland", "en-gb-x-rp", "en-gb-x-gbclan",
            "en-gb-x-gbcwmd", "en-029", "en-us-nyc")
@@ -156,15 +158,30 @@ def spec(index: int, seed: int = SEED) -> Spec:
         if speaker not in spoken:  # everyone's first turn is a full sentence at least
             kind = max(kind, 0.15)
             spoken.add(speaker)
-        if kind < 0.15:
-            text = rng.choice(SHORT)
-        else:
-            text = " ".join(rng.sample(SENTENCES, 1 if kind < 0.6 else 2 if kind < 0.9 else 3))
+        text = _line(rng, kind)
         pause = rng.uniform(*PAUSE_SECONDS)
         if position and overlaps and rng.random() < 0.25:
             pause = -rng.uniform(*OVERLAP_SECONDS)
         lines.append(Line(speaker, text, round(pause, 3)))
     return Spec(index, voices, tuple(lines))
+
+
+def _line(rng: random.Random, kind: float) -> str:
+    """A short reply (kind < 0.15), or one to three sentences."""
+    if kind < 0.15:
+        return rng.choice(SHORT)
+    return " ".join(rng.sample(SENTENCES, 1 if kind < 0.6 else 2 if kind < 0.9 else 3))
+
+
+def monologue(index: int, seed: int = SEED) -> Spec:
+    """One voice reading 3 to 10 lines with pauses (a talk, a voice note), drawn as a
+    conversation's speakers and lines are: the estimate must find one speaker in it."""
+    rng = random.Random(f"diarization-set:monologue:{seed}:{index}")
+    voice = Voice(rng.choice(ACCENTS), rng.choice(VARIANTS), rng.randint(*PITCH),
+                  rng.randint(*RATE))
+    lines = tuple(Line(0, _line(rng, rng.random()), round(rng.uniform(*PAUSE_SECONDS), 3))
+                  for _ in range(rng.randint(3, 10)))
+    return Spec(index, (voice,), lines)
 
 
 def _trimmed(audio: np.ndarray) -> np.ndarray:
@@ -213,3 +230,11 @@ def build(directory: Path, indices: range | list[int] | None = None,
     directory.mkdir(parents=True, exist_ok=True)
     return [render(spec(i, seed), directory / f"conversation-{seed}-{i:02d}.wav")
             for i in (range(COUNT) if indices is None else indices)]
+
+
+def build_monologues(directory: Path, indices: range | list[int],
+                     seed: int = SEED) -> list[Conversation]:
+    """Render monologues `indices` into `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return [render(monologue(i, seed), directory / f"monologue-{seed}-{i:02d}.wav")
+            for i in indices]

@@ -220,6 +220,17 @@ def test_the_count_is_estimated_on_unseen_voices(tmp_path: Path, diarizer_handle
     assert der(reference(item), told.turns) <= 0.05
 
 
+@pytest.mark.parametrize("index", [1, 2, 12])
+def test_a_monologue_is_one_speaker(tmp_path: Path, diarizer_handle: tuple, index: int) -> None:
+    """One espeak voice reading a few lines: its windows spread as widely as some
+    conversations' do (a threshold on the spread alone split these three in two)."""
+    diarizer, handle = diarizer_handle
+    item = diarization_set.build_monologues(tmp_path, [index])[0]
+    found = diarizer.diarize(handle, decode_audio(item.path), DiarizationOptions())
+    assert found.speakers == ["SPEAKER_00"]
+    assert der(reference(item), found.turns) <= 0.10
+
+
 def test_known_speakers_with_close_voices(tmp_path: Path, diarizer_handle: tuple) -> None:
     """Two voices of one espeak variant, apart only in accent, pitch and rate: each name still
     goes to its own voice (names and speakers are paired as a whole, not greedily)."""

@@ -263,11 +263,11 @@ def _cluster(embeddings: np.ndarray, windows: list[tuple[int, int]], bounds: tup
         reliable = np.ones(len(windows), dtype=bool)
     base = embeddings[reliable]
     tone = None if pitch is None else pitch[reliable]
-    found = speaker_clusters.cluster(base, bounds, tone)
+    distinct = None if timbre is None else speaker_bic.distinct_voices(
+        timbre, [w for w, keep in zip(windows, reliable, strict=True) if keep])
+    found = speaker_clusters.cluster(base, bounds, tone, distinct)
     if bounds[0] < bounds[1]:  # an estimated count: a speaker is more than one stray window
         found = _absorb_small(base, found, bounds[0])
-        distinct = None if timbre is None else speaker_bic.distinct_voices(
-            timbre, [w for w, keep in zip(windows, reliable, strict=True) if keep])
         found = speaker_clusters.split_mixed(base, found, bounds[1], tone, distinct)
         found = speaker_clusters.merge_small(base, found, bounds[0], tone, distinct)
     return speaker_clusters.nearest(embeddings, base, found)

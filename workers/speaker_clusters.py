@@ -10,8 +10,9 @@ orthogonal there, windows of one speaker point the same way), weighed down where
 spoken at different pitches (workers/speaker_features.py: the encoder scores some different
 voices as alike as one voice's windows, and many of those differ in pitch). The count is the
 eigen-gap of that affinity's graph-cut Laplacian; whether there is more than one speaker at all
-is decided first, on the spread of the raw affinities (one voice's windows are all alike: the
-library's `AffinityStd` check).
+is decided first: windows whose raw affinities spread widely are several voices (the library's
+`AffinityStd` check); where they spread little, the recording is one voice unless its best
+two-way split gives halves the split check calls two voices.
 
 Pitches come as a column of NaN where unknown (a window barely voiced, or a caller without
 them): those pairs are weighed by the embeddings alone.
@@ -19,15 +20,20 @@ them): those pairs are weighed by the embeddings alone.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-#: one speaker when the raw affinities ((cos + 1) / 2) of all window pairs spread less than
-#: this (standard deviation). Measured on the bench's set (harness/diarization_set.py): one
-#: espeak voice's windows spread 0.017-0.037, jfk.flac's 0.028; conversations of 2-5 voices
-#: 0.03-0.07, mostly above 0.05. The two ranges touch: this is where the count errs first.
+from workers.speaker_bic import Distinct
+
+#: several speakers when the raw affinities ((cos + 1) / 2) of all window pairs spread more
+#: than this (standard deviation); below it, one voice unless its halves are two (`cluster`).
+#: Measured on harness/diarization_set.py's generator: monologues of one espeak voice spread
+#: 0.004-0.037 (96 of them), jfk.flac 0.028; conversations of 2-5 voices 0.021-0.11 (5th
+#: percentile 0.031, median 0.06). The ranges overlap, so the spread alone cannot decide: a
+#: fixed threshold of 0.035 split 13 of the 96 monologues and merged 4 of 312 conversations.
+MAYBE_ONE_SPEAKER_SPREAD = 0.045
+#: … and with too few windows to split in two halves, the spread alone decides at this
 SINGLE_SPEAKER_SPREAD = 0.035
 
 #: a found speaker whose best two-way split gives halves with mean embeddings (raw, not
@@ -96,28 +102,59 @@ def _clusterer(fewest: int, most: int) -> Any:
         eigengap_type=EigenGapType.NormalizedDiff, row_wise_renorm=True, custom_dist="cosine")
 
 
-def one_speaker(embeddings: np.ndarray) -> bool:
+def alike_throughout(embeddings: np.ndarray, spread: float) -> bool:
+    """The raw affinities of all window pairs spread less than `spread` (the library's
+    `AffinityStd` check)."""
     from spectralcluster import fallback_clusterer, utils
 
     options = fallback_clusterer.FallbackOptions(
         single_cluster_condition=fallback_clusterer.SingleClusterCondition.AffinityStd,
-        single_cluster_affinity_threshold=SINGLE_SPEAKER_SPREAD,
+        single_cluster_affinity_threshold=spread,
         single_cluster_affinity_diagonal_offset=1)
     return bool(fallback_clusterer.check_single_cluster(
         options, embeddings, utils.compute_affinity_matrix(embeddings)))
 
 
 def cluster(embeddings: np.ndarray, bounds: tuple[int, int],
-            pitch: np.ndarray | None = None) -> np.ndarray:
+            pitch: np.ndarray | None = None, distinct: Distinct | None = None) -> np.ndarray:
     """A speaker number (0, 1, …) per embedding (unit vectors, one per window; `pitch` each
-    window's log-F0): between `bounds` speakers, as many as the eigen-gap says."""
+    window's log-F0; `distinct` the timbre check, as in `split_mixed`): between `bounds`
+    speakers, as many as the eigen-gap says."""
     fewest, most = bounds
     most = min(most, len(embeddings) - 1)  # k clusters need k + 1 eigenvalues to compare
     fewest = min(fewest, most)
-    if most <= 1 or (fewest <= 1 and one_speaker(embeddings)):
-        return np.zeros(len(embeddings), dtype=int)
-    labels = _clusterer(max(fewest, 2), most).predict(_stacked(embeddings, pitch))
+    one = np.zeros(len(embeddings), dtype=int)
+    if most <= 1:
+        return one
+    stacked = _stacked(embeddings, pitch)
+    if fewest <= 1:
+        if len(embeddings) < 2 * SPLIT_MIN_WINDOWS:
+            if alike_throughout(embeddings, SINGLE_SPEAKER_SPREAD):
+                return one
+        elif alike_throughout(embeddings, MAYBE_ONE_SPEAKER_SPREAD):
+            halves = _halves(embeddings, stacked, np.arange(len(embeddings)), distinct)
+            if halves is not None:  # the halves are where the split check goes on
+                one[halves[1]] = 1
+            return one
+    labels = _clusterer(max(fewest, 2), most).predict(stacked)
     return np.unique(labels, return_inverse=True)[1]
+
+
+def _halves(embeddings: np.ndarray, stacked: np.ndarray, members: np.ndarray,
+            distinct: Distinct | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """`members`' best two-way split (spectral, k = 2) when its halves are two voices
+    (`_unlike`, or `distinct`), each of at least SPLIT_MIN_WINDOWS windows; else None."""
+    try:
+        halves = _clusterer(2, 2).predict(stacked[members])
+    except ValueError:  # too alike to split at all (a degenerate affinity)
+        return None
+    first, second = members[halves == 0], members[halves == 1]
+    if min(len(first), len(second)) < SPLIT_MIN_WINDOWS:
+        return None
+    if _unlike(embeddings, stacked[:, -1], first, second) or (
+            distinct is not None and distinct(first, second)):
+        return first, second
+    return None
 
 
 def _unlike(embeddings: np.ndarray, pitch: np.ndarray, first: np.ndarray,
@@ -136,12 +173,11 @@ def _unlike(embeddings: np.ndarray, pitch: np.ndarray, first: np.ndarray,
 
 
 def split_mixed(embeddings: np.ndarray, labels: np.ndarray, most: int,
-                pitch: np.ndarray | None = None,
-                distinct: Callable[[np.ndarray, np.ndarray], bool] | None = None) -> np.ndarray:
+                pitch: np.ndarray | None = None, distinct: Distinct | None = None) -> np.ndarray:
     """Split each found speaker whose two halves are unlike (`_unlike`, or `distinct` of the
     halves' window indices: workers/speaker_bic.py's timbre check), and the halves again,
     while there are fewer than `most`; speakers renumbered 0, 1, … A recording found to be
-    one voice (`one_speaker`'s spread check) stays one."""
+    one voice (`cluster` already tried its halves) stays one."""
     stacked = _stacked(embeddings, pitch)
     labels = labels.copy()
     if labels.max() < 1:
@@ -152,23 +188,14 @@ def split_mixed(embeddings: np.ndarray, labels: np.ndarray, most: int,
         members = np.flatnonzero(labels == speaker)
         if len(members) < 2 * SPLIT_MIN_WINDOWS:
             continue
-        try:
-            halves = _clusterer(2, 2).predict(stacked[members])
-        except ValueError:  # too alike to split at all (a degenerate affinity)
-            continue
-        first, second = members[halves == 0], members[halves == 1]
-        if min(len(first), len(second)) < SPLIT_MIN_WINDOWS:
-            continue
-        if _unlike(embeddings, stacked[:, -1], first, second) or (
-                distinct is not None and distinct(first, second)):
-            labels[second] = labels.max() + 1
+        if (halves := _halves(embeddings, stacked, members, distinct)) is not None:
+            labels[halves[1]] = labels.max() + 1
             pending += [speaker, int(labels.max())]
     return np.unique(labels, return_inverse=True)[1]
 
 
 def merge_small(embeddings: np.ndarray, labels: np.ndarray, fewest: int,
-                pitch: np.ndarray | None = None,
-                distinct: Callable[[np.ndarray, np.ndarray], bool] | None = None) -> np.ndarray:
+                pitch: np.ndarray | None = None, distinct: Distinct | None = None) -> np.ndarray:
     """Found speakers of at most MERGE_MOST_WINDOWS windows, smallest first, join the speaker
     whose centroid is nearest unless the two are unlike (`_unlike`, or `distinct`: as in
     `split_mixed`), while more than `fewest` remain; speakers renumbered 0, 1, …"""
