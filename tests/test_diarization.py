@@ -140,6 +140,24 @@ def test_a_few_windows_cut_off_one_voice_rejoin_it() -> None:
     assert (speaker_clusters.merge_small(windows, found, 1) == found).all()
 
 
+def test_a_window_unlike_all_others_does_not_break_the_clustering() -> None:
+    """One window (a cough, a door) alike with no other: the spectral library used to divide
+    by zero on it when told two speakers, and the task failed."""
+    import numpy as np
+
+    from workers import speaker_clusters
+
+    rng = np.random.default_rng(1)
+    voice_a, voice_b, odd = np.abs(rng.normal(size=(3, 256)))  # d-vectors are positive
+    windows = np.vstack([voice_a + 0.3 * np.abs(rng.normal(size=(10, 256))),
+                         voice_b + 0.3 * np.abs(rng.normal(size=(10, 256))), odd])
+    windows /= np.linalg.norm(windows, axis=1, keepdims=True)
+    for bounds in ((2, 2), (1, 2), (1, 8)):
+        found = speaker_clusters.cluster(windows, bounds)
+        assert len(set(found[:10])) == 1 and len(set(found[10:20])) == 1, bounds
+        assert found[0] != found[10], bounds
+
+
 def test_a_segment_that_changes_speaker_is_split_at_the_word_boundary() -> None:
     words = [Word(" Hello", 0.0, 0.5), Word(" there.", 0.5, 1.0), Word(" Hi", 1.6, 2.0),
              Word(" back.", 2.0, 2.4)]

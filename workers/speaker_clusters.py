@@ -63,6 +63,12 @@ PITCH_SPLIT_ALIKE = 0.93
 #: any size (the eigen-gap's large clusters of close voices are mostly right).
 MERGE_MOST_WINDOWS = 4
 
+#: every pair of windows is this alike at least: a window unlike all others (a cough, a door)
+#: would otherwise be a component of the graph on its own, and when the eigen-gap asks for
+#: fewer speakers than the graph has components, the eigenvectors can be all zero on it (the
+#: library's row normalisation then divides by zero and its k-means refuses the NaN)
+AFFINITY_FLOOR = 1e-6
+
 
 def _normed(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-9)
@@ -76,10 +82,11 @@ def centred_affinity(embeddings: np.ndarray) -> np.ndarray:
 
 def pitched_affinity(stacked: np.ndarray) -> np.ndarray:
     """`centred_affinity` of the embeddings (all columns but the last), times the pitch
-    kernel of the last column (log-F0, NaN where unknown)."""
+    kernel of the last column (log-F0, NaN where unknown); at least AFFINITY_FLOOR."""
     pitch = stacked[:, -1]
     apart = np.nan_to_num(np.abs(pitch[:, None] - pitch[None, :]), nan=0.0)
-    return centred_affinity(stacked[:, :-1]) * np.exp(-0.5 * (apart / PITCH_SPREAD) ** 2)
+    affinity = centred_affinity(stacked[:, :-1]) * np.exp(-0.5 * (apart / PITCH_SPREAD) ** 2)
+    return np.maximum(affinity, AFFINITY_FLOOR)
 
 
 def _stacked(embeddings: np.ndarray, pitch: np.ndarray | None) -> np.ndarray:
