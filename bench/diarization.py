@@ -3,7 +3,8 @@
 In-process, with the worker's own code paths. harness/diarization_set.py renders its seeded
 conversations (24: six each of 2, 3, 4 and 5 espeak-ng speakers, varied accents, variants,
 pitch, rate, turn lengths, pauses, a few overlaps), the two-voice conversation of
-harness/conversation.py, and the set's monologues (12: one voice each). On each,
+harness/conversation.py, the set's monologues (12: one voice each), and long recordings
+(the first 4 conversations and monologues lengthened to 100 lines, ~8 minutes). On each,
 faster-whisper (bundled tiny.en, word timestamps on, as a diarized task runs it)
 transcribes, and the bundled diarizer (workers/diarize.py) finds the turns with the count
 estimated and with num_speakers given. Reported per speaker count: how often the estimate
@@ -11,10 +12,10 @@ found the right count, the mean DER (0.25 s collar, and none) of both cases, and
 diarization time / transcription time over the whole set.
 
 Targets: count right >= 90 % and DER <= 0.10 with the estimate; DER <= 0.05 with
-num_speakers; diarization <= 1.0x the transcription time (the count's over the conversations;
-the monologues' count right is reported beside it). Takes ~4-5 minutes on 2 cores
-(--count N takes the first N conversations; --seed S renders another seeded set of the same
-kind, a held-out check of the estimate).
+num_speakers; diarization <= 1.0x the transcription time (the count's over the short
+conversations; the monologues' and the long recordings' count right are reported beside it).
+Takes ~7-8 minutes on 2 cores (--count N takes the first N conversations, --monologues N,
+--long N; --seed S renders another seeded set of the same kind, a held-out check).
 """
 
 from __future__ import annotations
@@ -41,17 +42,27 @@ from workers.engines.faster_whisper import FasterWhisperEngine  # noqa: E402
 COUNT_TARGET, DER_TARGET, DER_KNOWN_TARGET, COST_TARGET = 0.90, 0.10, 0.05, 1.0
 
 
-def cases(root: Path, count: int, monologues: int,
+#: the long recordings: the set's first conversations and monologues, lengthened to this many
+#: lines (~8 minutes each)
+LONG_LINES = 100
+
+
+def cases(root: Path, count: int, monologues: int, long: int,
           seed: int = diarization_set.SEED) -> list[tuple[str, Path, list[Turn]]]:
-    """(name, path, reference turns): the two-voice conversation, the set, its monologues."""
+    """(name, path, reference turns): the two-voice conversation, the set, its monologues,
+    and `long` long conversations and as many long monologues."""
     talk = root / "two-voices.wav"
     found = [("two-voices", talk, [Turn(t.start, t.end, t.speaker)
                                    for t in conversation.build(talk)])]
-    for item in diarization_set.build(root, range(count), seed=seed):
-        found.append((f"set-{item.spec.index:02d}", item.path,
-                      [Turn(t.start, t.end, t.speaker) for t in item.turns]))
-    for item in diarization_set.build_monologues(root, range(monologues), seed=seed):
-        found.append((f"monologue-{item.spec.index:02d}", item.path,
+    built = [("set", item) for item in diarization_set.build(root, range(count), seed=seed)]
+    built += [("monologue", item)
+              for item in diarization_set.build_monologues(root, range(monologues), seed=seed)]
+    built += [("long", item)
+              for item in diarization_set.build_long(root, range(long), LONG_LINES, seed)]
+    built += [("long-monologue", item) for item in diarization_set.build_monologues(
+        root, range(long), seed, lines=LONG_LINES)]
+    for kind, item in built:
+        found.append((f"{kind}-{item.spec.index:02d}", item.path,
                       [Turn(t.start, t.end, t.speaker) for t in item.turns]))
     return found
 
@@ -60,6 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=diarization_set.COUNT)
     parser.add_argument("--monologues", type=int, default=diarization_set.MONOLOGUES)
+    parser.add_argument("--long", type=int, default=4)
     parser.add_argument("--seed", type=int, default=diarization_set.SEED)
     args = parser.parse_args()
     started = bc.machine()
@@ -72,7 +84,8 @@ def main() -> None:
     results = []
     transcribe_s = diarize_s = audio_s = 0.0
     with tempfile.TemporaryDirectory() as tmp:
-        for name, path, truth in cases(Path(tmp), args.count, args.monologues, args.seed):
+        for name, path, truth in cases(Path(tmp), args.count, args.monologues, args.long,
+                                       args.seed):
             audio = decode_audio(path, 16000)
             speakers = len({t.speaker for t in truth})
             t0 = time.perf_counter()
@@ -94,27 +107,34 @@ def main() -> None:
                   f"DER {results[-1]['der']:.3f} (told {results[-1]['der_told']:.3f})",
                   flush=True)
     rows, groups = [], {}
-    for result in sorted(results, key=lambda r: r["speakers"]):
-        groups.setdefault(result["speakers"], []).append(result)
-    conversations = [r for r in results if r["speakers"] > 1]
-    groups["all"] = conversations  # the targets are the conversations'; monologues beside
+    short = [r for r in results if not r["name"].startswith("long")]
+    for result in sorted(short, key=lambda r: r["speakers"]):
+        groups.setdefault(str(result["speakers"]), []).append(result)
+    conversations = [r for r in short if r["speakers"] > 1]
+    groups["all"] = conversations  # the targets are these; monologues and long ones beside
+    for kind in ("long", "long-monologue"):
+        if found := [r for r in results if r["name"].startswith(f"{kind}-")]:
+            groups[kind] = found
     summary = {}
     for key, group in groups.items():
         def mean(field: str, group: list[dict] = group) -> float:
             return round(sum(r[field] for r in group) / len(group), 4)
         right = sum(r["found"] == r["speakers"] for r in group) / len(group)
-        summary[str(key)] = {"conversations": len(group), "count_right": round(right, 3),
-                             **{f: mean(f) for f in ("der", "der_no_collar", "der_told",
-                                                     "der_told_no_collar")}}
+        summary[key] = {"conversations": len(group), "count_right": round(right, 3),
+                        **{f: mean(f) for f in ("der", "der_no_collar", "der_told",
+                                                "der_told_no_collar")}}
         rows.append([key, len(group), f"{right:.0%}", mean("der"), mean("der_no_collar"),
                      mean("der_told"), mean("der_told_no_collar")])
-    total, alone = summary["all"], summary.get("1", {"count_right": float("nan")})
+    nan = {"count_right": float("nan")}
+    total, alone = summary["all"], summary.get("1", nan)
+    long, long_alone = summary.get("long", nan), summary.get("long-monologue", nan)
     ratio = diarize_s / transcribe_s
-    bc.table(f"Diarization: {len(conversations)} conversations and "
-             f"{len(results) - len(conversations)} monologues, {audio_s:.0f} s of audio; diarizer "
-             f"load {load[0]:.2f} s; diarize/transcribe {ratio:.2f} "
+    bc.table(f"Diarization: {len(conversations)} conversations, "
+             f"{len(short) - len(conversations)} monologues, {len(results) - len(short)} long "
+             f"recordings ({LONG_LINES} lines), {audio_s:.0f} s of audio; diarizer load "
+             f"{load[0]:.2f} s; diarize/transcribe {ratio:.2f} "
              f"({diarize_s:.1f} s / {transcribe_s:.1f} s)",
-             ["speakers", "conversations", "count right", "DER", "DER, no collar",
+             ["speakers", "recordings", "count right", "DER", "DER, no collar",
               "DER told", "DER told, no collar"], rows)
     verdicts = [["count right", total["count_right"], COUNT_TARGET,
                  bc.verdict(total["count_right"], COUNT_TARGET, at_most=False)],
@@ -122,8 +142,10 @@ def main() -> None:
                  bc.verdict(total["der"], DER_TARGET, at_most=True)],
                 ["DER, num_speakers", total["der_told"], DER_KNOWN_TARGET,
                  bc.verdict(total["der_told"], DER_KNOWN_TARGET, at_most=True)],
-                ["count right, monologues", alone["count_right"], COUNT_TARGET,
-                 bc.verdict(alone["count_right"], COUNT_TARGET, at_most=False)],
+                *[[f"count right, {name}", group["count_right"], COUNT_TARGET,
+                   bc.verdict(group["count_right"], COUNT_TARGET, at_most=False)]
+                  for name, group in (("monologues", alone), ("long conversations", long),
+                                      ("long monologues", long_alone))],
                 ["diarize/transcribe", round(ratio, 3), COST_TARGET,
                  bc.verdict(ratio, COST_TARGET, at_most=True)]]
     bc.table("Targets", ["measure", "value", "target", "verdict"], verdicts)

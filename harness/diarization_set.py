@@ -184,6 +184,21 @@ def monologue(index: int, seed: int = SEED) -> Spec:
     return Spec(index, (voice,), lines)
 
 
+def lengthened(item: Spec, lines: int, seed: int = SEED) -> Spec:
+    """`item`'s voices speaking `lines` lines (a meeting, a lecture: 100 lines run ~8 minutes):
+    everyone in turn at first, then at random, no one answering themself."""
+    rng = random.Random(f"diarization-set:lengthened:{seed}:{item.index}:{len(item.voices)}")
+    count = len(item.voices)
+    drawn: list[Line] = []
+    for position in range(lines):
+        speaker = position % count if position < count else rng.randrange(count)
+        if drawn and count > 1 and drawn[-1].speaker == speaker:
+            speaker = (speaker + 1) % count
+        drawn.append(Line(speaker, _line(rng, rng.random()),
+                          round(rng.uniform(*PAUSE_SECONDS), 3)))
+    return Spec(item.index, item.voices, tuple(drawn))
+
+
 def _trimmed(audio: np.ndarray) -> np.ndarray:
     loud = np.flatnonzero(np.abs(audio) > _SILENCE)
     return audio[int(loud[0]):int(loud[-1]) + 1] if len(loud) else audio
@@ -232,9 +247,18 @@ def build(directory: Path, indices: range | list[int] | None = None,
             for i in (range(COUNT) if indices is None else indices)]
 
 
-def build_monologues(directory: Path, indices: range | list[int],
-                     seed: int = SEED) -> list[Conversation]:
-    """Render monologues `indices` into `directory`."""
+def build_monologues(directory: Path, indices: range | list[int], seed: int = SEED,
+                     lines: int | None = None) -> list[Conversation]:
+    """Render monologues `indices` into `directory` (`lines`: `lengthened` to so many)."""
     directory.mkdir(parents=True, exist_ok=True)
-    return [render(monologue(i, seed), directory / f"monologue-{seed}-{i:02d}.wav")
-            for i in indices]
+    return [render(monologue(i, seed) if lines is None
+                   else lengthened(monologue(i, seed), lines, seed),
+                   directory / f"monologue-{seed}-{i:02d}-{lines or 0}.wav") for i in indices]
+
+
+def build_long(directory: Path, indices: range | list[int], lines: int,
+               seed: int = SEED) -> list[Conversation]:
+    """Render conversations `indices`, `lengthened` to `lines` lines, into `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return [render(lengthened(spec(i, seed), lines, seed),
+                   directory / f"long-{seed}-{i:02d}-{lines}.wav") for i in indices]

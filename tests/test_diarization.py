@@ -9,6 +9,7 @@ the model and its memory come back.
 from __future__ import annotations
 
 import base64
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -221,6 +222,11 @@ def test_the_set_is_seeded() -> None:
         item = diarization_set.spec(index)
         assert len({v.variant for v in item.voices}) == len(item.voices)
         assert {line.speaker for line in item.lines} == set(range(len(item.voices)))
+    long = diarization_set.lengthened(diarization_set.spec(2), 40)
+    assert long == diarization_set.lengthened(diarization_set.spec(2), 40)
+    assert len(long.lines) == 40 and long.voices == diarization_set.spec(2).voices
+    assert all(a.speaker != b.speaker for a, b in itertools.pairwise(long.lines))
+    assert diarization_set.monologue(1) == diarization_set.monologue(1)
 
 
 @pytest.mark.parametrize("index", [0, 1, 2, 3])
@@ -247,6 +253,37 @@ def test_a_monologue_is_one_speaker(tmp_path: Path, diarizer_handle: tuple, inde
     found = diarizer.diarize(handle, decode_audio(item.path), DiarizationOptions())
     assert found.speakers == ["SPEAKER_00"]
     assert der(reference(item), found.turns) <= 0.10
+
+
+def test_long_recordings_keep_their_count(tmp_path: Path, diarizer_handle: tuple) -> None:
+    """A voice heard for minutes is still one: the timbre check once split one voice of a long
+    recording into several (its statistic grew with the frames), the longer the more."""
+    diarizer, handle = diarizer_handle
+    talk = diarization_set.build_long(tmp_path, [4], lines=60)[0]  # two voices, ~4.5 minutes
+    lecture = diarization_set.build_monologues(tmp_path, [5], lines=30)[0]  # ~2 minutes
+    for item in (talk, lecture):
+        found = diarizer.diarize(handle, decode_audio(item.path), DiarizationOptions())
+        assert len(found.speakers) == item.speakers, (item.path.name, found.speakers)
+        assert der(reference(item), found.turns) <= 0.10
+
+
+def test_many_windows_are_clustered_in_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_SPECTRAL_POINTS windows (an hour is thousands), the spectral clustering runs
+    on tight groups of them: the same speakers come out."""
+    import numpy as np
+
+    from workers import speaker_clusters
+
+    rng = np.random.default_rng(7)
+    voices = np.abs(rng.normal(size=(3, 64)))
+    truth = rng.integers(0, 3, 240)
+    windows = voices[truth] + 0.5 * np.abs(rng.normal(size=(240, 64)))
+    windows /= np.linalg.norm(windows, axis=1, keepdims=True)
+    pitch = np.log(100.0 + 30 * truth) + rng.normal(0, 0.03, 240)
+    monkeypatch.setattr(speaker_clusters, "MAX_SPECTRAL_POINTS", 40)
+    found = speaker_clusters.cluster(windows, (1, 8), pitch)
+    assert found.max() == 2
+    assert all(len(set(found[truth == voice])) == 1 for voice in range(3))
 
 
 def test_known_speakers_with_close_voices(tmp_path: Path, diarizer_handle: tuple) -> None:

@@ -69,6 +69,13 @@ MERGE_MOST_WINDOWS = 4
 #: library's row normalisation then divides by zero and its k-means refuses the NaN)
 AFFINITY_FLOOR = 1e-6
 
+#: the spectral clustering's eigen-decomposition grows with the cube of its points (the
+#: library's np.linalg.eig: 2000 windows, half an hour of speech, took 26 s and 450 MB; an
+#: hour, minutes and GBs). Past this many windows they are first put into this many tight
+#: groups (complete-linkage agglomerative clustering of the centred embeddings, as the
+#: library's own `max_spectral_size` does on raw ones), and the groups are clustered.
+MAX_SPECTRAL_POINTS = 400
+
 
 def _normed(vectors: np.ndarray) -> np.ndarray:
     return vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-9)
@@ -118,8 +125,31 @@ def alike_throughout(embeddings: np.ndarray, spread: float) -> bool:
         single_cluster_condition=fallback_clusterer.SingleClusterCondition.AffinityStd,
         single_cluster_affinity_threshold=spread,
         single_cluster_affinity_diagonal_offset=1)
+    sample = embeddings[::-(-len(embeddings) // (2 * MAX_SPECTRAL_POINTS))]  # evenly, in time
     return bool(fallback_clusterer.check_single_cluster(
-        options, embeddings, utils.compute_affinity_matrix(embeddings)))
+        options, sample, utils.compute_affinity_matrix(sample)))
+
+
+def _spectral(stacked: np.ndarray, fewest: int, most: int) -> np.ndarray:
+    """A cluster per row of `stacked` (embeddings and a pitch column): `_clusterer`'s, on at
+    most MAX_SPECTRAL_POINTS points."""
+    if len(stacked) <= MAX_SPECTRAL_POINTS:
+        return _clusterer(fewest, most).predict(stacked)
+    from sklearn.cluster import AgglomerativeClustering
+
+    embeddings, pitch = stacked[:, :-1], stacked[:, -1]
+    groups = AgglomerativeClustering(
+        n_clusters=MAX_SPECTRAL_POINTS, metric="cosine", linkage="complete",
+    ).fit_predict(embeddings - embeddings.mean(axis=0))
+    points = np.stack([
+        np.append(_normed(embeddings[groups == g].mean(axis=0)), _median(pitch[groups == g]))
+        for g in range(MAX_SPECTRAL_POINTS)])
+    return np.asarray(_clusterer(fewest, most).predict(points))[groups]
+
+
+def _median(values: np.ndarray) -> float:
+    known = values[~np.isnan(values)]
+    return float(np.median(known)) if len(known) else float("nan")
 
 
 def cluster(embeddings: np.ndarray, bounds: tuple[int, int],
@@ -143,7 +173,7 @@ def cluster(embeddings: np.ndarray, bounds: tuple[int, int],
             if halves is not None:  # the halves are where the split check goes on
                 one[halves[1]] = 1
             return one
-    labels = _clusterer(max(fewest, 2), most).predict(stacked)
+    labels = _spectral(stacked, max(fewest, 2), most)
     return np.unique(labels, return_inverse=True)[1]
 
 
@@ -152,7 +182,7 @@ def _halves(embeddings: np.ndarray, stacked: np.ndarray, members: np.ndarray,
     """`members`' best two-way split (spectral, k = 2) when its halves are two voices
     (`_unlike`, or `distinct`), each of at least SPLIT_MIN_WINDOWS windows; else None."""
     try:
-        halves = _clusterer(2, 2).predict(stacked[members])
+        halves = _spectral(stacked[members], 2, 2)
     except ValueError:  # too alike to split at all (a degenerate affinity)
         return None
     first, second = members[halves == 0], members[halves == 1]
