@@ -107,14 +107,17 @@ def main() -> None:
                   f"DER {results[-1]['der']:.3f} (told {results[-1]['der_told']:.3f})",
                   flush=True)
     rows, groups = [], {}
-    short = [r for r in results if not r["name"].startswith("long")]
+    def kind(result: dict) -> str:
+        return str(result["name"]).rsplit("-", 1)[0]
+
+    short = [r for r in results if not kind(r).startswith("long")]
     for result in sorted(short, key=lambda r: r["speakers"]):
         groups.setdefault(str(result["speakers"]), []).append(result)
     conversations = [r for r in short if r["speakers"] > 1]
     groups["all"] = conversations  # the targets are these; monologues and long ones beside
-    for kind in ("long", "long-monologue"):
-        if found := [r for r in results if r["name"].startswith(f"{kind}-")]:
-            groups[kind] = found
+    for name in ("long", "long-monologue"):
+        if found := [r for r in results if kind(r) == name]:
+            groups[name] = found
     summary = {}
     for key, group in groups.items():
         def mean(field: str, group: list[dict] = group) -> float:
