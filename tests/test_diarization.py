@@ -141,24 +141,6 @@ def test_a_few_windows_cut_off_one_voice_rejoin_it() -> None:
     assert (speaker_clusters.merge_small(windows, found, 1) == found).all()
 
 
-def test_a_window_unlike_all_others_does_not_break_the_clustering() -> None:
-    """One window (a cough, a door) alike with no other: the spectral library used to divide
-    by zero on it when told two speakers, and the task failed."""
-    import numpy as np
-
-    from workers import speaker_clusters
-
-    rng = np.random.default_rng(1)
-    voice_a, voice_b, odd = np.abs(rng.normal(size=(3, 256)))  # d-vectors are positive
-    windows = np.vstack([voice_a + 0.3 * np.abs(rng.normal(size=(10, 256))),
-                         voice_b + 0.3 * np.abs(rng.normal(size=(10, 256))), odd])
-    windows /= np.linalg.norm(windows, axis=1, keepdims=True)
-    for bounds in ((2, 2), (1, 2), (1, 8)):
-        found = speaker_clusters.cluster(windows, bounds)
-        assert len(set(found[:10])) == 1 and len(set(found[10:20])) == 1, bounds
-        assert found[0] != found[10], bounds
-
-
 def test_a_segment_that_changes_speaker_is_split_at_the_word_boundary() -> None:
     words = [Word(" Hello", 0.0, 0.5), Word(" there.", 0.5, 1.0), Word(" Hi", 1.6, 2.0),
              Word(" back.", 2.0, 2.4)]
@@ -265,25 +247,6 @@ def test_long_recordings_keep_their_count(tmp_path: Path, diarizer_handle: tuple
         found = diarizer.diarize(handle, decode_audio(item.path), DiarizationOptions())
         assert len(found.speakers) == item.speakers, (item.path.name, found.speakers)
         assert der(reference(item), found.turns) <= 0.10
-
-
-def test_many_windows_are_clustered_in_groups(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past MAX_SPECTRAL_POINTS windows (an hour is thousands), the spectral clustering runs
-    on tight groups of them: the same speakers come out."""
-    import numpy as np
-
-    from workers import speaker_clusters
-
-    rng = np.random.default_rng(7)
-    voices = np.abs(rng.normal(size=(3, 64)))
-    truth = rng.integers(0, 3, 240)
-    windows = voices[truth] + 0.5 * np.abs(rng.normal(size=(240, 64)))
-    windows /= np.linalg.norm(windows, axis=1, keepdims=True)
-    pitch = np.log(100.0 + 30 * truth) + rng.normal(0, 0.03, 240)
-    monkeypatch.setattr(speaker_clusters, "MAX_SPECTRAL_POINTS", 40)
-    found = speaker_clusters.cluster(windows, (1, 8), pitch)
-    assert found.max() == 2
-    assert all(len(set(found[truth == voice])) == 1 for voice in range(3))
 
 
 def test_known_speakers_with_close_voices(tmp_path: Path, diarizer_handle: tuple) -> None:

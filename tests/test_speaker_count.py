@@ -61,6 +61,35 @@ def test_different_pitches_lower_the_affinity() -> None:
     assert (weighed[:10, 10:] < plain[:10, 10:] + 1e-12).all()
 
 
+def test_a_window_unlike_all_others_does_not_break_the_clustering() -> None:
+    """One window (a cough, a door) alike with no other: the spectral library used to divide
+    by zero on it when told two speakers, and the task failed."""
+    rng = np.random.default_rng(1)
+    voice_a, voice_b, odd = np.abs(rng.normal(size=(3, 256)))  # d-vectors are positive
+    windows = np.vstack([voice_a + 0.3 * np.abs(rng.normal(size=(10, 256))),
+                         voice_b + 0.3 * np.abs(rng.normal(size=(10, 256))), odd])
+    windows /= np.linalg.norm(windows, axis=1, keepdims=True)
+    for bounds in ((2, 2), (1, 2), (1, 8)):
+        found = speaker_clusters.cluster(windows, bounds)
+        assert len(set(found[:10])) == 1 and len(set(found[10:20])) == 1, bounds
+        assert found[0] != found[10], bounds
+
+
+def test_many_windows_are_clustered_in_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_SPECTRAL_POINTS windows (an hour is thousands), the spectral clustering runs
+    on tight groups of them: the same speakers come out."""
+    rng = np.random.default_rng(7)
+    voices = np.abs(rng.normal(size=(3, 64)))
+    truth = rng.integers(0, 3, 240)
+    windows = voices[truth] + 0.5 * np.abs(rng.normal(size=(240, 64)))
+    windows /= np.linalg.norm(windows, axis=1, keepdims=True)
+    pitch = np.log(100.0 + 30 * truth) + rng.normal(0, 0.03, 240)
+    monkeypatch.setattr(speaker_clusters, "MAX_SPECTRAL_POINTS", 40)
+    found = speaker_clusters.cluster(windows, (1, 8), pitch)
+    assert found.max() == 2
+    assert all(len(set(found[truth == voice])) == 1 for voice in range(3))
+
+
 def with_a_third(embeddings: np.ndarray, pitch: np.ndarray) -> tuple[np.ndarray, ...]:
     """The two close voices found as one speaker, beside a clearly different third one (a
     recording found to be one voice is never split)."""

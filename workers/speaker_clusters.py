@@ -89,11 +89,15 @@ def centred_affinity(embeddings: np.ndarray) -> np.ndarray:
 
 def pitched_affinity(stacked: np.ndarray) -> np.ndarray:
     """`centred_affinity` of the embeddings (all columns but the last), times the pitch
-    kernel of the last column (log-F0, NaN where unknown); at least AFFINITY_FLOOR."""
+    kernel of the last column (log-F0, NaN where unknown)."""
     pitch = stacked[:, -1]
     apart = np.nan_to_num(np.abs(pitch[:, None] - pitch[None, :]), nan=0.0)
-    affinity = centred_affinity(stacked[:, :-1]) * np.exp(-0.5 * (apart / PITCH_SPREAD) ** 2)
-    return np.maximum(affinity, AFFINITY_FLOOR)
+    return centred_affinity(stacked[:, :-1]) * np.exp(-0.5 * (apart / PITCH_SPREAD) ** 2)
+
+
+def _graph_affinity(stacked: np.ndarray) -> np.ndarray:
+    """What the spectral clustering cuts: `pitched_affinity`, at least AFFINITY_FLOOR."""
+    return np.maximum(pitched_affinity(stacked), AFFINITY_FLOOR)
 
 
 def _stacked(embeddings: np.ndarray, pitch: np.ndarray | None) -> np.ndarray:
@@ -112,7 +116,7 @@ def _clusterer(fewest: int, most: int) -> Any:
     return SpectralClusterer(
         min_clusters=fewest, max_clusters=most,
         refinement_options=RefinementOptions(refinement_sequence=[]),
-        laplacian_type=LaplacianType.GraphCut, affinity_function=pitched_affinity,
+        laplacian_type=LaplacianType.GraphCut, affinity_function=_graph_affinity,
         eigengap_type=EigenGapType.NormalizedDiff, row_wise_renorm=True, custom_dist="cosine")
 
 
