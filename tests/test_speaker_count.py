@@ -172,3 +172,27 @@ def test_cepstra_in_pieces_line_up(monkeypatch: pytest.MonkeyPatch) -> None:
     for edge in range(100, len(whole), 100):  # frames whose FFT reaches across a piece's end
         inside[edge - 2:edge + 2] = False
     assert np.allclose(pieces[inside], whole[inside])
+
+
+def test_one_voice_found_twice_is_merged_a_close_voice_of_another_timbre_is_not() -> None:
+    """The eigen-gap now and then cuts one voice into two large groups (merge_small leaves
+    those alone): they become one speaker when no cue parts them and the timbre says one
+    voice; a third group of another timbre, as alike to the encoder, stays apart."""
+    from functools import partial
+
+    from workers import diarize
+
+    clips = [vowel(120.0, rolloff, 1.5, seed)
+             for rolloff, seeds in ((1.0, range(16)), (2.0, range(16, 24))) for seed in seeds]
+    size = len(clips[0])
+    windows = [(i * size, (i + 1) * size) for i in range(len(clips))]
+    mel = partial(diarize.mel_spectrogram, basis=diarize.mel_filters())
+    ratio = speaker_bic.voice_ratio(speaker_bic.cepstra(np.concatenate(clips), mel), windows)
+    embeddings = two_close_voices(alike=0.95, each=16)[:24]
+    pitch = np.log(np.full(24, 120.0))
+    found = np.repeat([0, 1, 2], 8)  # the first voice as two speakers
+    merged = speaker_clusters.merge_alike(embeddings, found, 1, pitch, ratio)
+    assert merged.max() == 1 and len(set(merged[:16])) == 1 and merged[16] != merged[0]
+    assert (merged[16:] == merged[16]).all()
+    kept = speaker_clusters.merge_alike(embeddings, found, 3, pitch, ratio)  # told at least 3
+    assert (kept == found).all()

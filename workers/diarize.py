@@ -263,13 +263,16 @@ def _cluster(embeddings: np.ndarray, windows: list[tuple[int, int]], bounds: tup
         reliable = np.ones(len(windows), dtype=bool)
     base = embeddings[reliable]
     tone = None if pitch is None else pitch[reliable]
-    distinct = None if timbre is None else speaker_bic.distinct_voices(
-        timbre, [w for w, keep in zip(windows, reliable, strict=True) if keep])
+    kept = [w for w, keep in zip(windows, reliable, strict=True) if keep]
+    distinct = None if timbre is None else speaker_bic.distinct_voices(timbre, kept)
     found = speaker_clusters.cluster(base, bounds, tone, distinct)
     if bounds[0] < bounds[1]:  # an estimated count: a speaker is more than one stray window
         found = _absorb_small(base, found, bounds[0])
         found = speaker_clusters.split_mixed(base, found, bounds[1], tone, distinct)
         found = speaker_clusters.merge_small(base, found, bounds[0], tone, distinct)
+        if timbre is not None:
+            found = speaker_clusters.merge_alike(base, found, bounds[0], tone,
+                                                 speaker_bic.voice_ratio(timbre, kept))
     return speaker_clusters.nearest(embeddings, base, found)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from workers.speaker_bic import Distinct
+from workers.speaker_bic import ONE_VOICE_RATIO, Distinct, Ratio
 
 #: several speakers when the raw affinities ((cos + 1) / 2) of all window pairs spread more
 #: than this (standard deviation); below it, one voice unless its halves are two (`cluster`).
@@ -260,6 +260,31 @@ def merge_small(embeddings: np.ndarray, labels: np.ndarray, fewest: int,
                 labels[small] = target
                 merged = True
                 break
+    return np.unique(labels, return_inverse=True)[1]
+
+
+def merge_alike(embeddings: np.ndarray, labels: np.ndarray, fewest: int,
+                pitch: np.ndarray | None, ratio: Ratio) -> np.ndarray:
+    """Two found speakers of any size are one when no cue parts them (`_unlike`) and their
+    timbre positively says one voice (`ratio` below ONE_VOICE_RATIO): the eigen-gap now and
+    then cuts one voice into two large groups, which `merge_small` leaves alone. The pair of
+    the lowest ratio first, while more than `fewest` remain; speakers renumbered 0, 1, …"""
+    tone = _stacked(embeddings, pitch)[:, -1]
+    labels = labels.copy()
+    while len(speakers := np.unique(labels)) > max(fewest, 1):
+        best: tuple[float, int, int] | None = None
+        for index, one in enumerate(speakers):
+            for other in speakers[index + 1:]:
+                first, second = np.flatnonzero(labels == one), np.flatnonzero(labels == other)
+                if _unlike(embeddings, tone, first, second):
+                    continue
+                found = ratio(first, second)
+                if found is not None and found < ONE_VOICE_RATIO and (
+                        best is None or found < best[0]):
+                    best = (found, int(one), int(other))
+        if best is None:
+            break
+        labels[labels == best[2]] = best[1]
     return np.unique(labels, return_inverse=True)[1]
 
 
