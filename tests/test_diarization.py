@@ -211,6 +211,20 @@ def test_the_set_is_seeded() -> None:
     assert diarization_set.monologue(1) == diarization_set.monologue(1)
 
 
+def test_the_untuned_voices_are_espeaks_and_none_of_the_sets() -> None:
+    import re
+    import subprocess
+
+    listed = subprocess.run(["espeak-ng", "--voices=variant"], capture_output=True, text=True,
+                            check=True).stdout
+    # the File column ("!v/Mr serious": a name may hold one space), then two or more
+    files = {re.search(r"!v/(.*?)(?:\s{2,}|\s*$)", line)[1] for line in listed.splitlines()[1:]}
+    untuned = set(diarization_set.UNTUNED_VARIANTS)
+    assert untuned <= files and not untuned & set(diarization_set.VARIANTS)
+    item = diarization_set.spec(3, variants=diarization_set.UNTUNED_VARIANTS)
+    assert {v.variant for v in item.voices} <= untuned and len(item.voices) == 5
+
+
 @pytest.mark.parametrize("index", [0, 1, 2, 3])
 def test_the_count_is_estimated_on_unseen_voices(tmp_path: Path, diarizer_handle: tuple,
                                                   index: int) -> None:
