@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from common.schemas import DiarizationOptions, Segment, Transcription
+from common.schemas import MAX_SPEAKERS, DiarizationOptions, Segment, Transcription
 from workers import pyannote_diarizer, speaker_bic, speaker_clusters, speaker_features
 
 BUNDLED = "bundled"
@@ -137,8 +137,8 @@ class Diarizer:
                 return Diarization([])
             embeddings = np.stack([_embed(handle, audio[start:end]) for start, end in windows])
             pitch = np.array([speaker_features.log_pitch(audio[s:e]) for s, e in windows])
-            fewest, most = options.bounds()  # the timbre check only weighs an estimated count
-            timbre = None if fewest == most else speaker_bic.cepstra(
+            fewest, most = options.bounds()
+            timbre = None if most <= 1 else speaker_bic.cepstra(
                 audio, partial(mel_spectrogram, basis=handle.mel_basis))
             clusters = _cluster(embeddings, windows, (fewest, most), pitch, timbre)
             names: dict[Any, str] = {}
@@ -256,7 +256,9 @@ def _cluster(embeddings: np.ndarray, windows: list[tuple[int, int]], bounds: tup
              pitch: np.ndarray | None = None, timbre: np.ndarray | None = None) -> np.ndarray:
     """A cluster number per window (`pitch`: each one's log-F0; `timbre`: the recording's
     speaker_bic.cepstra): found on the reliable (long) windows (workers/speaker_clusters.py),
-    every window then going to the nearest centroid."""
+    every window then going to the nearest centroid. A told count takes the estimate's
+    speakers when it finds as many: its split checks mend what one k-way cut of the affinity
+    gets wrong more often than they spoil it (bench/README.md, issue 25)."""
     lengths = np.array([end - start for start, end in windows])
     reliable = lengths >= MIN_RELIABLE_SECONDS * SAMPLE_RATE
     if reliable.sum() < 2:
@@ -264,16 +266,29 @@ def _cluster(embeddings: np.ndarray, windows: list[tuple[int, int]], bounds: tup
     base = embeddings[reliable]
     tone = None if pitch is None else pitch[reliable]
     kept = [w for w, keep in zip(windows, reliable, strict=True) if keep]
-    distinct = None if timbre is None else speaker_bic.distinct_voices(timbre, kept)
-    found = speaker_clusters.cluster(base, bounds, tone, distinct)
-    if bounds[0] < bounds[1]:  # an estimated count: a speaker is more than one stray window
-        found = _absorb_small(base, found, bounds[0])
-        found = speaker_clusters.split_mixed(base, found, bounds[1], tone, distinct)
-        found = speaker_clusters.merge_small(base, found, bounds[0], tone, distinct)
-        if timbre is not None:
-            found = speaker_clusters.merge_alike(base, found, bounds[0], tone,
-                                                 speaker_bic.voice_ratio(timbre, kept))
+    if bounds[0] == bounds[1] > 1 and timbre is not None:
+        estimated = _speakers(base, kept, (1, MAX_SPEAKERS), tone, timbre)
+        found = (estimated if estimated.max() + 1 == bounds[0]
+                 else _speakers(base, kept, bounds, tone, timbre))
+    else:
+        found = _speakers(base, kept, bounds, tone, timbre)
     return speaker_clusters.nearest(embeddings, base, found)
+
+
+def _speakers(embeddings: np.ndarray, windows: list[tuple[int, int]], bounds: tuple[int, int],
+              pitch: np.ndarray | None, timbre: np.ndarray | None) -> np.ndarray:
+    """A speaker number per window: the eigen-gap's count within `bounds`, and for an
+    estimated count the split checks after it (docs/backends.md, steps 3-7)."""
+    distinct = None if timbre is None else speaker_bic.distinct_voices(timbre, windows)
+    found = speaker_clusters.cluster(embeddings, bounds, pitch, distinct)
+    if bounds[0] < bounds[1]:  # an estimated count: a speaker is more than one stray window
+        found = _absorb_small(embeddings, found, bounds[0])
+        found = speaker_clusters.split_mixed(embeddings, found, bounds[1], pitch, distinct)
+        found = speaker_clusters.merge_small(embeddings, found, bounds[0], pitch, distinct)
+        if timbre is not None:
+            found = speaker_clusters.merge_alike(embeddings, found, bounds[0], pitch,
+                                                 speaker_bic.voice_ratio(timbre, windows))
+    return found
 
 
 def _absorb_small(embeddings: np.ndarray, found: np.ndarray, fewest: int) -> np.ndarray:
