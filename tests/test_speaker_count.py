@@ -141,7 +141,8 @@ def timbre_check(rolloffs: tuple[float, float]) -> tuple[speaker_bic.Distinct, n
     size = len(clips[0])
     windows = [(i * size, (i + 1) * size) for i in range(len(clips))]
     mel = partial(diarize.mel_spectrogram, basis=diarize.mel_filters())
-    check = speaker_bic.distinct_voices(speaker_bic.cepstra(audio, mel), windows)
+    check = speaker_bic.distinct_voices(
+        speaker_bic.voice_ratio(speaker_bic.cepstra(audio, mel), windows))
     return check, np.arange(8), np.arange(8, 16)
 
 

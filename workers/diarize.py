@@ -279,15 +279,15 @@ def _speakers(embeddings: np.ndarray, windows: list[tuple[int, int]], bounds: tu
               pitch: np.ndarray | None, timbre: np.ndarray | None) -> np.ndarray:
     """A speaker number per window: the eigen-gap's count within `bounds`, and for an
     estimated count the split checks after it (docs/backends.md, steps 3-7)."""
-    distinct = None if timbre is None else speaker_bic.distinct_voices(timbre, windows)
+    ratio = None if timbre is None else speaker_bic.voice_ratio(timbre, windows)
+    distinct = None if ratio is None else speaker_bic.distinct_voices(ratio)
     found = speaker_clusters.cluster(embeddings, bounds, pitch, distinct)
     if bounds[0] < bounds[1]:  # an estimated count: a speaker is more than one stray window
         found = _absorb_small(embeddings, found, bounds[0])
         found = speaker_clusters.split_mixed(embeddings, found, bounds[1], pitch, distinct)
         found = speaker_clusters.merge_small(embeddings, found, bounds[0], pitch, distinct)
-        if timbre is not None:
-            found = speaker_clusters.merge_alike(embeddings, found, bounds[0], pitch,
-                                                 speaker_bic.voice_ratio(timbre, windows))
+        if ratio is not None:
+            found = speaker_clusters.merge_alike(embeddings, found, bounds[0], pitch, ratio)
     return found
 
 

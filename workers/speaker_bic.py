@@ -124,9 +124,9 @@ def voice_ratio(features: np.ndarray, windows: Sequence[tuple[int, int]]) -> Rat
     return ratio
 
 
-def distinct_voices(features: np.ndarray, windows: Sequence[tuple[int, int]]) -> Distinct:
-    """A check of two groups of `windows`: two voices by delta-BIC (`voice_ratio`)."""
-    ratio = voice_ratio(features, windows)
+def distinct_voices(ratio: Ratio) -> Distinct:
+    """A check of two groups of windows: two voices when their `ratio` (`voice_ratio`) is
+    above SPLIT_LAMBDA."""
 
     def distinct(first: np.ndarray, second: np.ndarray) -> bool:
         found = ratio(first, second)

@@ -75,6 +75,9 @@ AFFINITY_FLOOR = 1e-6
 #: groups (complete-linkage agglomerative clustering of the centred embeddings, as the
 #: library's own `max_spectral_size` does on raw ones), and the groups are clustered.
 MAX_SPECTRAL_POINTS = 400
+#: the one-voice check's spread is taken over at most this many windows, evenly spread in
+#: time: its affinity matrix grows with their square (an hour's 4500 windows, 160 MB)
+MAX_SPREAD_WINDOWS = 800
 
 
 def _normed(vectors: np.ndarray) -> np.ndarray:
@@ -129,7 +132,7 @@ def alike_throughout(embeddings: np.ndarray, spread: float) -> bool:
         single_cluster_condition=fallback_clusterer.SingleClusterCondition.AffinityStd,
         single_cluster_affinity_threshold=spread,
         single_cluster_affinity_diagonal_offset=1)
-    sample = embeddings[::-(-len(embeddings) // (2 * MAX_SPECTRAL_POINTS))]  # evenly, in time
+    sample = embeddings[::-(-len(embeddings) // MAX_SPREAD_WINDOWS)]
     return bool(fallback_clusterer.check_single_cluster(
         options, sample, utils.compute_affinity_matrix(sample)))
 
