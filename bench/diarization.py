@@ -18,7 +18,8 @@ conversations; the monologues' and the long recordings' count right are reported
 Takes ~7-8 minutes on 2 cores (--count N takes the first N conversations, --monologues N,
 --long N; --seed S renders another seeded set of the same kind, a held-out check;
 --untuned-voices draws the speakers from espeak-ng's other variants, none of which any
-threshold was measured on).
+threshold was measured on; --real-voices takes harness/real_voices.py's conversations and
+monologues of real people instead, fetched once by scripts/real_voices.sh).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import argparse  # noqa: E402
+import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
@@ -37,7 +39,7 @@ from bench import common as bc  # noqa: E402
 from common.audio import decode_audio  # noqa: E402
 from common.schemas import DiarizationOptions, TranscriptionOptions  # noqa: E402
 from common.settings import Settings  # noqa: E402
-from harness import conversation, diarization_set  # noqa: E402
+from harness import conversation, diarization_set, real_voices  # noqa: E402
 from workers.diarize import Diarizer, Turn, der  # noqa: E402
 from workers.engines.base import ModelRef  # noqa: E402
 from workers.engines.faster_whisper import FasterWhisperEngine  # noqa: E402
@@ -74,15 +76,30 @@ def cases(root: Path, count: int, monologues: int, long: int,
     return found
 
 
+def real_cases(root: Path, seed: int) -> list[tuple[str, Path, list[Turn]]]:
+    """(name, path, reference turns) of harness/real_voices.py's set."""
+    archive = subprocess.run([str(Path(__file__).resolve().parents[1] / "scripts/real_voices.sh")],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    return [(f"{'set' if item.speakers > 1 else 'monologue'}-{item.index:02d}", item.path,
+             [Turn(t.start, t.end, t.speaker) for t in item.turns])
+            for item in real_voices.build(Path(archive), root, seed)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=diarization_set.COUNT)
     parser.add_argument("--monologues", type=int, default=diarization_set.MONOLOGUES)
     parser.add_argument("--long", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=diarization_set.SEED)
+    parser.add_argument("--seed", type=int, default=None,
+                        help=f"default {diarization_set.SEED} ({real_voices.SEED} for the "
+                             "real voices)")
     parser.add_argument("--untuned-voices", action="store_true",
                         help="draw the speakers from diarization_set.UNTUNED_VARIANTS")
+    parser.add_argument("--real-voices", action="store_true",
+                        help="real people's voices (harness/real_voices.py) instead")
     args = parser.parse_args()
+    seed = args.seed if args.seed is not None else (
+        real_voices.SEED if args.real_voices else diarization_set.SEED)
     started = bc.machine()
     engine = FasterWhisperEngine(Settings(_env_file=None))  # type: ignore[call-arg]
     model = engine.load(ModelRef("tiny.en", "bundled"), "cpu")
@@ -95,8 +112,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         variants = (diarization_set.UNTUNED_VARIANTS if args.untuned_voices
                     else diarization_set.VARIANTS)
-        for name, path, truth in cases(Path(tmp), args.count, args.monologues, args.long,
-                                       args.seed, variants):
+        found = (real_cases(Path(tmp), seed) if args.real_voices
+                 else cases(Path(tmp), args.count, args.monologues, args.long, seed, variants))
+        for name, path, truth in found:
             audio = decode_audio(path, 16000)
             speakers = len({t.speaker for t in truth})
             t0 = time.perf_counter()
@@ -167,7 +185,8 @@ def main() -> None:
                 ["diarize/transcribe, num_speakers", round(told_ratio, 3), COST_TARGET,
                  bc.verdict(told_ratio, COST_TARGET, at_most=True)]]
     bc.table("Targets", ["measure", "value", "target", "verdict"], verdicts)
-    bc.write_json("diarization", {"seed": args.seed, "untuned_voices": args.untuned_voices,
+    bc.write_json("diarization", {"seed": seed, "untuned_voices": args.untuned_voices,
+                                  "real_voices": args.real_voices,
                                   "audio_seconds": audio_s, "diarizer_load_s": load[0],
                                   "transcribe_s": transcribe_s, "diarize_s": diarize_s,
                                   "diarize_over_transcribe": ratio, "told_s": told_s,

@@ -225,6 +225,59 @@ def test_the_untuned_voices_are_espeaks_and_none_of_the_sets() -> None:
     assert {v.variant for v in item.voices} <= untuned and len(item.voices) == 5
 
 
+def tone_archive(path: Path, meetings: dict[str, dict[str, float]]) -> Path:
+    """A zip in the layout of speakerbox's diarized.zip (MEETING/SPEAKER/START-END.wav): each
+    speaker a steady tone of its own (Hz), in two 8 s clips."""
+    import io
+    import zipfile
+
+    import numpy as np
+    import soundfile
+
+    times = np.arange(8 * 16000) / 16000
+    with zipfile.ZipFile(path, "w") as bundle:
+        for meeting, speakers in meetings.items():
+            for speaker, hz in speakers.items():
+                for clip in range(2):
+                    buffer = io.BytesIO()
+                    tone = (0.3 * np.sin(2 * np.pi * hz * times)).astype(np.float32)
+                    soundfile.write(buffer, tone, 16000, format="WAV")
+                    bundle.writestr(f"{meeting}/{speaker}/{clip}-{clip + 1}.wav",
+                                    buffer.getvalue())
+    return path
+
+
+def test_the_real_voices_set_is_seeded_and_labelled(tmp_path: Path) -> None:
+    import numpy as np
+
+    from harness import real_voices
+
+    tones = {"a": 200.0, "b": 300.0, "c": 450.0, "d": 700.0, "e": 1100.0}
+    archive = tone_archive(tmp_path / "diarized.zip",
+                           {"one": tones, "two": {"a": 200.0, "b": 300.0}})
+    first = real_voices.build(archive, tmp_path / "first", seed=3, per_count=2)
+    again = real_voices.build(archive, tmp_path / "again", seed=3, per_count=2)
+    other = real_voices.build(archive, tmp_path / "other", seed=4, per_count=2)
+    assert [c.turns for c in first] == [c.turns for c in again]
+    assert [c.turns for c in first] != [c.turns for c in other]
+    assert [c.speakers for c in first] == list(real_voices.SPEAKER_COUNTS) * 2
+    for item in first:
+        audio = decode_audio(item.path, 16000)
+        assert len({t.speaker for t in item.turns}) == item.speakers
+        assert max(t.end for t in item.turns) <= len(audio) / 16000
+        if item.speakers > 1:
+            assert all(a.speaker != b.speaker for a, b in itertools.pairwise(item.turns))
+        for index, turn in enumerate(item.turns):
+            # the turn's own stretch (no other turn over it): its speaker's tone
+            start = max([turn.start] + [t.end for t in item.turns[:index]])
+            end = min([turn.end] + [t.start for t in item.turns[index + 1:]])
+            piece = audio[int(start * 16000) + 80:int(end * 16000) - 80]
+            if len(piece) < 1600:
+                continue
+            peak = np.argmax(np.abs(np.fft.rfft(piece))) * 16000 / len(piece)
+            assert abs(peak - tones[turn.speaker]) < 5, (item.index, turn)
+
+
 @pytest.mark.parametrize("index", [0, 1, 2, 3])
 def test_the_count_is_estimated_on_unseen_voices(tmp_path: Path, diarizer_handle: tuple,
                                                   index: int) -> None:
