@@ -93,9 +93,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None,
                         help=f"default {diarization_set.SEED} ({real_voices.SEED} for the "
                              "real voices)")
-    parser.add_argument("--untuned-voices", action="store_true",
+    voices = parser.add_mutually_exclusive_group()
+    voices.add_argument("--untuned-voices", action="store_true",
                         help="draw the speakers from diarization_set.UNTUNED_VARIANTS")
-    parser.add_argument("--real-voices", action="store_true",
+    voices.add_argument("--real-voices", action="store_true",
                         help="real people's voices (harness/real_voices.py) instead")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else (
