@@ -61,6 +61,18 @@ def speak_to(path: Path, text: str, voice: str = "en-us", pitch: int | None = No
     return path
 
 
+def write_mix(path: Path, pieces: list[tuple[int, np.ndarray]]) -> float:
+    """Write the (start sample, audio) pieces, summed where they overlap, to `path` (16 kHz
+    WAV) with 0.3 s of silence after the last; its length in seconds."""
+    mix = np.zeros(max(start + len(audio) for start, audio in pieces)
+                   + int(0.3 * SAMPLE_RATE), dtype=np.float32)
+    for start, audio in pieces:
+        mix[start:start + len(audio)] += audio
+    mix /= max(1.0, float(np.abs(mix).max()) / 0.95)  # overlapped speech must not clip
+    path.write_bytes(encode_wav(mix, SAMPLE_RATE))
+    return len(mix) / SAMPLE_RATE
+
+
 def build(path: Path, turns: tuple[tuple[str, str], ...] = TURNS) -> list[RefTurn]:
     """Write the conversation to `path` (16 kHz WAV); its turns, trimmed to the voice."""
     pause = np.zeros(int(PAUSE_SECONDS * SAMPLE_RATE), dtype=np.float32)

@@ -23,8 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.audio import encode_wav
-from harness.conversation import SAMPLE_RATE, speak
+from harness.conversation import SAMPLE_RATE, speak, write_mix
 
 SEED = 25
 COUNT = 24  # 6 each of 2, 3, 4 and 5 speakers
@@ -244,12 +243,7 @@ def render(item: Spec, path: Path) -> Conversation:
                              round((start + len(audio)) / SAMPLE_RATE, 3),
                              f"S{line.speaker}", line.text))
         previous_end = max(previous_end, start + len(audio))
-    mix = np.zeros(previous_end + int(0.3 * SAMPLE_RATE), dtype=np.float32)
-    for start, audio in pieces:
-        mix[start:start + len(audio)] += audio
-    mix /= max(1.0, float(np.abs(mix).max()) / 0.95)  # overlapped speech must not clip
-    path.write_bytes(encode_wav(mix, SAMPLE_RATE))
-    return Conversation(item, path, turns, len(mix) / SAMPLE_RATE)
+    return Conversation(item, path, turns, write_mix(path, pieces))
 
 
 def build(directory: Path, indices: range | list[int] | None = None,

@@ -26,9 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.audio import encode_wav
+from harness.conversation import SAMPLE_RATE, write_mix
 
-SAMPLE_RATE = 16000
 SEED = 46
 SPEAKER_COUNTS = (1, 2, 3, 4, 5)  # 1: a monologue
 PER_COUNT = 6
@@ -112,12 +111,7 @@ def _render(index: int, meeting: dict[str, list[np.ndarray]], voices: list[str],
             pieces.append((start, audio, speaker))
             cursor = max(cursor, start + len(audio))
             previous = speaker
-    end = max(start + len(audio) for start, audio, _ in pieces) + int(0.3 * SAMPLE_RATE)
-    mix = np.zeros(end, dtype=np.float32)
-    for start, audio, _ in pieces:
-        mix[start:start + len(audio)] += audio
-    mix /= max(1.0, float(np.abs(mix).max()) / 0.95)
-    path.write_bytes(encode_wav(mix, SAMPLE_RATE))
+    write_mix(path, [(start, audio) for start, audio, _ in pieces])
     turns = [RefTurn(round(start / SAMPLE_RATE, 3), round((start + len(audio)) / SAMPLE_RATE, 3),
                      speaker) for start, audio, speaker in pieces]
     return Conversation(index, path, turns, len(voices))

@@ -129,21 +129,24 @@ def vowel(hz: float, rolloff: float, seconds: float, seed: int) -> np.ndarray:
     return (0.05 * loud * buzz + rng.normal(0, 0.002, len(t))).astype(np.float32)
 
 
-def timbre_check(rolloffs: tuple[float, float]) -> tuple[speaker_bic.Distinct, np.ndarray,
-                                                         np.ndarray]:
-    """Eight 1.5 s windows of one voice, then eight of another at the same pitch."""
+def clips_ratio(clips: list[np.ndarray]) -> speaker_bic.Ratio:
+    """The timbre's ratio over `clips` (of one length) played one after another, each clip a
+    window."""
     from functools import partial
 
     from workers import diarize
 
-    clips = [vowel(120.0, rolloff, 1.5, seed) for rolloff in rolloffs for seed in range(8)]
-    audio = np.concatenate(clips)
     size = len(clips[0])
     windows = [(i * size, (i + 1) * size) for i in range(len(clips))]
     mel = partial(diarize.mel_spectrogram, basis=diarize.mel_filters())
-    check = speaker_bic.distinct_voices(
-        speaker_bic.voice_ratio(speaker_bic.cepstra(audio, mel), windows))
-    return check, np.arange(8), np.arange(8, 16)
+    return speaker_bic.voice_ratio(speaker_bic.cepstra(np.concatenate(clips), mel), windows)
+
+
+def timbre_check(rolloffs: tuple[float, float]) -> tuple[speaker_bic.Distinct, np.ndarray,
+                                                         np.ndarray]:
+    """Eight 1.5 s windows of one voice, then eight of another at the same pitch."""
+    clips = [vowel(120.0, rolloff, 1.5, seed) for rolloff in rolloffs for seed in range(8)]
+    return speaker_bic.distinct_voices(clips_ratio(clips)), np.arange(8), np.arange(8, 16)
 
 
 def test_timbre_tells_two_voices_at_one_pitch() -> None:
@@ -179,16 +182,8 @@ def test_one_voice_found_twice_is_merged_a_close_voice_of_another_timbre_is_not(
     """The eigen-gap now and then cuts one voice into two large groups (merge_small leaves
     those alone): they become one speaker when no cue parts them and the timbre says one
     voice; a third group of another timbre, as alike to the encoder, stays apart."""
-    from functools import partial
-
-    from workers import diarize
-
-    clips = [vowel(120.0, rolloff, 1.5, seed)
-             for rolloff, seeds in ((1.0, range(16)), (2.0, range(16, 24))) for seed in seeds]
-    size = len(clips[0])
-    windows = [(i * size, (i + 1) * size) for i in range(len(clips))]
-    mel = partial(diarize.mel_spectrogram, basis=diarize.mel_filters())
-    ratio = speaker_bic.voice_ratio(speaker_bic.cepstra(np.concatenate(clips), mel), windows)
+    ratio = clips_ratio([vowel(120.0, rolloff, 1.5, seed) for rolloff, seeds
+                         in ((1.0, range(16)), (2.0, range(16, 24))) for seed in seeds])
     embeddings = two_close_voices(alike=0.95, each=16)[:24]
     pitch = np.log(np.full(24, 120.0))
     found = np.repeat([0, 1, 2], 8)  # the first voice as two speakers
