@@ -5,7 +5,9 @@ task. The stack runs under supervisord as in production; the polled task id is u
 
 from __future__ import annotations
 
+import asyncio
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -14,7 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 
+from gateway.process import launcher
 from harness import procs
 from harness.http_client import http
 from harness.procs import ROOT, wait_until
@@ -187,3 +191,51 @@ def test_the_launcher_sleeps_until_a_signal_and_respawns_a_server_that_died(
                "a new server process", 0.1)
     assert http.get(f"{stack['url']}/health", timeout=30).status_code == 200
     assert alive(parent)
+
+
+async def _ok(scope: dict, receive: object, send: object) -> None:
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+    await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[operator]
+
+
+async def _retire_with_connections_just_accepted(clients: int) -> list[bytes]:
+    """A retiring server whose last accept took `clients` connections whose transports do
+    not exist yet (asyncio makes them a loop turn later): each must still be answered."""
+    draining = threading.Event()
+    config = uvicorn.Config(launcher.CloseWhenDraining(_ok, draining), log_level="warning",
+                            lifespan="off", timeout_keep_alive=1)
+    config.load()
+    server = launcher._Server(config, None, draining)
+    server.lifespan = config.lifespan_class(config)
+    listening = launcher.bind("127.0.0.1", 0)
+    await server.startup(sockets=[listening])
+    address = listening.getsockname()
+    connections = [socket.create_connection(address) for _ in range(clients)]
+    for connection in connections:
+        connection.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+    # resume after the loop turn that accepts them, before the turn that makes their transports
+    loop = asyncio.get_running_loop()
+    turn = loop.create_future()
+    loop.call_soon(turn.set_result, None)
+    await turn
+    draining.set()
+    await server.shutdown(sockets=[listening])
+
+    def read(connection: socket.socket) -> bytes:
+        connection.settimeout(2)
+        try:
+            return connection.recv(4096)
+        except OSError as exc:
+            return f"{type(exc).__name__}: {exc}".encode()
+        finally:
+            connection.close()
+
+    return await asyncio.gather(*(asyncio.to_thread(read, c) for c in connections))
+
+
+def test_a_retiring_server_answers_the_connections_it_just_accepted() -> None:
+    replies = asyncio.run(_retire_with_connections_just_accepted(8))
+    assert all(reply.startswith(b"HTTP/1.1 200") for reply in replies), replies
+    assert all(b"connection: close" in reply.lower() for reply in replies), replies

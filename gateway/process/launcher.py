@@ -45,17 +45,21 @@ BACKLOG = 2048
 #: the longest the launcher sleeps: a signal (SIGHUP, SIGTERM, a server's exit: SIGCHLD) wakes
 #: it at once, so this only bounds how late a lost wake-up is made up for
 IDLE_SECONDS = 1.0
+#: how long a retiring server lets connections it already accepted get their transports
+ACCEPTED_SETTLE_SECONDS = 0.05
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
     """Extra uvicorn.Config options of every server process: the HTTP protocol that closes
     connections whose request line and headers do not arrive in time, and the largest
-    WebSocket message a live session can use (gateway/realtime/protocol.py)."""
+    WebSocket message a live session can use (gateway/realtime/protocol.py). The loop is
+    asyncio's even where uvloop is installed: the protocol's timers and a retiring server's
+    drain (`_stop_accepting`) are written against its selector loop."""
     from gateway.realtime.protocol import max_message_bytes  # the launcher stays light
 
     # a live session's keep-alive is the WebSocket's own ping (the realtime protocol has no
     # comment event, and pings are below it), sent by uvicorn every keep-alive interval
-    return {"http": "gateway.process.slow_clients:SlowClientProtocol",
+    return {"http": "gateway.process.slow_clients:SlowClientProtocol", "loop": "asyncio",
             "ws_max_size": max_message_bytes(settings.realtime_max_buffer_seconds),
             "ws_ping_interval": settings.stream_keepalive_seconds}
 
@@ -268,12 +272,27 @@ class _Server(QuietServer):
             # connections end on their own: a busy one gets `Connection: close` on its next
             # response, an idle one ends at the keep-alive timeout. Closing an idle keep-alive
             # connection now could race a request its client is just sending on it.
-            for listener in self.servers:
-                listener.close()
+            await _stop_accepting(self.servers)
             deadline = time.monotonic() + self.config.timeout_keep_alive + 1
             while self.server_state.connections and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
         await super().shutdown(sockets)
+
+
+async def _stop_accepting(listeners: list[asyncio.Server]) -> None:
+    """Close the listeners without dropping a connection they just accepted.
+
+    asyncio accepts a connection in one loop turn and makes its transport in a later one, and
+    that refuses (silently, closing the socket) once the listener is closed: the client, whose
+    request is already sent, reads a reset. So stop reading the listening sockets first, let
+    those turns run, then close them."""
+    loop = asyncio.get_running_loop()
+    for listener in listeners:
+        for sock in listener.sockets:
+            loop.remove_reader(sock.fileno())
+    await asyncio.sleep(ACCEPTED_SETTLE_SECONDS)
+    for listener in listeners:
+        listener.close()
 
 
 def serve(fd: int, ready_fd: int | None, log_level: str) -> None:
