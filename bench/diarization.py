@@ -186,13 +186,15 @@ def main() -> None:
                 ["diarize/transcribe, num_speakers", round(told_ratio, 3), COST_TARGET,
                  bc.verdict(told_ratio, COST_TARGET, at_most=True)]]
     bc.table("Targets", ["measure", "value", "target", "verdict"], verdicts)
-    bc.write_json("diarization", {"seed": seed, "untuned_voices": args.untuned_voices,
-                                  "real_voices": args.real_voices,
-                                  "audio_seconds": audio_s, "diarizer_load_s": load[0],
-                                  "transcribe_s": transcribe_s, "diarize_s": diarize_s,
-                                  "diarize_over_transcribe": ratio, "told_s": told_s,
-                                  "told_over_transcribe": told_ratio, "by_speakers": summary,
-                                  "conversations": results}, started)
+    # one file per set, so a run on another set leaves the bench's own numbers alone
+    name = ("diarization-real-voices" if args.real_voices else
+            "diarization-untuned-voices" if args.untuned_voices else "diarization")
+    bc.write_json(name, {
+        "seed": seed, "untuned_voices": args.untuned_voices, "real_voices": args.real_voices,
+        "audio_seconds": audio_s, "diarizer_load_s": load[0], "transcribe_s": transcribe_s,
+        "diarize_s": diarize_s, "diarize_over_transcribe": ratio, "told_s": told_s,
+        "told_over_transcribe": told_ratio, "by_speakers": summary, "conversations": results,
+    }, started)
 
 
 if __name__ == "__main__":
