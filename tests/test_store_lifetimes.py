@@ -72,6 +72,11 @@ def test_a_refused_or_repeated_upload_leaves_no_staged_blob(service: dict) -> No
     refused = http.post(openai, files={"file": ("g.wav", garbage)},
                          data={"model": "whisper-1"}, timeout=60)
     assert refused.status_code == 400, refused.text
+    # a good upload refused for another field, read after the upload was staged
+    odd = http.post(openai, files={"file": ("n.wav", clip)},
+                    data={"model": "whisper-1", "stream": "maybe"}, timeout=60)
+    assert odd.status_code == 400 and odd.json()["error"]["param"] == "stream", odd.text
+    assert input_blobs(client) == []
     failed = http.post(sage, files={"file": ("g.wav", garbage)}, timeout=60).json()
     assert failed["status"] == "FAILED", failed  # Sage's refusals are FAILED tasks
     headers = {"Idempotency-Key": "staged-once"}

@@ -78,9 +78,10 @@ class TranscriptionServing:
             params.override("language", None)  # the output language of a translation is English
         terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, INTERACTIVE),
                                self.settings)
+        asked = Asked(task, fmt, granularities, params.flag("stream"))
+        # the upload is staged in Redis from here on: calls.start drops it if it refuses
         options, audio = await asr_input(params, self.settings, backend,
                                          self.calls.store.blobs)
-        asked = Asked(task, fmt, granularities, params.flag("stream"))
 
         call = await self.calls.start(backend=backend, model=model, options=options,
                                       audio=audio, owner=owner, terms=terms)
