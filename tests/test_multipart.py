@@ -81,3 +81,11 @@ def test_a_body_cut_short_keeps_no_part_it_did_not_finish() -> None:
                                   [("file", ("a.wav", b"y" * 5000, "audio/wav"))])
     items = _parse(content_type, body[:len(body) // 2])
     assert items == [("model", "whisper-1")]
+
+
+@pytest.mark.parametrize("charset", ["rot13", "hex", "zlib", "base64", "idna", "no-such"])
+def test_a_charset_that_is_no_text_encoding_reads_as_latin1(charset: str) -> None:
+    content_type, body = _encoded({"prompt": "caf\u00e9 ..x"},
+                                  [("file", ("a.wav", b"RIFF", "audio/wav"))])
+    items = _parse(f"{content_type}; charset={charset}", body)
+    assert items[0] == ("prompt", "caf\u00e9 ..x".encode().decode("latin-1"))

@@ -129,7 +129,7 @@ class _Collector:
     def decode(self, raw: bytes) -> str:
         try:
             return raw.decode(self.charset)
-        except UnicodeDecodeError:
+        except UnicodeError:  # idna and the like raise more than UnicodeDecodeError
             return raw.decode("latin-1")
 
 
@@ -143,7 +143,10 @@ async def parse_form(content_type: str, stream: AsyncIterator[bytes], *, max_fil
         raise FormError("the multipart Content-Type gives no boundary")
     charset = options.get(b"charset", b"utf-8").decode("latin-1")
     try:
-        charset = codecs.lookup(charset).name
+        codec = codecs.lookup(charset)
+        if not getattr(codec, "_is_text_encoding", True):  # rot13, hex, zlib …: not text
+            raise LookupError(charset)
+        charset = codec.name
     except LookupError:
         charset = "latin-1"
     collector = _Collector(charset, max_files, max_fields, max_field_bytes)
