@@ -75,14 +75,17 @@ def _open(source: SourceType) -> av.container.InputContainer:
     if not container.streams.audio:
         container.close()
         raise AudioError("the file has no audio stream")
+    if container.streams.audio[0].codec_context is None:  # a codec FFmpeg has no decoder for
+        container.close()
+        raise AudioError("the audio stream's codec is not supported")
     return container
 
 
 def _identified(container: av.container.InputContainer) -> bool:
     """An audio stream whose rate and channels are known: what decoding needs."""
     streams = container.streams.audio
-    return bool(streams) and bool(streams[0].codec_context.sample_rate) and bool(
-        streams[0].channels)
+    return (bool(streams) and streams[0].codec_context is not None
+            and bool(streams[0].codec_context.sample_rate) and bool(streams[0].channels))
 
 
 def _reason(exc: Exception) -> str:

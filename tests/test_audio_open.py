@@ -6,6 +6,7 @@ identify still opens, with FFmpeg's default."""
 from __future__ import annotations
 
 import io
+import struct
 import wave
 from pathlib import Path
 
@@ -60,3 +61,24 @@ def test_a_file_its_first_bytes_do_not_identify_still_opens(tmp_path: Path) -> N
     assert bytes_read_to_open(path) > size
     assert probe_audio(path) == probe_audio(bare)
     assert np.array_equal(decode_audio(path.read_bytes()), decode_audio(bare))
+
+
+def _wav_header(format_tag: int, bits: int) -> bytes:
+    """A WAV of one second whose fmt chunk names `format_tag` and `bits` per sample."""
+    data = bytes(32000)
+    fmt = struct.pack("<HHIIHH", format_tag, 1, 16000, 32000, 2, bits)
+    return (b"RIFF" + struct.pack("<I", 20 + len(fmt) + len(data)) + b"WAVE"
+            + b"fmt " + struct.pack("<I", len(fmt)) + fmt
+            + b"data" + struct.pack("<I", len(data)) + data)
+
+
+@pytest.mark.parametrize(("format_tag", "bits"), [(99, 16), (1, 0), (0, 16)])
+def test_a_stream_no_decoder_reads_is_an_audio_error(tmp_path: Path, format_tag: int,
+                                                     bits: int) -> None:
+    """FFmpeg opens it but gives the stream no codec: a clear AudioError, not a crash."""
+    path = tmp_path / "odd.wav"
+    path.write_bytes(_wav_header(format_tag, bits))
+    with pytest.raises(audio.AudioError, match="codec is not supported"):
+        probe_audio(path)
+    with pytest.raises(audio.AudioError, match="codec is not supported"):
+        decode_audio(path.read_bytes(), 16000)
