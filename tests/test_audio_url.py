@@ -107,6 +107,10 @@ def test_bad_audio_urls_are_refused_and_enqueue_nothing(url_gateway: str, file_s
         f"http://127.0.0.1:{redis_server.port}/": (400, "not allowed"),  # Redis, same host
         f"http://127.0.0.1/{port}/hotwords.mp3": (400, "not allowed"),  # port 80: not listed
         f"http://127.0.0.1:{port}x/hotwords.mp3": (400, "http(s) URL"),
+        "http://[abc/x.wav": (400, "http(s) URL"),  # no IPv6 address in the brackets
+        "http://\uff20a/x.wav": (400, "http(s) URL"),  # a host NFKC makes '@a'
+        f"{file_server}/\x01.wav": (400, "http(s) URL"),  # what httpx would not send
+        f"{file_server}/" + "a" * 70_000: (400, "http(s) URL"),  # longer than httpx takes
     }
     for url, (code, message) in cases.items():
         reply = submit(url_gateway, url)

@@ -297,6 +297,8 @@ def test_callback_urls_off_the_allow_list_are_refused_and_queue_nothing(
         "http://127.0.0.1:99999/hook/x": "http(s) URL",
         f"http://127.0.0.1.:{port}/hook/x": "not allowed",  # trailing dot: another name
         f"http://[::1]:{port}/hook/x": "not allowed",
+        "http://[abc/hook/x": "http(s) URL",
+        "http://\uff20a/hook/x": "http(s) URL",
     }
     for url, message in cases.items():
         sage = sage_submit(base, hooks["clip"], callback_url=url)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from urllib.parse import SplitResult, urlsplit
 
+import httpx
+
 from gateway.errors import RequestError
 
 DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -36,12 +38,13 @@ def checked_url(url: str, hosts: list[str], param: str, code: str | None = None)
     `code` when the host is the problem) otherwise."""
     if not hosts:
         raise RequestError(400, f"{param} is not enabled on this server", param=param, code=code)
-    parts = urlsplit(url.strip())
     try:
+        parts = urlsplit(url.strip())  # ValueError: a bracketed host that is no IPv6 address, …
         # port 0 is no port (the allow-list would read it as the default one)
         if parts.scheme not in DEFAULT_PORTS or not parts.hostname or parts.port == 0:
             raise ValueError  # (.port raises ValueError itself for one that is not a number)
-    except ValueError:
+        httpx.URL(parts.geturl())  # the client that fetches or delivers must read it too
+    except (ValueError, httpx.InvalidURL):
         raise RequestError(400, f"{param} must be an http(s) URL", param=param) from None
     if not allowed(parts, hosts):
         where = f"{parts.hostname}:{parts.port or DEFAULT_PORTS[parts.scheme]}"

@@ -31,7 +31,7 @@ async def fetch_audio_url(url: str, settings: Settings) -> bytes:
             blob = await _download(parts.geturl(), limit, deadline)
     except TimeoutError:
         raise _refuse(f"audio_url did not finish downloading within {deadline:g} s") from None
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise _refuse(f"could not fetch audio_url ({type(exc).__name__})") from None
     if not blob:
         raise _refuse("audio_url returned an empty body")
