@@ -49,6 +49,9 @@ SAGE_SUBMIT_ROUTES = frozenset({"/api/submit", "/api/{backend}-submit"})
 REFUSAL_PARAM = "refusal"
 #: no task id has a "." (they are URL-safe base64), so a refusal id is never a task's
 REFUSED_PREFIX = "refused."
+#: the longest encoded refusal `sage_refused` writes (1000 characters of message, each up to
+#: six when JSON escapes it, in base64) with room to spare; a longer one is no refusal
+MAX_REFUSAL_ID = 12_000
 #: `Retry-After` of a 503 while the task store is unreachable: a Sentinel failover takes a
 #: few seconds, and a client that comes back sooner only gets another 503
 STORE_RETRY_AFTER_SECONDS = 1
@@ -176,10 +179,12 @@ def refusal_of(task_id: str) -> dict[str, Any] | None:
     if not task_id.startswith(REFUSED_PREFIX):
         return None
     encoded = task_id.removeprefix(REFUSED_PREFIX)
+    if len(encoded) > MAX_REFUSAL_ID:
+        return None
     try:
         facts = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
         error = str(facts["error"])
-    except (binascii.Error, ValueError, KeyError, TypeError):
+    except (binascii.Error, ValueError, KeyError, TypeError, RecursionError):
         return None
     return {"task_id": task_id, "taskid": task_id, "status": "FAILED", "error": error,
             "code": facts.get("code"), "http_status": facts.get("http_status")}

@@ -228,6 +228,10 @@ def test_broken_bodies_are_400(hostile: dict) -> None:
         reply = http.post(f"{hostile['url']}/api/status", content=json.dumps(body),
                            headers={"content-type": "application/json"})
         assert reply.status_code == 200 and reply.json()["status"] == "FAILED", reply.text
+    # a refusal id (errors.sage_refused) whose JSON nests past the parser's recursion limit
+    deep = base64.urlsafe_b64encode(b"[" * 1000).decode().rstrip("=")
+    reply = http.get(f"{hostile['url']}/api/status", params={"taskid": f"refused.{deep}"})
+    assert reply.status_code == 200 and reply.json()["status"] == "FAILED", reply.text
     reply = http.get(f"{hostile['url']}/api/status", params=[("taskid", "a"), ("taskid", "b")])
     assert reply.status_code == 200 and "more than once" in reply.json()["error"]
     for content_type in ("multipart/form-data", "multipart/form-data; boundary=x",
