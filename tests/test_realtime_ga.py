@@ -124,7 +124,8 @@ def test_ga_fields_are_echoed_and_checked(live: dict[str, Any]) -> None:
         echoed = client.of("session.updated")[0]["session"]["audio"]["input"]["transcription"]
         assert echoed["languages"] == ["fr", "en"] and echoed["keywords"] == ["Kennedy"]
         assert echoed["delay"] == "low"
-        for bad, param in (({"delay": "slow"}, "delay"), ({"keywords": "Kennedy"}, "keywords"),
+        for bad, param in (({"delay": "slow"}, "delay"), ({"delay": []}, "delay"),
+                           ({"delay": {"a": 1}}, "delay"), ({"keywords": "Kennedy"}, "keywords"),
                            ({"languages": [""]}, "languages"),
                            ({"previous_turns_prompt": "yes"}, "previous_turns_prompt")):
             errors = len(client.of("error"))

@@ -241,7 +241,7 @@ def _transcription(current: Transcription, given: dict[str, Any], fail: Any) -> 
             result = replace(result, **{name: _strings(given[name], f"{path}.{name}", fail)})
     if "delay" in given:
         delay = given["delay"]
-        if delay is not None and delay not in DELAYS:
+        if delay is not None and (not isinstance(delay, str) or delay not in DELAYS):
             raise fail("invalid_value", f"delay must be one of {', '.join(DELAYS)} (or null)",
                        f"{path}.delay")
         result = replace(result, delay=delay)
