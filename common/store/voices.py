@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,9 @@ from common.store.tasks import TaskStore
 
 # KEYS: index, record, audio key | ARGV: id, score, record JSON, most ("" = no limit),
 # audio ("" = in the blob directory) -> 1 stored, 0 the owner has `most` already
+#: the ids the gateway gives consents and voices ("cons_…", "voice_…": 24 hex digits)
+OBJECT_ID = re.compile(r"[a-z]+_[0-9a-f]{24}")
+
 _CREATE = """
 if ARGV[4] ~= '' and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return 0 end
 redis.call('SET', KEYS[2], ARGV[3])
@@ -114,12 +118,14 @@ class VoiceStore:
             pipe.zrem(kind.index(owner), object_id)
             pipe.delete(keys.voice_audio(owner, object_id))
             removed, *_ = await pipe.execute()
-        if self.blob_dir is not None:
+        if removed and self.blob_dir is not None:  # only an id the store made names a file
             self.blob_dir.delete(self._path(owner, object_id))
         return bool(removed)
 
     async def audio(self, owner: str, object_id: str) -> bytes | None:
         if self.blob_dir is not None:
+            if not OBJECT_ID.fullmatch(object_id):  # a client's id never becomes a path
+                return None
             return self.blob_dir.read(self._path(owner, object_id))
         return await self.redis.get(keys.voice_audio(owner, object_id))
 

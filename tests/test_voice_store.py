@@ -1,0 +1,44 @@
+"""common/store/voices.py with its audio in a blob directory (SPEECH_BLOB_DIR): an id a
+client sends is looked up, never turned into a path, so no id reads or deletes a file the
+store did not write, and an id the file system cannot name is simply unknown."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from redis.asyncio import Redis
+
+from common.blobs import BlobDir
+from common.store.voices import CONSENTS, VOICES, VoiceStore
+from harness import procs
+
+OWNER = "key-a"
+CLIENT_IDS = ("../../../outside", "cons_" + "0" * 23 + "/../../outside", "x" * 300,
+              "voice_\x00", "cons_" + "g" * 24, "")
+
+
+def test_client_ids_never_reach_the_blob_directory(redis: procs.RedisServer,
+                                                   tmp_path: Path) -> None:
+    root = tmp_path / "blobs" / "voices"
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"not yours")
+    real = "cons_" + "ab" * 12
+
+    async def scenario() -> None:
+        client = Redis.from_url(redis.url)
+        store = VoiceStore(client, BlobDir(root, 0))
+        record = {"id": real, "object": "audio.voice_consent", "created_at": 1}
+        assert await store.create(CONSENTS, OWNER, record, b"consent audio")
+        for object_id in CLIENT_IDS:
+            assert await store.audio(OWNER, object_id) is None, object_id
+            for kind in (CONSENTS, VOICES):
+                assert await store.delete(kind, OWNER, object_id) is False, object_id
+        assert await store.audio(OWNER, real) == b"consent audio"
+        assert await store.delete(CONSENTS, OWNER, real)
+        assert await store.audio(OWNER, real) is None
+        await client.aclose()
+
+    asyncio.run(scenario())
+    assert outside.read_bytes() == b"not yours"
+    assert list(root.iterdir()) == []
