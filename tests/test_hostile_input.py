@@ -210,8 +210,25 @@ def test_a_list_or_object_where_a_value_belongs_is_refused(hostile: dict) -> Non
     for route in (ROUTES[0], ROUTES[2]):  # a form or query parameter given twice
         refused(hostile, route, "language", ["en", "fr"])
         refused(hostile, route, "beam_size", ["1", "2"])
-    # a list is fine where the API has one
+    # a list is fine where the API has one, of usable text
     accepted(hostile, ROUTES[5], "timestamp_granularities[]", ["word", "segment"])
+    refused(hostile, ROUTES[1], "known_speaker_names", ["\ud800x"])
+    reply = check(hostile, ROUTES[1], {**ROUTES[1].base, "diarize": True,
+                                       "known_speaker_names": ["Ann"],
+                                       "known_speaker_references": ["\ud800x.wav"]})
+    assert reply.status_code == 400 and "known_speaker_references" in reply.text, reply.text
+
+
+def test_a_file_uploaded_twice_is_refused(hostile: dict) -> None:
+    """Which of two `file` uploads was meant is unknowable: a 400, nothing queued."""
+    clip = ("clip.wav", hostile["clip"], "audio/wav")
+    for route in (ROUTES[0], ROUTES[5]):
+        before = queued(hostile["redis"])
+        reply = http.post(hostile["url"] + route.path, files=[("file", clip), ("file", clip)],
+                          data={"model": "whisper-1"} if route.path.startswith("/v1/") else {},
+                          timeout=30)
+        assert reply.status_code == 400 and "more than once" in reply.text, reply.text
+        assert queued(hostile["redis"]) == before
 
 
 def test_broken_bodies_are_400(hostile: dict) -> None:

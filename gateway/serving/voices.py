@@ -237,7 +237,7 @@ async def use_custom_voice(params: Params, owner: str, voices: VoiceStore) -> No
     voice = params.get("voice")
     if not voice or not voice.startswith(VOICE_PREFIX):
         return
-    if params.files.get("speaker_wav") is not None or params.get("speaker_wav"):
+    if params.upload("speaker_wav") is not None or params.get("speaker_wav"):
         raise RequestError(400, "give either 'voice' or 'speaker_wav', not both", param="voice")
     record = await guard_store(voices.get(VOICES, owner, voice))
     sample = None if record is None else await guard_store(voices.audio(owner, voice))
@@ -249,7 +249,7 @@ async def use_custom_voice(params: Params, owner: str, voices: VoiceStore) -> No
 
 
 async def _audio(params: Params, name: str) -> tuple[bytes, AudioInfo]:
-    upload = params.files.get(name)
+    upload = params.upload(name)
     if upload is None:
         raise RequestError(400, f"missing '{name}': upload the audio under that name",
                            param=name)

@@ -40,7 +40,7 @@ async def analysis_input(params: Params, settings: Settings,
     else:
         paths[main.name] = str(audio.path)
     for clip in others:
-        upload = params.files.get(clip.name)
+        upload = params.upload(clip.name)
         raw_path = None if upload is not None else params.get(clip.name)
         if upload is not None:
             try:

@@ -29,7 +29,7 @@ async def read_audio_input(params: Params, settings: Settings,
                            blobs: BlobStore | None = None) -> AudioInput:
     """The request's audio (upload or allowed path), probed so garbage never reaches a queue;
     with `blobs`, an upload is staged in Redis while it is probed (dropped if refused)."""
-    upload = params.files.get("file")
+    upload = params.upload("file")
     raw_path = params.get("audio_file", "audio_path")
     if upload is not None:
         blob = read_upload(upload, settings.max_upload_bytes)

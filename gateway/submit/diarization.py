@@ -135,7 +135,7 @@ async def _references(params: Params, settings: Settings, count: int) -> list[by
     """Each known speaker's clip, probed: bytes (an upload or a data URL) or an allowed path."""
     name = given(params, *REFERENCES) or REFERENCES[0]
     uploads = params.file_lists.get(name, [])
-    values = [] if uploads else params.lists.get(name, [])
+    values = [] if uploads else params.listed(name)
     if len(uploads or values) != count:
         raise RequestError(400, f"{name}: {len(uploads or values)} clips for {count} "
                                 "known_speaker_names; give one reference clip per name",

@@ -59,6 +59,19 @@ class Params:
         if name in self.files:
             raise RequestError(400, f"{name} must be a value, not a file upload", param=name)
 
+    def listed(self, name: str) -> list[str]:
+        """Every value given for `name` (a list parameter); a 400 when one is unusable."""
+        if name in self.problems:
+            raise RequestError(400, f"{name} {self.problems[name]}", param=name)
+        return self.lists.get(name, [])
+
+    def upload(self, name: str) -> Upload | None:
+        """The file uploaded as `name`, if any; a 400 when it came more than once (which
+        one was meant is unknowable)."""
+        if len(self.file_lists.get(name, ())) > 1:
+            raise RequestError(400, f"{name} was uploaded more than once", param=name)
+        return self.files.get(name)
+
     def flag(self, name: str) -> bool:
         value = (self.get(name) or "").strip().lower()
         if value in ("", "0", "false", "no", "off"):
@@ -147,6 +160,8 @@ def _add_json(params: Params, key: str, value: Any) -> None:
             params.problems[key] = "must be a list of strings"
             return
         params.lists[key] = [_scalar(item) for item in items if item is not None]
+        if problem := next(filter(None, map(text_problem, params.lists[key])), None):
+            params.problems[key] = problem
     elif isinstance(value, list | dict):
         kind = "list" if isinstance(value, list) else "object"
         params.problems[key] = f"must be a single value, not a JSON {kind}"

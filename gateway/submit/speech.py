@@ -45,7 +45,7 @@ async def tts_input(params: Params, settings: Settings, backend: str,
         raise RequestError(400, problem, param=text_param, code="unspeakable_text")
     options: dict[str, Any] = {"text": text, "language": language, "speed": _speed(params)}
     voice = params.get("voice")
-    upload = params.files.get("speaker_wav")
+    upload = params.upload("speaker_wav")
     raw_path = None if upload is not None else params.get("speaker_wav")
     if voice and (upload is not None or raw_path):
         raise RequestError(400, "give either 'voice' or 'speaker_wav', not both", param="voice")
