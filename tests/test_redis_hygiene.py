@@ -165,3 +165,46 @@ def test_a_submit_waits_for_a_replica(tmp_path: Path, redis: procs.RedisServer) 
     assert held is not None and held.state == TaskState.PENDING
     # answered 503 to its client, so withdrawn (no idempotency key would find it again)
     assert withdrawn is not None and withdrawn.state == TaskState.CANCELLED
+
+
+def test_a_submit_short_of_replicas_keeps_the_input_of_a_task_that_lives(
+        tmp_path: Path, redis: procs.RedisServer) -> None:
+    """Refused to its client for want of a replica, a task may still live: one with an
+    idempotency key stays queued for the retry that will find it, and one a worker took
+    within the wait runs (and is charged), so its submit is accepted. Either way its input
+    (a file in SPEECH_BLOB_DIR here) stays with it."""
+    replica = procs.RedisServer(tmp_path / "replica", replica_of=redis).start()
+    procs.wait_until(lambda: replica.client().info("replication")["master_link_status"] == "up",
+                     20, "the replica's link")
+    settings = Settings(redis_url=redis.url, redis_wait_replicas=1, redis_wait_timeout_ms=1500,
+                        blob_dir=tmp_path / "blobs", blob_dir_min_kib=0)
+    blob = b"audio" * 100
+
+    async def scenario() -> tuple[Task | None, Task | None]:
+        store = TaskStore.for_settings(worker_client(settings, "t"), settings)
+        worker = TaskStore.for_settings(worker_client(settings, "w"), settings)
+        replica.kill()
+        kept = _task()
+        with pytest.raises(NotReplicated):
+            await store.submit(kept, blob, idempotency_key="retry-me")
+        taken = _task()
+
+        async def take_it() -> None:  # a worker's start, while the submit waits for WAIT
+            while await worker.get(taken.id) is None:
+                await asyncio.sleep(0.01)
+            assert await worker.start(taken.id, "w-1", 1, BACKEND) > 0
+
+        await asyncio.gather(store.submit(taken, blob), take_it())  # accepted: no raise
+        found = await store.get(kept.id), await store.get(taken.id)
+        await store.close()
+        await worker.close()
+        return found
+
+    try:
+        kept, taken = asyncio.run(scenario())
+    finally:
+        replica.stop()
+    assert kept is not None and kept.state == TaskState.PENDING
+    assert taken is not None and taken.state == TaskState.RUNNING
+    for task in (kept, taken):
+        assert (tmp_path / "blobs" / f"{task.id}.input").read_bytes() == blob

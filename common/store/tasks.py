@@ -296,6 +296,7 @@ class TaskStore:
             assert blob is not None
             await self.blobs.write_input_file(task.id, blob)
         stored = False
+        keep_file = False  # the task lives, whatever this call answers: its input stays
         try:
             try:
                 queued, value, *number = await self.replicas.call(
@@ -312,15 +313,26 @@ class TaskStore:
                           "" if task.deadline is None else repr(task.deadline), *usage_args,
                           "" if max_in_flight is None else max_in_flight, *flat])
             except NotReplicated as short:
+                if short.result[0] != 1:
+                    raise
                 # refused to the client: withdraw the task, unless a retry with its key is
                 # to find it (then it stays queued, and the retry is answered with it)
-                if short.result[0] == 1 and not idempotency_key:
-                    with contextlib.suppress(RedisError):
-                        await self.cancel(task.id, task.backend)
-                raise
+                keep_file = True
+                if idempotency_key:
+                    raise
+                state = ""
+                with contextlib.suppress(RedisError):
+                    state = await self.cancel(task.id, task.backend)
+                if state in ("", TaskState.CANCELLED):  # withdrawn (or not known to run)
+                    raise
+                # a worker took it within the wait: it runs and is charged, so it is accepted
+                queued, value, *number = short.result
             stored = queued == 1
+            # a retried call (its first reply lost) finds its own idempotency key: the task
+            # was written by the first one
+            keep_file = keep_file or stored or (queued == 0 and text(value) == task.id)
         finally:
-            if in_file and not stored:
+            if in_file and not keep_file:
                 self.blobs.delete_input_file(task.id)
         if queued == 5:  # staged on a primary that has since failed over: send it along
             await self.submit(task, blob, idempotency_key, max_queued_tasks, charge,
