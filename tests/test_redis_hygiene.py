@@ -208,3 +208,30 @@ def test_a_submit_short_of_replicas_keeps_the_input_of_a_task_that_lives(
     assert taken is not None and taken.state == TaskState.RUNNING
     for task in (kept, taken):
         assert (tmp_path / "blobs" / f"{task.id}.input").read_bytes() == blob
+
+
+def test_a_finish_sent_again_keeps_the_output_it_stored(tmp_path: Path,
+                                                        redis: procs.RedisServer) -> None:
+    """A finish whose reply was lost is sent again (redis-py's retry, the worker's own): it
+    finds its own write, so it is stored, and the output file the record names stays."""
+    settings = Settings(redis_url=redis.url, blob_dir=tmp_path / "blobs", blob_dir_min_kib=0)
+    audio = b"RIFF" + bytes(4000)
+
+    async def scenario() -> tuple[list[bool], bytes | None]:
+        store = TaskStore.for_settings(worker_client(settings, "t"), settings)
+        task = _task()
+        await store.submit(task, b"input")
+        attempt = await store.start(task.id, "w-1", 1, BACKEND)
+        finished = [await store.finish(task, TaskState.SUCCEEDED, attempt=attempt,
+                                       entry_id="", result={"text": ""}, output=audio)
+                    for _ in range(2)]
+        # a stale attempt (another one's) is still refused, and its file goes
+        finished.append(await store.finish(task, TaskState.SUCCEEDED, attempt=attempt - 1,
+                                           entry_id="", result={"text": ""}, output=audio))
+        output = await store.blobs.output(task.id)
+        await store.close()
+        return finished, output
+
+    finished, output = asyncio.run(scenario())
+    assert finished == [True, True, False]
+    assert output == audio

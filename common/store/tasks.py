@@ -159,7 +159,9 @@ return attempt
 # ARGV: attempt (or "" = unfenced), entry, group, state, now, retention, result, error, code,
 #       output ("" = none), output file name ("" = none), measured usage ("" = none),
 #       the result's `usage` as JSON ("" = none: a poll's reply splices it unparsed)
-# -> 1 stored, 0 stale attempt or already terminal. Acks only after the state is stored.
+# -> 1 stored (now, or by an earlier call of this attempt whose reply was lost: the record
+# names its output file), 0 stale attempt or already terminal. Acks only after the state is
+# stored.
 # The output is written here, inside the fence, so a stale attempt cannot replace the
 # winner's audio; the input is deleted here, since no attempt can need it any more.
 _FINISH = _CLOSE + """
@@ -168,6 +170,10 @@ if not state then return 0 end
 if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 0 end
 if state ~= 'PENDING' and state ~= 'RUNNING' then
   if ARGV[2] ~= '' then redis.call('XACK', KEYS[2], ARGV[3], ARGV[2]) end
+  -- a retried call whose first reply was lost: the record names this attempt's output file
+  if ARGV[11] ~= '' and redis.call('HGET', KEYS[1], 'output_file') == ARGV[11] then
+    return 1
+  end
   return 0
 end
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[7], 'usage', ARGV[13]) end
