@@ -18,7 +18,9 @@ from common.schemas import TaskState
 from common.settings import Settings
 from common.store import Task, TaskStore, new_task_id
 from common.store.connection import RETRIES, bounded_client, worker_client
+from common.store.queue import Lease
 from common.store.replicas import NotReplicated
+from common.store.worker import WorkerStore
 from harness import procs
 from harness.http_client import http
 from tests.helpers import JFK
@@ -235,3 +237,34 @@ def test_a_finish_sent_again_keeps_the_output_it_stored(tmp_path: Path,
     finished, output = asyncio.run(scenario())
     assert finished == [True, True, False]
     assert output == audio
+
+
+def test_an_entry_another_worker_claimed_is_neither_leased_nor_started_here(
+        redis: procs.RedisServer) -> None:
+    """A worker whose entry waited past the visibility timeout behind another task (and was
+    claimed by a second worker) hears so: its lease says TAKEN, its start check says the
+    entry is not its own; once acked, a lease says DONE."""
+    settings = Settings(redis_url=redis.url, backend=BACKEND)
+
+    async def scenario() -> list[object]:
+        clients = [worker_client(settings, name) for name in ("a", "b")]
+        first = WorkerStore(clients[0], settings, "worker-a")
+        second = WorkerStore(clients[1], settings, "worker-b")
+        await first.ensure_queue()
+        store = TaskStore.for_settings(worker_client(settings, "g"), settings)
+        await store.submit(_task(), b"audio")
+        (taken,) = await first.read(block_ms=None)
+        seen: list[object] = [await first.extend_lease(taken), await first.deliveries(taken)]
+        (claimed,) = await second.claim_abandoned(0.0)
+        assert claimed.entry_id == taken.entry_id
+        seen += [await first.extend_lease(taken), await first.deliveries(taken),
+                 await second.extend_lease(claimed), await second.deliveries(claimed)]
+        await second.ack(claimed)
+        seen += [await second.extend_lease(claimed)]
+        await store.close()
+        for client in clients:
+            await client.aclose()
+        return seen
+
+    assert asyncio.run(scenario()) == [Lease.HELD, (1, True), Lease.TAKEN, (2, False),
+                                       Lease.HELD, (2, True), Lease.DONE]

@@ -28,7 +28,7 @@ from common.schemas import ErrorCode, Segment, SpeechChunk, TaskState
 from common.settings import Settings
 from common.store import Task, WorkerStore
 from common.store.connection import transient
-from common.store.queue import Delivery
+from common.store.queue import Delivery, Lease
 from common.store.replicas import NotReplicated
 from workers import batching
 from workers.breakers import ModelBreakers
@@ -112,11 +112,17 @@ class Consumer:
                             deliveries = await self._gather(deliveries)
                     if not deliveries and self.burst:
                         return  # drained: nothing new, nothing abandoned
-                if self.gatherer is not None and len(deliveries) > 1:
-                    await self._handle_together(deliveries)
-                    continue
-                for delivery in deliveries:
-                    await self._handle(delivery)
+                # every entry taken is leased until it is settled, also while it waits for
+                # the ones ahead of it (the tasks' own leases cover only their runs)
+                lease = asyncio.create_task(self._keep_lease(deliveries))
+                try:
+                    if self.gatherer is not None and len(deliveries) > 1:
+                        await self._handle_together(deliveries)
+                    else:
+                        for delivery in deliveries:
+                            await self._handle(delivery)
+                finally:
+                    lease.cancel()
             except ResponseError as exc:
                 if not str(exc).startswith(("NOGROUP", "UNBLOCKED")):
                     raise
@@ -167,7 +173,11 @@ class Consumer:
     async def _open(self, task: Task, delivery: Delivery) -> int | None:
         """Open the task's next attempt; None when it must not run (given up, finished,
         cancelled or gone meanwhile, or its deadline passed while queued)."""
-        deliveries = await self.store.deliveries(delivery)
+        deliveries, ours = await self.store.deliveries(delivery)
+        if not ours:  # claimed by another worker while it waited here: that one runs it
+            log.warning("entry %s was claimed by another worker; not starting it",
+                        delivery.entry_id)
+            return None
         if deliveries > self.settings.max_deliveries:
             await self._give_up(task, delivery.entry_id, deliveries)
             return None
@@ -389,17 +399,19 @@ class Consumer:
             await self.store.record(("tasks_FAILED", "dead_lettered"))
 
     async def _keep_lease(self, deliveries: list[Delivery]) -> None:
-        """Extend each entry's lease (a batch's: each task keeps its own)."""
+        """Extend each entry's lease (a batch's: each task keeps its own) until it is acked."""
         held = list(deliveries)
         while held:
             await asyncio.sleep(self.settings.heartbeat_seconds)
             for delivery in list(held):
                 try:
-                    if not await self.store.extend_lease(delivery):
-                        log.warning("lost the lease on %s to another worker", delivery.entry_id)
-                        held.remove(delivery)
+                    lease = await self.store.extend_lease(delivery)
                 except RedisError:
-                    pass  # the janitor's visibility timeout is many heartbeats long
+                    continue  # the janitor's visibility timeout is many heartbeats long
+                if lease is Lease.TAKEN:
+                    log.warning("lost the lease on %s to another worker", delivery.entry_id)
+                if lease is not Lease.HELD:
+                    held.remove(delivery)
 
     async def _until_stored(self, action: Callable[[], Awaitable[Any]]) -> Any:
         """`action`'s result, retried while Redis is unreachable (up to

@@ -9,19 +9,28 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from enum import Enum
 
 from redis.asyncio import Redis
 
 from common import keys
 from common.store.values import text
 
-# KEYS: queue | ARGV: group, consumer, entry -> 1 if the lease was extended (we still own it)
+# KEYS: queue | ARGV: group, consumer, entry -> 1 the lease was extended (we still own it),
+# 0 the entry is no longer pending (acked: its task is done), -1 another consumer owns it
 _EXTEND_LEASE = """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
-if #pending == 0 or pending[1][2] ~= ARGV[2] then return 0 end
+if #pending == 0 then return 0 end
+if pending[1][2] ~= ARGV[2] then return -1 end
 redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'JUSTID')
 return 1
 """
+
+
+class Lease(Enum):
+    HELD = 1  # extended: the entry is still ours
+    DONE = 0  # acked: nothing left to hold
+    TAKEN = -1  # another consumer claimed it (we held it past the visibility timeout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,16 +131,20 @@ class Queue:
                 return [_delivery(entry_id, fields, lane) for entry_id, fields in reply[1]]
         return []
 
-    async def extend_lease(self, delivery: Delivery) -> bool:
-        return bool(await self._extend(keys=[self.streams[delivery.lane]],
-                                       args=[keys.WORKER_GROUP, self.consumer,
-                                             delivery.entry_id]))
+    async def extend_lease(self, delivery: Delivery) -> Lease:
+        return Lease(int(await self._extend(keys=[self.streams[delivery.lane]],
+                                            args=[keys.WORKER_GROUP, self.consumer,
+                                                  delivery.entry_id])))
 
-    async def deliveries(self, delivery: Delivery) -> int:
+    async def deliveries(self, delivery: Delivery) -> tuple[int, bool]:
+        """How many times the entry was delivered, and whether it is still ours (False once
+        another consumer has claimed it)."""
         pending = await self.redis.xpending_range(self.streams[delivery.lane], keys.WORKER_GROUP,
                                                   min=delivery.entry_id, max=delivery.entry_id,
                                                   count=1)
-        return int(pending[0]["times_delivered"]) if pending else 1
+        if not pending:
+            return 1, True
+        return int(pending[0]["times_delivered"]), text(pending[0]["consumer"]) == self.consumer
 
     async def ack(self, delivery: Delivery) -> None:
         await self.redis.xack(self.streams[delivery.lane], keys.WORKER_GROUP, delivery.entry_id)

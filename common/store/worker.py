@@ -19,7 +19,7 @@ from common.settings import Settings
 from common.store import admission, metrics
 from common.store.breakers import Admission, Breaker, BreakerPolicy, BreakerStore
 from common.store.devices import DeviceLedger
-from common.store.queue import Delivery, Queue
+from common.store.queue import Delivery, Lease, Queue
 from common.store.record import Task
 from common.store.segments import SegmentPublisher
 from common.store.tasks import TaskStore
@@ -73,11 +73,10 @@ class WorkerStore:
     async def claim_abandoned(self, min_idle_seconds: float) -> list[Delivery]:
         return await self._queue.claim_abandoned(min_idle_seconds)
 
-    async def deliveries(self, delivery: Delivery) -> int:
+    async def deliveries(self, delivery: Delivery) -> tuple[int, bool]:
         return await self._queue.deliveries(delivery)
 
-    async def extend_lease(self, delivery: Delivery) -> bool:
-        """False when another worker has claimed the entry meanwhile."""
+    async def extend_lease(self, delivery: Delivery) -> Lease:
         return await self._queue.extend_lease(delivery)
 
     async def ack(self, delivery: Delivery) -> None:
