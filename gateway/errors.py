@@ -18,6 +18,7 @@ import base64
 import binascii
 import json
 import logging
+import re
 from enum import StrEnum
 from typing import Any, Literal
 from urllib.parse import parse_qs
@@ -37,6 +38,8 @@ log = logging.getLogger("gateway")
 #: status for a transport error to retry: a refused poll (bad key, body or value) is
 #: therefore HTTP 200 with `"status": "FAILED"`, so Sage stops.
 SAGE_STATUS_ROUTES = frozenset({"/api/status", "/api/{backend}-status"})
+#: their paths, for what is answered before routing (gateway/process/limits.py's refusals)
+_STATUS_PATH = re.compile(r"/api/(?:[^/]+-)?status")
 #: Sage's client raises on any non-2xx submit and never reads its body, so its user would see
 #: only "ERROR:400". A Sage submit that asks for it (REFUSAL_PARAM=task in its URL, as
 #: deploy/sage/llm_api_map.csv does) is therefore answered HTTP 200 when refused, with a task
@@ -239,6 +242,8 @@ def refusal_reply(scope: Scope, status_code: int, message: str,
     exc = RequestError(status_code, message, param="file", code=code)
     if is_openai(scope["path"]):
         return status_code, openai_body(exc)
+    if _STATUS_PATH.fullmatch(scope["path"]):  # still HTTP 200: see SAGE_STATUS_ROUTES
+        return 200, sage_body(exc)
     if _wants_task(scope):
         return 200, sage_refused(exc)
     return status_code, sage_body(exc)

@@ -246,6 +246,13 @@ def test_oversized_bodies_are_413_without_reading_them(keyed: str,
             f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
             f"Content-Length: {50 * 1024 ** 3}\r\n\r\n")
     assert b" 413 " in _raw_request(port, head, iter([part])).split(b"\r\n")[0]
+    # a status poll is HTTP 200 whatever is refused (Sage reads any other status as a failure)
+    for path in ("/api/status", "/api/faster-whisper-status"):
+        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\n{auth}"
+                "Content-Type: application/json\r\n"
+                f"Content-Length: {50 * 1024 ** 3}\r\n\r\n")
+        reply = _raw_request(port, head, iter([b"{"]))
+        assert b" 200 " in reply.split(b"\r\n")[0] and b"FAILED" in reply, reply[:300]
     assert queue_counts(redis_server.client()) == before
     assert http.get(f"{keyed}/health").status_code == 200
 
