@@ -154,8 +154,8 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
 
 
 def test_limits_of_samples_and_voices_per_key(stack: dict[str, Any]) -> None:
-    """A sample over 30 s is refused; past SPEECH_MAX_VOICES_PER_KEY (2 here) a voice is
-    refused, until one is deleted."""
+    """A sample over 30 s, or a consent recording over 60 s, is refused; past
+    SPEECH_MAX_VOICES_PER_KEY (2 here) a voice is refused, until one is deleted."""
     sdk = client(stack)
     with clip(stack, "consent").open("rb") as recording:
         consent = sdk.audio.voice_consents.create(name="me", language="en", recording=recording)
@@ -164,6 +164,10 @@ def test_limits_of_samples_and_voices_per_key(stack: dict[str, Any]) -> None:
     with pytest.raises(openai.BadRequestError) as too_long:
         sdk.audio.voices.create(name="long", consent=consent.id, audio_sample=("l.wav", long))
     assert too_long.value.param == "audio_sample" and "30 s" in str(too_long.value.message)
+    longer = encode_wav(np.concatenate([sample] * (61 * 16000 // len(sample) + 1)), 16000)
+    with pytest.raises(openai.BadRequestError) as rambling:
+        sdk.audio.voice_consents.create(name="me", language="en", recording=("r.wav", longer))
+    assert rambling.value.param == "recording" and "60 s" in str(rambling.value.message)
     made = []
     for name in ("one", "two"):
         with clip(stack, "sample").open("rb") as audio:

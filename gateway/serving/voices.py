@@ -41,6 +41,8 @@ from gateway.submit.inputs import Params, read_params, read_upload
 from gateway.submit.terms import SubmitTerms
 
 MAX_SAMPLE_SECONDS = 30.0
+#: a consent recording says one phrase: longer than this is not one, and is not transcribed
+MAX_CONSENT_SECONDS = 60.0
 MAX_AUDIO_BYTES = 10 * 1024 * 1024
 MAX_NAME_CHARACTERS = 256
 VOICEPRINT = "voiceprint"
@@ -77,6 +79,10 @@ class VoiceServing:
                                     f"configured: {', '.join(self.settings.consent_phrases)}",
                                param="language", code="unsupported_language")
         audio, info = await _audio(params, "recording")
+        if info.duration > MAX_CONSENT_SECONDS:
+            raise RequestError(400, f"the recording lasts {info.duration:.1f} s; a consent "
+                                    f"recording says its phrase in at most "
+                                    f"{MAX_CONSENT_SECONDS:.0f} s", param="recording")
         transcript = await self._transcribe(request, owner, audio, info, language)
         error = wer(phrase, transcript)
         if error > self.settings.consent_max_wer:
