@@ -98,13 +98,14 @@ def probe_audio(source: SourceType) -> AudioInfo:
     The duration comes from packet timestamps, which a crafted file can fake, with a floor
     the timestamps cannot move: the number of packets times the fewest samples a decoded
     packet held (codecs put a fixed or bounded number of samples in a packet), so a container
-    that understates its length is still measured near it. It is a first filter only:
+    that understates its length is still measured near it. PCM, whose packets may hold any
+    number of samples, is measured by its bytes instead. It is a first filter only:
     `decode_audio(…, max_seconds=…)` counts the samples themselves.
     """
     container = _open(source)
     try:
         stream = container.streams.audio[0]
-        decode_tries = packets = 0
+        decode_tries = packets = payload = 0
         decoded: list[int] = []  # samples of each decoded packet that gave any
         # demuxed packets carry their stream's time base: the end is kept in its ticks, as
         # ints (a Fraction per packet was a quarter of the probe)
@@ -115,6 +116,7 @@ def probe_audio(source: SourceType) -> AudioInfo:
             if not packet.size:
                 continue
             packets += 1
+            payload += packet.size
             if decode_tries < PROBE_DECODE_PACKETS and (not decoded or decode_tries < 8):
                 decode_tries += 1
                 if samples := sum(frame.samples for frame in packet.decode()):
@@ -134,6 +136,10 @@ def probe_audio(source: SourceType) -> AudioInfo:
         rate = stream.codec_context.sample_rate or stream.rate or 0
         # the last packet may be short, and a codec's first ones may hold nothing (delay)
         floor = (packets - 2) * fewest / rate if rate and packets > 2 else 0.0
+        context = stream.codec_context
+        if context.name.startswith("pcm_") and context.format and context.channels and rate:
+            # a decoded sample is at least as wide as a stored one: still a floor
+            floor = max(floor, payload / (context.format.bytes * context.channels) / rate)
         return AudioInfo(max(duration, floor), stream.rate or 0, stream.channels or 0,
                          stream.codec_context.name)
     except av.FFmpegError as exc:

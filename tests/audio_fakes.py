@@ -4,6 +4,7 @@ the packet timestamps claim (issue 13). Built on the spot with PyAV, by remuxing
 from __future__ import annotations
 
 import io
+from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -53,3 +54,19 @@ def decoded_seconds(data: bytes) -> float:
         stream = container.streams.audio[0]
         samples = sum(frame.samples for frame in container.decode(stream))
         return samples / stream.codec_context.sample_rate
+
+
+def growing_pcm(small: int, large: int, rate: int = 16000) -> bytes:
+    """PCM in Matroska whose first packets hold 16 samples each and the rest 80,000, with
+    timestamps 1 ms apart: packets of PCM may be any size, so the first few tell nothing."""
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="matroska") as out:
+        stream = out.add_stream("pcm_s16le", rate=rate, layout="mono")
+        for index, size in enumerate([16] * small + [80_000] * large):
+            tone = (np.sin(np.arange(size) * 0.05) * 3000).astype(np.int16)[None, :]
+            packet = av.Packet(tone.tobytes())
+            packet.stream = stream
+            packet.time_base = Fraction(1, 1000)
+            packet.pts = packet.dts = index
+            out.mux(packet)
+    return buffer.getvalue()

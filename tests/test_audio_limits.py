@@ -19,7 +19,7 @@ import pytest
 from common.audio import AudioTooLong, decode_audio, probe_audio
 from harness import procs
 from harness.http_client import http
-from tests.audio_fakes import decoded_seconds, lying_matroska, silence_opus
+from tests.audio_fakes import decoded_seconds, growing_pcm, lying_matroska, silence_opus
 from tests.helpers import JFK, submit_file, wait_done
 
 LIMIT_SECONDS = 60
@@ -107,6 +107,14 @@ def test_fake_timestamps_fool_neither_the_probe_nor_the_decoder(fakes: dict[str,
     # under the limit, the decode is whole and its length is the samples', not the claim's
     short = decode_audio(fakes["short"].read_bytes(), 16000, max_seconds=LIMIT_SECONDS)
     assert 32 < probe_audio(fakes["short"]).duration < 34 and 32 < len(short) / 16000 < 34
+
+
+def test_pcm_packets_that_grow_do_not_fool_the_probe() -> None:
+    """Past the first packets the probe decodes, PCM packets are measured by their bytes."""
+    data = growing_pcm(9, 240)
+    real = decoded_seconds(data)
+    assert real > 1000
+    assert probe_audio(data).duration == pytest.approx(real, rel=0.01)
 
 
 @pytest.mark.parametrize("name", ["silence", "speech"])

@@ -216,3 +216,10 @@ def test_one_key_holds_at_most_its_share_of_waiting_calls(env: dict[str, Any]) -
         assert "its share" in refused.json()["error"]["message"]
         assert call("b", 2.0) is None  # another key's call is taken and waits
         assert [future.result() for future in waiting] == [None, None]
+    # a burst of one key's calls at once: the share is counted before any of them waits
+    time.sleep(1.0)
+    with ThreadPoolExecutor(8) as pool:
+        burst = list(pool.map(lambda _: call("b", 4.0), range(8)))
+    admitted = [reply for reply in burst if reply is None]
+    assert 1 <= len(admitted) <= 2, [r.status_code if r else None for r in burst]
+    assert all(r.status_code == 503 for r in burst if r is not None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import openai
 import pytest
 import websockets
 
-from common import g711
+from common import g711, keys
 from common.audio import decode_audio, encode_wav
 from common.settings import Settings
 from gateway.auth import digest
@@ -290,3 +291,51 @@ def test_an_ephemeral_key_opens_a_session_until_it_expires(live: dict[str, Any])
 
     closed = asyncio.run(expired())
     assert closed.rcvd is not None and closed.rcvd.code == 1008 and "expired" in closed.rcvd.reason
+
+
+def test_a_client_secret_keeps_only_the_checked_session(live: dict[str, Any]) -> None:
+    """What a key is minted with is stored for its life: only the fields a session reads,
+    from a body of at most 64 KiB."""
+    url = f"{live['gateway']}/v1/realtime/client_secrets"
+    padded = {"type": "transcription", "ballast": "x" * 70_000}
+    assert http.post(url, json={"session": padded}, headers=AUTH).status_code == 413
+    padded["ballast"] = "x" * 1000
+    minted = http.post(url, json={"session": padded}, headers=AUTH)
+    assert minted.status_code == 200, minted.text
+    client = live["redis"].client()
+    stored = [client.get(key) for key in client.scan_iter(match=keys.client_secret("*"))]
+    assert stored and all(b"ballast" not in one and len(one) < 2000 for one in stored), stored
+
+
+def test_live_audio_without_an_asr_backend_keeps_the_session(
+        redis: procs.RedisServer, tmp_path: Path) -> None:
+    """A gateway with no ASR backend still serves a session with transcription off: its
+    audio is not priced (nothing to price it by), not an internal error closing it (1011)."""
+    speech_only = {"xtts": {"tiny": "/nonexistent"}}  # no ASR backend's models at all
+    service = procs.gateway(redis.url, tmp_path, models=speech_only).start()
+    url = service.url.replace("http://", "ws://") + "/v1/realtime?intent=transcription"
+
+    async def run() -> list[str]:
+        async with websockets.connect(url) as socket:
+            seen = [json.loads(await socket.recv())["type"]]
+            await socket.send(json.dumps({"type": "session.update", "session": {
+                "type": "transcription", "audio": {"input": {"transcription": None}}}}))
+            seen.append(json.loads(await socket.recv())["type"])
+            chunk = base64.b64encode(bytes(2 * 2400)).decode()  # 100 ms of 24 kHz silence
+            for _ in range(30):
+                await socket.send(json.dumps({"type": "input_audio_buffer.append",
+                                              "audio": chunk}))
+            await socket.send(json.dumps({"type": "session.update", "session": {
+                "type": "transcription"}}))
+            while (kind := json.loads(await asyncio.wait_for(socket.recv(), 10))["type"]) \
+                    != "session.updated":
+                seen.append(kind)
+            seen.append(kind)
+            return seen
+
+    try:
+        seen = asyncio.run(run())
+    finally:
+        service.stop()
+    assert seen[:2] == ["session.created", "session.updated"] and seen[-1] == "session.updated"
+    assert "error" not in seen, seen

@@ -211,7 +211,8 @@ class Consumer:
                  f" ({error})" if error else "")
         self.tasks_done += 1
         if stored:
-            await self._record(task, state, started, batch_size)
+            await self._record(task, state, started, batch_size,
+                               done.result if done else None)
 
     # --- tasks that share engine calls (workers/batching.py) ------------------------------
 
@@ -302,9 +303,11 @@ class Consumer:
     # --- one task's parts -----------------------------------------------------------------
 
     async def _record(self, task: Task, state: TaskState, started: float,
-                      batch_size: int = 1) -> None:
+                      batch_size: int = 1, result: dict[str, Any] | None = None) -> None:
         """Metrics for one finished task (with the batch's, once); never allowed to fail
-        the task. Its processing rate counts its share of a shared call's time."""
+        the task. Its processing rate counts its share of a shared call's time, and the
+        audio it decoded where that is more than its submit measured (a file can understate
+        its length to the probe: the rate every predicted wait divides by must not)."""
         finished = time.time()
         inference = (finished - started - (self.load_seconds or 0.0)
                      - (self.device_wait_seconds or 0.0))
@@ -323,11 +326,15 @@ class Consumer:
         with contextlib.suppress(RedisError):
             await self.store.record((f"tasks_{state.value}",),
                                     {name: max(0.0, value) for name, value in observations.items()})
-            if state == TaskState.SUCCEEDED and task.work_units:
+            work = task.work_units
+            if task.work is None and result is not None:  # work is audio-seconds
+                decoded = (result.get("usage") or {}).get("audio_seconds")
+                if isinstance(decoded, int | float) and decoded > work:
+                    work = float(decoded)
+            if state == TaskState.SUCCEEDED and work:
                 # the processing rate a predicted wait divides by: work (audio-seconds, or
                 # characters) per second of wall time, less a load
-                await self.store.record_rate(task.model, task.work_units,
-                                             inference / batch_size)
+                await self.store.record_rate(task.model, work, inference / batch_size)
 
     async def _run_task(self, task: Task, attempt: int) -> Outcome:
         await self._admit(task.model)

@@ -68,16 +68,21 @@ class RealtimeServing:
                 f"{self.settings.realtime_max_sessions} sessions already; retry shortly",
                 type="server_error"), TRY_AGAIN_LATER)
             return
+        self.sessions += 1  # taken before the await below: concurrent handshakes see it
         slot = new_task_id()
-        refused = await self.shares.admit(owner, slot)
+        try:
+            refused = await self.shares.admit(owner, slot)
+        except BaseException:
+            self.sessions -= 1
+            raise
         if refused is not None:
+            self.sessions -= 1
             held = (f"{self.shares.limit} sessions of this gateway process" if refused ==
                     "process" else f"{self.shares.overall} sessions (every gateway process)")
             await _refuse(websocket, ProtocolError(
                 "too_many_sessions", f"this key holds {held} already, its share; retry when "
                 "one has ended", type="server_error"), TRY_AGAIN_LATER)
             return
-        self.sessions += 1
         renewing = asyncio.create_task(self.shares.hold(owner, slot))
         lock = asyncio.Lock()
         stalled = asyncio.Event()

@@ -17,7 +17,7 @@ import math
 import time
 from collections import Counter
 
-from common.catalog import resolve_public_model
+from common.catalog import UnknownBackend, UnknownModel, resolve_public_model
 from common.settings import Settings
 from common.store import QuotaExceeded, StoreError, TaskStore
 from gateway.policy.quotas import charge_of, quota_exceeded
@@ -62,7 +62,11 @@ class SessionMeter:
         due = received - self.billed
         if due <= 0 or (due < CHARGE_STEP_SECONDS and not final):
             return None
-        backend, _ = resolve_public_model(self.settings, "whisper-1", "asr")
+        try:
+            backend, _ = resolve_public_model(self.settings, "whisper-1", "asr")
+        except (UnknownModel, UnknownBackend):  # no ASR backend here: nothing prices it
+            self.billed = received
+            return None
         try:
             await self.store.usage.charge_now(charge_of(self.settings, self.owner, backend, {},
                                                   round(due, 3)))
@@ -100,12 +104,16 @@ class SessionShares:
             return None
         if self.open[owner] >= self.limit:
             return "process"
+        self.open[owner] += 1  # before the await: concurrent handshakes of one key see it
         try:
             if not await self._take(owner, session_id):
+                self._forget(owner)
                 return "overall"
         except StoreError:
             pass  # only this process's share holds until Redis is back
-        self.open[owner] += 1
+        except BaseException:
+            self._forget(owner)
+            raise
         return None
 
     async def hold(self, owner: str, session_id: str) -> None:
@@ -123,8 +131,11 @@ class SessionShares:
     async def leave(self, owner: str, session_id: str) -> None:
         if not owner:
             return
+        self._forget(owner)
+        with contextlib.suppress(StoreError):  # else it lapses with its lease
+            await self.slots.give_back(SLOTS, owner, session_id)
+
+    def _forget(self, owner: str) -> None:
         self.open[owner] -= 1
         if self.open[owner] <= 0:
             del self.open[owner]
-        with contextlib.suppress(StoreError):  # else it lapses with its lease
-            await self.slots.give_back(SLOTS, owner, session_id)

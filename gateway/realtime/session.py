@@ -23,7 +23,7 @@ from common.audio import AudioInfo
 from common.catalog import UnknownBackend, UnknownModel, asr_language, resolve_public_model
 from common.schemas import INTERACTIVE, TaskState
 from common.settings import Settings
-from common.store import Task
+from common.store import Task, new_task_id
 from gateway.errors import RequestError, openai_error
 from gateway.realtime.buffer import (
     MIN_COMMIT_MS,
@@ -201,7 +201,8 @@ class Session:
             await asyncio.wait(set(self.turns), timeout=timeout)
 
     async def close(self) -> None:
-        """The client is gone: stop listening (the turns' tasks still run and are kept)."""
+        """The client is gone: stop listening; a turn no worker has started yet is
+        cancelled, one already running finishes and is kept."""
         for turn in list(self.turns):
             turn.cancel()
         await asyncio.gather(*self.turns, return_exceptions=True)
@@ -317,9 +318,15 @@ class Session:
 
     async def _run_turn(self, item: str, turn: Turn, target: Target) -> None:
         audio = AudioInput(turn.wav(), None, AudioInfo(turn.seconds, SAMPLE_RATE, 1, "pcm_s16le"))
-        call = await self.calls.start(backend=target.backend, model=target.model,
-                                      options=target.options, audio=audio, owner=self.owner,
-                                      terms=SubmitTerms(lane=INTERACTIVE))
+        task_id = new_task_id()  # known before the submit, so a close during it withdraws it
+        try:
+            call = await self.calls.start(backend=target.backend, model=target.model,
+                                          options=target.options, audio=audio,
+                                          owner=self.owner, terms=SubmitTerms(lane=INTERACTIVE),
+                                          task_id=task_id)
+        except asyncio.CancelledError:
+            await self._withdraw(task_id, target.backend)
+            raise
         sent = 0
         try:
             async for event in call.events:  # (each segment once, whatever the attempts)
@@ -337,12 +344,15 @@ class Session:
                     await self._failed(item, openai_error(still_running(call.task_id)))
                     return
         except asyncio.CancelledError:
-            # the session closed: a turn no worker has started yet is dropped, not run
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self.calls.store.cancel(call.task_id, target.backend))
+            await self._withdraw(call.task_id, target.backend)
             raise
         finally:
             await call.events.aclose()
+
+    async def _withdraw(self, task_id: str, backend: str) -> None:
+        """The session closed: a turn no worker has started yet is dropped, not run."""
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self.calls.store.cancel(task_id, backend))
 
     async def _finished(self, item: str, task: Task) -> None:
         if task.state == TaskState.SUCCEEDED and task.result is not None:

@@ -82,35 +82,45 @@ class SyncCalls:
                                                     * settings.realtime_key_share))
 
     async def start(self, *, backend: str, model: str, options: dict[str, Any],
-                    audio: AudioInput, owner: str, terms: SubmitTerms) -> Call:
-        """Queue the task, already subscribed to its events; RequestError if refused (a 503
-        with Retry-After when this process has too many waiting calls). A repeated
-        idempotency key listens to the original task instead."""
-        task_id = new_task_id()
-        try:  # refused before enqueue (which drops it itself): the staged upload goes
-            if owner and self.waiting[owner] >= self.waiter_share_limit:
-                raise RequestError(503, f"this key has {self.waiter_share_limit} calls "
-                                        "waiting in this gateway process, its share; retry "
-                                        "shortly, or submit through /api/submit and poll",
-                                   code="overloaded", headers={"retry-after": "1"})
-            events = await self._listen(task_id)  # subscribed before the task exists
-        except BaseException:
-            await self.store.blobs.unstage(audio.staged)
-            raise
+                    audio: AudioInput, owner: str, terms: SubmitTerms,
+                    task_id: str = "") -> Call:
+        """Queue the task (under `task_id`, or a new id), already subscribed to its events;
+        RequestError if refused (a 503 with Retry-After when this process has too many
+        waiting calls). A repeated idempotency key listens to the original task instead."""
+        task_id = task_id or new_task_id()
+        if owner and self.waiting[owner] >= self.waiter_share_limit:
+            await self.store.blobs.unstage(audio.staged)  # (enqueue drops it itself)
+            raise RequestError(503, f"this key has {self.waiter_share_limit} calls "
+                                    "waiting in this gateway process, its share; retry "
+                                    "shortly, or submit through /api/submit and poll",
+                               code="overloaded", headers={"retry-after": "1"})
+        # counted before the first await, so concurrent calls of one key see each other;
+        # given back by the call's events, or here if anything below fails or is cancelled
+        self.waiting[owner] += 1
+        events: Events | None = None
         try:
+            try:
+                events = await self._listen(task_id)  # subscribed before the task exists
+            except BaseException:
+                await self.store.blobs.unstage(audio.staged)
+                raise
             task = await enqueue(self.store, self.settings, backend=backend, model=model,
                                  options=options, audio=audio, owner=owner, terms=terms,
                                  task_id=task_id)
-        except RequestError:
-            await events.aclose()
+            if task.id != task_id:
+                await events.aclose()
+                events = None
+                # The subscription comes before the state is read, so a finished original
+                # is seen.
+                events = await self._listen(task.id)
+            outlook = await self._outlook(task)
+        except BaseException:
+            if events is not None:
+                await events.aclose()
+            self._release(owner)
             raise
-        if task.id != task_id:
-            await events.aclose()
-            # The subscription comes before the state is read, so a finished original is seen.
-            events = await self._listen(task.id)
-        self.waiting[owner] += 1
         counted = _Counted(events, lambda: self._release(owner))
-        return Call(task.id, cast(Events, counted), await self._outlook(task))
+        return Call(task.id, cast(Events, counted), outlook)
 
     def _release(self, owner: str) -> None:
         self.waiting[owner] -= 1

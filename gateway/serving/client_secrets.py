@@ -21,6 +21,8 @@ from gateway.realtime.session import resolve
 from gateway.submit.enqueue import guard_store
 
 MIN_SECONDS, MAX_SECONDS = 10, 7200
+#: a session's configuration is a few hundred bytes; the store keeps it for the key's life
+MAX_BODY_BYTES = 64 * 1024
 
 
 async def create_client_secret(request: Request, owner: str, settings: Settings,
@@ -39,13 +41,18 @@ async def create_client_secret(request: Request, owner: str, settings: Settings,
             resolve(settings, config.transcription)
     except ProtocolError as exc:
         raise RequestError(400, exc.message, param=exc.param, code=exc.code) from None
-    value, expires_at = await guard_store(secrets.mint(owner, session, seconds))
+    checked = config.public(new_id("sess"))  # what is stored: the fields read, nothing else
+    value, expires_at = await guard_store(secrets.mint(owner, checked, seconds))
     return {"value": value, "expires_at": expires_at,
-            "session": {**config.public(new_id("sess")), "expires_at": expires_at}}
+            "session": {**checked, "expires_at": expires_at}}
 
 
 async def _json_object(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise RequestError(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
     if not raw:
         return {}
     try:
