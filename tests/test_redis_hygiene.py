@@ -268,3 +268,22 @@ def test_an_entry_another_worker_claimed_is_neither_leased_nor_started_here(
 
     assert asyncio.run(scenario()) == [Lease.HELD, (1, True), Lease.TAKEN, (2, False),
                                        Lease.HELD, (2, True), Lease.DONE]
+
+
+def test_a_started_task_leaves_the_deadlines_of_queued_tasks(redis: procs.RedisServer) -> None:
+    """The set of queued tasks' deadlines does not keep a task once a worker starts it (a far
+    deadline, max_wait_seconds=1e9, would otherwise hold it for years)."""
+    settings = Settings(redis_url=redis.url)
+
+    async def scenario() -> tuple[int, int]:
+        store = TaskStore.for_settings(worker_client(settings, "t"), settings)
+        task = _task()
+        task.deadline = time.time() + 1e9
+        await store.submit(task, b"audio")
+        queued = await store.redis.zcard(keys.deadlines(BACKEND))
+        assert await store.start(task.id, "w-1", 1, BACKEND) == 1
+        started = await store.redis.zcard(keys.deadlines(BACKEND))
+        await store.close()
+        return queued, started
+
+    assert asyncio.run(scenario()) == (1, 0)

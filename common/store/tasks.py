@@ -130,14 +130,16 @@ if ARGV[4] == '1' then redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[2]) end
 return {1, entry, seq}
 """
 
-# KEYS: task, events, backlog, input blob, webhooks due, spoken pieces
-# ARGV: worker, now, deliveries, retention
+# KEYS: task, events, backlog, input blob, webhooks due, spoken pieces, the backend's
+#       deadlines (of queued tasks)
+# ARGV: worker, now, deliveries, retention, task id
 # -> new attempt, 0 if terminal, -1 if missing, -2 if its deadline passed while it was
 # queued (it is FAILED deadline_exceeded here, never run)
 _START = _CLOSE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return -1 end
 if state ~= 'PENDING' and state ~= 'RUNNING' then return 0 end
+redis.call('ZREM', KEYS[7], ARGV[5])  -- queued no longer
 local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline') or '')
 if state == 'PENDING' and deadline and tonumber(ARGV[2]) > deadline then
   redis.call('HSET', KEYS[1], 'error', 'its deadline passed before a worker could start it',
@@ -374,8 +376,9 @@ class TaskStore:
         -2 if its deadline passed while queued (then it is FAILED deadline_exceeded)."""
         started = int(await self._start(
             keys=[keys.task(task_id), keys.events(task_id), keys.backlog(backend),
-                  keys.input_blob(task_id), keys.webhooks_due(), keys.speech_chunks(task_id)],
-            args=[worker, repr(time.time()), deliveries, self.retention]))
+                  keys.input_blob(task_id), keys.webhooks_due(), keys.speech_chunks(task_id),
+                  keys.deadlines(backend)],
+            args=[worker, repr(time.time()), deliveries, self.retention, task_id]))
         if started == -2:
             self.blobs.delete_input_file(task_id)
         return started
