@@ -106,7 +106,7 @@ class Settings(BaseSettings):
     #: public voice name -> "speaker:<XTTS built-in speaker>" or "file:<reference clip under
     #: an allowed root>"; the first one is the default voice
     voices: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_VOICES))
-    tts_max_characters: int = 4000
+    tts_max_characters: int = 4096  # OpenAI's own limit on `input`
     #: HMAC key of the signed audio URLs; every gateway replica needs the same one.
     #: Empty: derived from `api_keys` (see `url_signing_key`).
     url_secret: str = ""

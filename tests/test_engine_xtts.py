@@ -133,6 +133,10 @@ for name, options, reference in [
     ("short_clip", SynthesisOptions(text="Hi."), clip[:2400]),
     ("empty_text", SynthesisOptions(text="  ", voice="Claribel Dervla"), None),
     ("bad_speed", SynthesisOptions(text="Hi.", voice="Claribel Dervla", speed=0), None),
+    ("czech_ordinal", SynthesisOptions(text="Ahoj. Narodil se 1. ledna 1990.", language="cs",
+                                       voice="Claribel Dervla"), None),
+    ("tiny_decimal", SynthesisOptions(text="Il valore è 0,00005 mm.", language="it",
+                                      voice="Claribel Dervla"), None),
 ]:
     try:
         synthesize(handle, options, reference)
@@ -167,6 +171,10 @@ def test_latents_cached_output_seeded_and_input_errors(tiny_model: Path) -> None
     assert "reference clip is too short" in errors["short_clip"]
     assert errors["empty_text"] == "the text is empty"
     assert errors["bad_speed"] == "speed must be positive"
+    # what the engine's text cleaning cannot read is refused before any piece is spoken
+    assert "XTTS cannot read the sentence" in errors["czech_ordinal"]
+    assert "Narodil se 1." in errors["czech_ordinal"]
+    assert "XTTS cannot read the sentence" in errors["tiny_decimal"]
 
 
 def test_split_sentences_gives_one_piece_per_sentence_cut_at_the_limit() -> None:

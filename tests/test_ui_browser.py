@@ -354,7 +354,7 @@ def test_speak_with_a_voice_and_with_a_reference_clip(ui_stack: dict[str, Any],
     open_view(page, ui_stack["url"], "speak")
     assert page.locator("#tts-voice option").all_text_contents()[:2] == ["alloy", "nova"]
     assert page.locator("#tts-language").input_value() == "en"
-    assert page.locator("#tts-text").get_attribute("maxlength") == "4000"
+    assert page.locator("#tts-text").get_attribute("maxlength") == "4096"
     page.fill("#tts-text", "Hello there.")
     page.click("#tts-go")
     wait_done(page, "#tts-state")

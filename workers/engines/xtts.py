@@ -121,6 +121,12 @@ class XttsEngine:
             raise ValueError("the text is empty")
         if problem := unspeakable(options.text, language):  # before any piece is spoken
             raise ValueError(problem)
+        for sentence in sentences[start:]:  # the engine's own text cleaning, also up front:
+            try:  # num2words has gaps (Czech ordinals, Italian decimals under 1e-4)
+                handle.model.tokenizer.preprocess_text(sentence, language.split("-")[0])
+            except Exception as exc:
+                raise ValueError(f"XTTS cannot read the sentence {sentence[:80]!r} in "
+                                 f"{language} ({type(exc).__name__}: {exc})") from None
         if options.speed <= 0:
             raise ValueError("speed must be positive")
         latent, embedding = self._conditioning(handle, options.voice, reference)
