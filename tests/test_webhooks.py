@@ -5,6 +5,7 @@ hmac snippet of docs/operations.md."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -23,10 +24,15 @@ import httpx
 import pytest
 from openai import OpenAI
 from pydantic import ValidationError
+from redis.asyncio import Redis
 
 from common import keys
+from common.schemas import TaskState
 from common.settings import Settings
+from common.store import Task
+from common.store.webhooks import Owed, WebhookStore
 from gateway.app import create_app
+from gateway.jobs.deliverer import Deliverer
 from harness import procs
 from harness.http_client import http
 from harness.procs import wait_until
@@ -386,3 +392,19 @@ def test_gateways_killed_between_and_during_attempts_lose_nothing(
         first.stop()
         receiver.release.clear()
         server.stop()
+
+
+def test_a_long_series_of_failures_still_backs_off_and_gives_up() -> None:
+    """Past some 1024 failures a factor of 2 overflows a float: the delay stays at its
+    most, and the series still ends at the give-up time (judge reads no store)."""
+    settings = Settings(webhook_retry_seconds=1, webhook_retry_factor=2,
+                        webhook_retry_max_seconds=10, webhook_give_up_seconds=8 * 3600)
+    deliverer = Deliverer(WebhookStore(Redis.from_url("redis://127.0.0.1:1")), settings)
+    task = Task(id="t" * 20, backend="faster-whisper", model="tiny.en",
+                state=TaskState.FAILED)
+    now = time.time()
+    _, due = deliverer.judge(Owed(task, 2000, now - 60), now, None, "HTTP 500")
+    assert due is not None and now + 9 < due <= time.time() + 10
+    _, due = deliverer.judge(Owed(task, 2000, now - 9 * 3600), now, None, "HTTP 500")
+    assert due is None
+    asyncio.run(deliverer.client.aclose())

@@ -95,7 +95,10 @@ class BlobStore:
         for path in await asyncio.to_thread(self.dir.stale_files, 60.0):
             task_id, _, kind = path.name.partition(".")
             if kind.startswith("output"):
-                gone = path.stat().st_mtime < time.time() - self.retention
+                try:
+                    gone = path.stat().st_mtime < time.time() - self.retention
+                except FileNotFoundError:  # another gateway's sweep took it first
+                    continue
             else:  # an input, or a temporary file whose writer died
                 state = await self.redis.hget(keys.task(task_id), "state") \
                     if kind == "input" else None

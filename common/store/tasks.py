@@ -11,7 +11,9 @@ import time
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from common import keys
 from common.blobs import BlobDir
@@ -320,6 +322,11 @@ class TaskStore:
                           repr(task.work_units),
                           "" if task.deadline is None else repr(task.deadline), *usage_args,
                           "" if max_in_flight is None else max_in_flight, *flat])
+            except (RedisConnectionError, RedisTimeoutError):
+                # the reply was lost: the task may be queued (a retry with its key finds
+                # it), so its input stays; BlobStore.sweep removes it if it was not
+                keep_file = True
+                raise
             except NotReplicated as short:
                 if short.result[0] != 1:
                     raise

@@ -151,7 +151,8 @@ class Deliverer:
         if error is None:
             return Attempt(started, duration, "delivered", status), None
         s = self.settings
-        delay = min(s.webhook_retry_seconds * s.webhook_retry_factor ** owed.failures,
+        # the exponent capped: a factor of 2 overflows a float past some 1024 failures
+        delay = min(s.webhook_retry_seconds * s.webhook_retry_factor ** min(owed.failures, 64),
                     s.webhook_retry_max_seconds)
         next_due = time.time() + delay
         since = owed.since or started
