@@ -224,10 +224,17 @@ PY
     return $failed
 }
 
+known=(faster_whisper torch_cap parakeet device_broker batching)
 sections=("$@")
-[ ${#sections[@]} -eq 0 ] && sections=(faster_whisper torch_cap parakeet device_broker batching)
+[ ${#sections[@]} -eq 0 ] && sections=("${known[@]}")
 status=0
 for section in "${sections[@]}"; do
-    "check_$section" || status=1
+    name="${section//-/_}"
+    if ! declare -F "check_$name" >/dev/null; then
+        echo "gpu_check: no section '$section'; the sections: ${known[*]}" >&2
+        status=2
+        continue
+    fi
+    "check_$name" || status=1
 done
 exit $status
