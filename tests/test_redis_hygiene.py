@@ -8,6 +8,7 @@ import ast
 import asyncio
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -140,10 +141,21 @@ def test_scripts_are_loaded_again_where_they_are_missing(redis: procs.RedisServe
     assert redis.client().info("errorstats")["errorstat_NOSCRIPT"]["count"] >= 1  # heard
 
 
-def test_a_submit_waits_for_a_replica(tmp_path: Path, redis: procs.RedisServer) -> None:
+@pytest.fixture
+def replica(tmp_path: Path, redis: procs.RedisServer) -> Iterator[procs.RedisServer]:
+    """A replica of the test's redis-server, its link up (the test may kill it)."""
     replica = procs.RedisServer(tmp_path / "replica", replica_of=redis).start()
-    procs.wait_until(lambda: replica.client().info("replication")["master_link_status"] == "up",
-                     20, "the replica's link")
+    try:
+        procs.wait_until(
+            lambda: replica.client().info("replication")["master_link_status"] == "up",
+            20, "the replica's link")
+        yield replica
+    finally:
+        replica.stop()
+
+
+def test_a_submit_waits_for_a_replica(redis: procs.RedisServer,
+                                      replica: procs.RedisServer) -> None:
     # generous: on a busy machine a replica may take a while to be scheduled and answer
     settings = Settings(redis_url=redis.url, redis_wait_replicas=1, redis_wait_timeout_ms=1500)
 
@@ -160,24 +172,18 @@ def test_a_submit_waits_for_a_replica(tmp_path: Path, redis: procs.RedisServer) 
         await store.close()
         return found
 
-    try:
-        held, withdrawn = asyncio.run(scenario())
-    finally:
-        replica.stop()
+    held, withdrawn = asyncio.run(scenario())
     assert held is not None and held.state == TaskState.PENDING
     # answered 503 to its client, so withdrawn (no idempotency key would find it again)
     assert withdrawn is not None and withdrawn.state == TaskState.CANCELLED
 
 
 def test_a_submit_short_of_replicas_keeps_the_input_of_a_task_that_lives(
-        tmp_path: Path, redis: procs.RedisServer) -> None:
+        tmp_path: Path, redis: procs.RedisServer, replica: procs.RedisServer) -> None:
     """Refused to its client for want of a replica, a task may still live: one with an
     idempotency key stays queued for the retry that will find it, and one a worker took
     within the wait runs (and is charged), so its submit is accepted. Either way its input
     (a file in SPEECH_BLOB_DIR here) stays with it."""
-    replica = procs.RedisServer(tmp_path / "replica", replica_of=redis).start()
-    procs.wait_until(lambda: replica.client().info("replication")["master_link_status"] == "up",
-                     20, "the replica's link")
     settings = Settings(redis_url=redis.url, redis_wait_replicas=1, redis_wait_timeout_ms=1500,
                         blob_dir=tmp_path / "blobs", blob_dir_min_kib=0)
     blob = b"audio" * 100
@@ -202,10 +208,7 @@ def test_a_submit_short_of_replicas_keeps_the_input_of_a_task_that_lives(
         await worker.close()
         return found
 
-    try:
-        kept, taken = asyncio.run(scenario())
-    finally:
-        replica.stop()
+    kept, taken = asyncio.run(scenario())
     assert kept is not None and kept.state == TaskState.PENDING
     assert taken is not None and taken.state == TaskState.RUNNING
     for task in (kept, taken):
