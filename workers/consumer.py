@@ -2,12 +2,12 @@
 
 Claim an entry (our own pending entries first, after a restart; then an abandoned one the
 janitor takes over; then a blocking read), open an attempt, ask the model's breaker, run the
-engine through the engine host, store the terminal state (fenced by attempt), ack. Around
-each task: lease extension and metrics; for TTS, each spoken piece is stored (fenced by the
-same attempt) as it is done, and a redelivered task resumes after the stored ones. What a
-failed load means (fail the task, count it against the model's breaker, after a half-built
-load ask the process edge to exit) is in `workers/breakers.py`, which hears of every load
-the consumer's tasks cause.
+engine through the engine host, store the terminal state (fenced by attempt), ack. Every
+entry a read takes keeps its lease until it is acked; around each task: metrics; for TTS,
+each spoken piece is stored (fenced by the same attempt) as it is done, and a redelivered
+task resumes after the stored ones. What a failed load means (fail the task, count it
+against the model's breaker, after a half-built load ask the process edge to exit) is in
+`workers/breakers.py`, which hears of every load the consumer's tasks cause.
 """
 
 from __future__ import annotations
@@ -112,8 +112,8 @@ class Consumer:
                             deliveries = await self._gather(deliveries)
                     if not deliveries and self.burst:
                         return  # drained: nothing new, nothing abandoned
-                # every entry taken is leased until it is settled, also while it waits for
-                # the ones ahead of it (the tasks' own leases cover only their runs)
+                # every entry taken is leased from here until it is settled (acked): while
+                # it waits behind the others, while it runs, and during its terminal write
                 lease = asyncio.create_task(self._keep_lease(deliveries))
                 try:
                     if self.gatherer is not None and len(deliveries) > 1:
@@ -157,15 +157,12 @@ class Consumer:
         started = time.time()
         self.current_task, self.load_seconds, self.device_wait_seconds = task.id, None, None
         self.load_observed = False
-        lease = asyncio.create_task(self._keep_lease([delivery]))
         try:  # the task is current until its terminal write is done: a stop waits for it
             outcome: Outcome | TaskError
             try:
                 outcome = await self._run_task(task, attempt)
             except TaskError as exc:
                 outcome = exc
-            finally:
-                lease.cancel()
             await self._settle(task, attempt, delivery, outcome, started)
         finally:
             self.current_task = None
@@ -242,8 +239,8 @@ class Consumer:
 
     async def _run_together(self, members: list[tuple[Task, Delivery]]) -> None:
         """Each task opens its own attempt (a task cancelled or past its deadline while the
-        batch formed is not started, so never runs), keeps its own lease and gets its own
-        fenced terminal write; only the engine call is shared."""
+        batch formed is not started, so never runs) and gets its own fenced terminal write;
+        only the engine call is shared (the leases are the read's: `run`)."""
         opened: list[tuple[Task, Delivery, int]] = []
         for task, delivery in members:
             with logs.task_context(task.id):
@@ -259,14 +256,9 @@ class Consumer:
         self.current_task, self.load_seconds, self.device_wait_seconds = (
             opened[0][0].id, None, None)
         self.current_batch, self.load_observed = len(opened), False
-        held = [delivery for _, delivery, _ in opened]
-        lease = asyncio.create_task(self._keep_lease(held))
         try:  # current until the last terminal write is done, as in _handle_task
-            try:
-                results = await self._share_call(
-                    model, [(task, attempt) for task, _, attempt in opened])
-            finally:
-                lease.cancel()
+            results = await self._share_call(
+                model, [(task, attempt) for task, _, attempt in opened])
             self.observations["batch_size"] = len(opened)
             for (task, delivery, attempt), result in zip(opened, results, strict=True):
                 with logs.task_context(task.id):
@@ -406,7 +398,7 @@ class Consumer:
             await self.store.record(("tasks_FAILED", "dead_lettered"))
 
     async def _keep_lease(self, deliveries: list[Delivery]) -> None:
-        """Extend each entry's lease (a batch's: each task keeps its own) until it is acked."""
+        """Extend each entry's lease every heartbeat until it is acked (or taken)."""
         held = list(deliveries)
         while held:
             await asyncio.sleep(self.settings.heartbeat_seconds)

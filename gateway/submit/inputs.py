@@ -54,16 +54,18 @@ class Params:
         return None
 
     def check(self, name: str) -> None:
-        if name in self.problems:
-            raise RequestError(400, f"{name} {self.problems[name]}", param=name)
+        self._usable(name)
         if name in self.files:
             raise RequestError(400, f"{name} must be a value, not a file upload", param=name)
 
     def listed(self, name: str) -> list[str]:
         """Every value given for `name` (a list parameter); a 400 when one is unusable."""
+        self._usable(name)
+        return self.lists.get(name, [])
+
+    def _usable(self, name: str) -> None:
         if name in self.problems:
             raise RequestError(400, f"{name} {self.problems[name]}", param=name)
-        return self.lists.get(name, [])
 
     def upload(self, name: str) -> Upload | None:
         """The file uploaded as `name`, if any; a 400 when it came more than once (which
