@@ -43,6 +43,8 @@ class ErrorCode(StrEnum):
     NO_WORKER = "no_worker"  # no worker took it in time, or its backend has no live worker
     DEVICE_BUSY = "device_busy"  # its load waited past device_wait_seconds for device memory
     DEADLINE_EXCEEDED = "deadline_exceeded"  # its deadline passed before a worker started it
+    # its audio decoded longer than its file declared, and the rest passes its owner's quota
+    QUOTA_EXCEEDED = "quota_exceeded"
     ENGINE_ERROR = "engine_error"
     CANCELLED = "cancelled"  # (a CANCELLED task, as its caller reads it: not a FAILED one)
 
@@ -52,7 +54,8 @@ class ErrorCode(StrEnum):
                 ErrorCode.AUDIO_TOO_LONG: 413, ErrorCode.OUT_OF_MEMORY: 503,
                 ErrorCode.MODEL_UNAVAILABLE: 503, ErrorCode.MODEL_LOAD_FAILED: 503,
                 ErrorCode.NO_WORKER: 503, ErrorCode.DEVICE_BUSY: 503,
-                ErrorCode.DEADLINE_EXCEEDED: 504, ErrorCode.CANCELLED: 409}.get(self, 500)
+                ErrorCode.DEADLINE_EXCEEDED: 504, ErrorCode.QUOTA_EXCEEDED: 429,
+                ErrorCode.CANCELLED: 409}.get(self, 500)
 
 
 #: the widest beam an engine is asked for: each beam costs decoder memory and time

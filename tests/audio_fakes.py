@@ -1,9 +1,11 @@
 """Audio files whose container lies about their length: the real samples are many times what
-the packet timestamps claim (issue 13). Built on the spot with PyAV, by remuxing real packets."""
+the packet timestamps claim (issue 13). Built on the spot with PyAV, by remuxing real packets,
+or (variable-block FLAC) written by hand."""
 
 from __future__ import annotations
 
 import io
+import struct
 from fractions import Fraction
 from pathlib import Path
 
@@ -70,3 +72,33 @@ def growing_pcm(small: int, large: int, rate: int = 16000) -> bytes:
             packet.pts = packet.dts = index
             out.mux(packet)
     return buffer.getvalue()
+
+
+def variable_flac(small: int, large: int, rate: int = 16000) -> bytes:
+    """A FLAC stream of silence whose first `small` frames hold 16 samples each and the next
+    `large` 65,535 (FLAC's variable block size: a frame may hold any number), every frame
+    numbered as starting at sample 0: timestamps and the first packets both understate it.
+    Written by hand (constant subframes), as no encoder here writes variable blocks."""
+    blocks = [16] * small + [65_535] * large
+    # STREAMINFO: block sizes, frame sizes unknown, rate, mono, 16 bits, total unknown, no MD5
+    packed = (rate << 44) | (15 << 36)
+    info = struct.pack(">HH", min(blocks), max(blocks)) + bytes(6) + packed.to_bytes(8, "big")
+    info += bytes(16)
+    out = b"fLaC" + bytes([0x80]) + len(info).to_bytes(3, "big") + info
+    for size in blocks:
+        # sync + variable blocking, block size in 16 bits after the header, rate from
+        # STREAMINFO, mono, 16 bits, sample number 0 (UTF-8 coded)
+        header = bytes([0xFF, 0xF9, 0x70, 0x08, 0x00]) + struct.pack(">H", size - 1)
+        frame = header + bytes([_crc(header, 8, 0x07)]) + bytes([0x00]) + struct.pack(">h", 0)
+        out += frame + struct.pack(">H", _crc(frame, 16, 0x8005))
+    return out
+
+
+def _crc(data: bytes, width: int, polynomial: int) -> int:
+    """FLAC's CRC-8 (frame headers) and CRC-16 (frames): MSB first, no reflection, init 0."""
+    top, mask, crc = 1 << (width - 1), (1 << width) - 1, 0
+    for byte in data:
+        crc ^= byte << (width - 8)
+        for _ in range(8):
+            crc = ((crc << 1) ^ polynomial) & mask if crc & top else (crc << 1) & mask
+    return crc

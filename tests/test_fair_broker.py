@@ -10,6 +10,7 @@ import asyncio
 import time
 
 import numpy as np
+import pytest
 from redis.asyncio import Redis
 
 from common import keys
@@ -106,9 +107,12 @@ def test_a_worker_recovers_within_one_lease_after_a_spurious_peak(
     assert asyncio.run(view()) == []
 
 
-def test_a_long_task_is_measured_in_its_own_length_class(redis: procs.RedisServer) -> None:
+@pytest.mark.parametrize("declared", ["its length", "understated"])
+def test_a_long_task_is_measured_in_its_own_length_class(redis: procs.RedisServer,
+                                                         declared: str) -> None:
     """A long file's peak (its decoded audio alone is 64 KB a second) is recorded apart from
-    the plain one, which it neither raises nor lowers."""
+    the plain one, which it neither raises nor lowers; a file that understated its length to
+    the submit (2 s) is reserved for, and measured in, the class of what it decodes to."""
     settings = worker_settings(redis.url, {"tiny.en": "bundled"}).model_copy(update={
         "device_memory_mib": {"cpu": 100_000}})
     speech = decode_audio(JFK.read_bytes(), 16000, None)
@@ -118,7 +122,7 @@ def test_a_long_task_is_measured_in_its_own_length_class(redis: procs.RedisServe
         client = Redis.from_url(redis.url)
         task = Task(id=new_task_id(), backend="faster-whisper", model="tiny.en",
                     state=TaskState.PENDING, params={"vad_filter": True, "beam_size": 1},
-                    audio_seconds=len(long_audio) / 32000)
+                    audio_seconds=len(long_audio) / 32000 if declared == "its length" else 2.0)
         await TaskStore(client, 600).submit(task, long_audio)
         await client.aclose()
         return task.id

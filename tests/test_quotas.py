@@ -20,9 +20,10 @@ from common.settings import Settings
 from gateway.auth import digest
 from harness import procs
 from harness.http_client import http
+from tests.audio_fakes import decoded_seconds, variable_flac
 from tests.helpers import JFK, queue_counts, wait_task
 
-KEYS = {name: f"key-{name}-secret" for name in ("a", "b", "c", "d", "e", "f")}
+KEYS = {name: f"key-{name}-secret" for name in ("a", "b", "c", "d", "e", "f", "g")}
 XTTS_MODEL = procs.ROOT / "models" / "tiny" / "xtts"
 
 
@@ -32,7 +33,7 @@ def entry(name: str, **fields: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A Redis and a gateway with six keys; tests start (and stop) their own worker."""
+    """A Redis and a gateway with seven keys; tests start (and stop) their own worker."""
     workdir = tmp_path_factory.mktemp("quotas")
     clips = workdir / "clips"
     clips.mkdir()
@@ -43,6 +44,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         entry("c", quotas={"backends": {"faster-whisper": {"audio_seconds_per_day": 12}}}),
         entry("d", quotas={"audio_seconds_per_month": 11.5}),
         entry("e", quotas={"audio_seconds_per_day": 33}),
+        entry("g", quotas={"audio_seconds_per_day": 100}),
         digest(KEYS["f"]),  # a plain digest still works: no name, no quotas
     ]
     models = {"faster-whisper": {"tiny.en": "bundled"}, "xtts": {"tiny": str(XTTS_MODEL)}}
@@ -198,6 +200,31 @@ def test_a_failed_task_gives_its_charge_back(env):
     text = http.get(f"{env['gateway']}/metrics", headers=auth("f"), timeout=30).text
     assert not metric(text, "speech_usage_audio_seconds_total", key="tenant-d",
                       backend="faster-whisper")
+
+
+def test_audio_its_file_understated_is_charged_when_decoded_and_refused_past_the_quota(env):
+    """A variable-block FLAC that the submit's probe measures as 0.03 s decodes to 70 s: the
+    worker charges the rest before its engine runs, within the quota (100 s a day); the
+    second such file would pass it, and FAILS quota_exceeded, charged nothing."""
+    lying = variable_flac(10, 17)
+    assert decoded_seconds(lying) == pytest.approx(69.6, abs=0.1)
+    ids = []
+    for _ in range(2):
+        reply = http.post(f"{env['gateway']}/api/faster-whisper-submit", headers=auth("g"),
+                          files={"file": ("lying.flac", lying)}, timeout=60)
+        ids.append(task_id(reply))
+    assert usage(env, "g")["day"]["audio_seconds"]["used"] < 0.1  # what the probe saw
+    worker = start_worker(env)
+    try:
+        first, second = (wait_task(env["gateway"], tid, auth("g")) for tid in ids)
+    finally:
+        worker.stop()
+    assert first["status"] == "SUCCEEDED", first
+    assert second["status"] == "FAILED" and second["error_code"] == "quota_exceeded", second
+    assert "per day" in second["error"] and "69.6 s" in second["error"], second["error"]
+    day = usage(env, "g")["day"]["audio_seconds"]
+    assert day["used"] == pytest.approx(first["result"]["duration"], abs=0.01)
+    assert day["used"] == pytest.approx(69.6, abs=0.1)
 
 
 def submit_path(env: dict[str, Any], key: str, path: Path) -> httpx.Response:

@@ -33,7 +33,15 @@ from common.schemas import DiarizationOptions, Segment, TranscriptionOptions
 from common.settings import Settings
 from common.store.queue import Delivery
 from workers.engines.base import BatchTranscriptionEngine, Engine
-from workers.execute import Outcome, Source, TaskError, asr_audio, run_engine, task_error
+from workers.execute import (
+    OnDecoded,
+    Outcome,
+    Source,
+    TaskError,
+    asr_audio,
+    run_engine,
+    task_error,
+)
 
 T = TypeVar("T")
 #: reads up to `count` new entries a lane in one round trip, waiting up to `block_ms` (None:
@@ -138,6 +146,7 @@ class BatchItem:
     params: dict[str, Any]
     source: Source | None
     on_segment: Callable[[Segment], None]
+    on_decoded: OnDecoded | None = None
 
 
 def run_batch(engine: BatchTranscriptionEngine, handle: Any, *, backend: str, model: str,
@@ -157,7 +166,7 @@ def run_batch(engine: BatchTranscriptionEngine, handle: Any, *, backend: str, mo
             if DiarizationOptions.from_params(item.params) is not None:
                 raise ValueError("a task with speakers cannot share a batch")
             audios[index] = asr_audio(item.source, item.params, engine.sample_rate,
-                                      max_audio_seconds, allowed_roots)
+                                      max_audio_seconds, allowed_roots, item.on_decoded)
         except Exception as exc:
             results[index] = task_error(exc)
     ready = list(audios)
@@ -188,6 +197,7 @@ def _alone(engine: Engine, handle: Any, backend: str, model: str, item: BatchIte
     try:
         return run_engine(engine, handle, backend=backend, model=model, params=item.params,
                           source=item.source, on_segment=item.on_segment,
-                          max_audio_seconds=max_audio_seconds, allowed_roots=allowed_roots)
+                          max_audio_seconds=max_audio_seconds, allowed_roots=allowed_roots,
+                          on_decoded=item.on_decoded)
     except Exception as exc:
         return exc

@@ -33,7 +33,7 @@ from common.store.replicas import NotReplicated
 from workers import batching
 from workers.breakers import ModelBreakers
 from workers.engine_host import EngineHost
-from workers.execute import Outcome, Source, SpeechProgress, TaskError
+from workers.execute import OnDecoded, Outcome, Source, SpeechProgress, TaskError
 from workers.models import LoadReport
 
 log = logging.getLogger("worker")
@@ -45,6 +45,11 @@ STORE_PATIENCE_SECONDS = 600.0
 #: tries of a write Redis answers with an error (a script's bug, out of memory): retrying
 #: cannot fix a bug, so after these it is logged, counted (store_refusals) and given up
 REFUSAL_TRIES = 3
+#: a task's decoded audio is charged again (`_top_up`) when it exceeds its charge by more
+#: than this, or this share of it: an honest file's probe and decode differ by a frame or
+#: two (a variable-block FLAC's last block: 2.5 % of 160 s), a lying one by orders of magnitude
+TOP_UP_SLACK_SECONDS = 1.0
+TOP_UP_SLACK_SHARE = 0.05
 
 
 class StoreRefused(Exception):
@@ -276,7 +281,8 @@ class Consumer:
             for index, (task, attempt) in enumerate(tasks):
                 try:
                     items.append(batching.BatchItem(task.params,
-                                                    *await self._input(task, attempt)))
+                                                    *await self._input(task, attempt),
+                                                    self._top_up(task, attempt)))
                     where.append(index)
                 except TaskError as exc:
                     results[index] = exc
@@ -334,7 +340,8 @@ class Consumer:
         speech = await self._speech(task, attempt) if self.host.kind == "tts" else None
         return await self.host.execute(task.model, task.params, source, on_segment,
                                        on_load=functools.partial(self._loaded, task),
-                                       speech=speech, audio_seconds=task.audio_seconds)
+                                       speech=speech, audio_seconds=task.audio_seconds,
+                                       on_decoded=self._top_up(task, attempt))
 
     async def _admit(self, model: str) -> None:
         breaker_error = await self.breakers.admit(model)
@@ -367,6 +374,33 @@ class Consumer:
                 future.result(timeout=1.0)
 
         return source, on_segment
+
+    def _top_up(self, task: Task, attempt: int) -> OnDecoded | None:
+        """Charge what a task's decoded audio holds past its charge (its file understated
+        its length to the submit's probe), against the quotas its submit recorded: past one,
+        the task FAILS quota_exceeded before its engine runs (and is charged nothing)."""
+        charge = task.charge
+        if not charge or charge.get("unit") != "audio_seconds":
+            return None
+        charged = float(charge.get("amount") or 0.0)
+        loop = asyncio.get_running_loop()
+
+        def decoded(seconds: float) -> None:  # on the engine thread
+            if seconds <= charged + max(TOP_UP_SLACK_SECONDS, TOP_UP_SLACK_SHARE * charged):
+                return
+            try:
+                refused = asyncio.run_coroutine_threadsafe(
+                    self.store.top_up(task.id, attempt, seconds), loop).result()
+            except RedisError:
+                return  # settled to the decoded length at the finish, as before
+            if refused is not None:
+                raise TaskError(
+                    f"the audio decodes to {seconds:.1f} s where its file declared "
+                    f"{charged:.1f} s; the other {seconds - charged:.1f} s would take this key "
+                    f"past its audio-seconds quota {refused.quota} ({refused.used:.1f} of "
+                    f"{refused.limit:.1f} used)", ErrorCode.QUOTA_EXCEEDED)
+
+        return decoded
 
     async def _speech(self, task: Task, attempt: int) -> SpeechProgress:
         """Where a TTS task's pieces go as they are spoken, after those an earlier attempt

@@ -52,13 +52,8 @@ class DeviceHolding:
         if self.held == model and self.slot.name == model and self.slot.handle is not None:
             wanted = self.held_class.join(peak_class)
             if wanted != self.held_class:
-                # the same model for a heavier class: reserve again in place (our own
-                # reservation is replaced), measured from the model's own load
-                base = self.baseline_mib
-                self.reserved_mib = await self.budget.reserve(model, wanted)
-                self.held_class, self._measuring = wanted, not self.budget.last_measured
+                await self._reserve_in_place(model, wanted)
                 await self.call(memory.reset_peak, self.uses_torch, self.device)
-                self._peak_from = base
                 return
             if await self.budget.mark(True):
                 return
@@ -76,6 +71,24 @@ class DeviceHolding:
         self._peak_from = await self.call(memory.reset_peak, self.uses_torch,
                                            self.device)
         self.baseline_mib = self._peak_from
+
+    async def grow(self, model: str, peak_class: PeakClass) -> None:
+        """During an engine call (its engine thread waits on this): the task's decoded audio
+        is of a heavier class than the declared length the reservation was made for (a
+        container can understate it), so the reservation grows to cover it before the
+        engine runs. The device's peak goes on counting from before the call."""
+        if not self.budget.enabled or self.held != model:
+            return
+        if (wanted := self.held_class.join(peak_class)) != self.held_class:
+            await self._reserve_in_place(model, wanted)
+
+    async def _reserve_in_place(self, model: str, wanted: PeakClass) -> None:
+        """The resident model for a heavier class: our own reservation is replaced, and its
+        peak measured from the model's own load."""
+        base = self.baseline_mib
+        self.reserved_mib = await self.budget.reserve(model, wanted)
+        self.held_class, self._measuring = wanted, not self.budget.last_measured
+        self._peak_from = base
 
     @property
     def measuring(self) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,7 @@ from workers.device_holding import DeviceHolding
 from workers.diarize import Diarizer
 from workers.engines.base import Engine
 from workers.execute import (
+    OnDecoded,
     Outcome,
     Source,
     SpeechProgress,
@@ -95,10 +97,14 @@ class EngineHost:
                       on_segment: Callable[[Segment], None],
                       on_load: OnLoad | None = None,
                       speech: SpeechProgress | None = None,
-                      audio_seconds: float | None = None) -> Outcome:
+                      audio_seconds: float | None = None,
+                      on_decoded: OnDecoded | None = None) -> Outcome:
         """Load `model` if needed and run one engine call, serialised with every other;
         a TaskError says why it failed. `speech`: see workers.execute.SpeechProgress;
-        `audio_seconds`: the task's length as known before decoding (its memory class)."""
+        `audio_seconds`: the task's length as known before decoding (its memory class);
+        `on_decoded`: told the decoded length (see workers.execute.OnDecoded)."""
+        diarize = params.get("diarization") is not None
+        decoded = self._on_decoded(model, diarize, on_decoded)
 
         async def run(handle: Any) -> Outcome:
             return await self._call(
@@ -106,9 +112,8 @@ class EngineHost:
                 params=params, source=source, on_segment=on_segment,
                 max_audio_seconds=self.settings.max_audio_seconds,
                 allowed_roots=tuple(self.settings.allowed_roots),
-                diarizer=self.slot.diarization(), speech=speech)
+                diarizer=self.slot.diarization(), speech=speech, on_decoded=decoded)
 
-        diarize = params.get("diarization") is not None
         return await self._engine_call(model, on_load, run,
                                        self._peak_class(diarize, audio_seconds))
 
@@ -121,6 +126,9 @@ class EngineHost:
         `audio_seconds`: the longest clip's length (the calls' memory class)."""
         engine = batching.batch_engine(self.engine, self.settings)
         assert engine is not None
+        items = [dataclasses.replace(item, on_decoded=self._on_decoded(model, False,
+                                                                       item.on_decoded))
+                 for item in items]
 
         async def run(handle: Any) -> list[Outcome | TaskError]:
             results: list[Outcome | TaskError] = []
@@ -136,6 +144,21 @@ class EngineHost:
 
         return await self._engine_call(model, on_load, run,
                                        self._peak_class(False, audio_seconds))
+
+    def _on_decoded(self, model: str, diarize: bool, told: OnDecoded | None) -> OnDecoded:
+        """What the engine thread calls with a task's decoded length: `told` (the caller's:
+        its charge), then the reservation grows if the length is of a heavier class than
+        the one it was made for."""
+        loop = asyncio.get_running_loop()
+
+        def decoded(seconds: float) -> None:
+            if told is not None:
+                told(seconds)
+            if self.holding.budget.enabled:
+                asyncio.run_coroutine_threadsafe(
+                    self.holding.grow(model, self._peak_class(diarize, seconds)), loop).result()
+
+        return decoded
 
     def _peak_class(self, diarize: bool, audio_seconds: float | None) -> PeakClass:
         diarizer = self.slot.diarizer

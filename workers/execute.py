@@ -34,6 +34,10 @@ from workers.engines.base import AnalysisEngine, Engine, SpeechEngine, Transcrip
 #: an engine call's input: bytes (an upload), a path the worker trusts, or a file a request
 #: named, checked against the allowed roots as it is opened
 Source = bytes | Path | AllowedFile
+#: told an ASR or analysis task's decoded length (seconds) before its engine runs; raises (a
+#: TaskError) to refuse the task: a container can understate its length to the submit's probe,
+#: and what the submit did not charge, or reserve device memory for, is settled here
+OnDecoded = Callable[[float], None]
 MEMORY_LIMIT_ERROR = "GPU memory limit reached for this file"
 
 
@@ -90,6 +94,7 @@ def run_engine(
     allowed_roots: tuple[Path, ...] = (),
     diarizer: tuple[diarize.Diarizer, Any] | None = None,
     speech: SpeechProgress | None = None,
+    on_decoded: OnDecoded | None = None,
 ) -> Outcome:
     """`max_audio_seconds` bounds the decoded input (AudioTooLong past it); `allowed_roots`
     are what the paths in a task's options are checked against as they are opened;
@@ -102,7 +107,7 @@ def run_engine(
                            max_audio_seconds, speech)
     if kind == "analysis":
         return _analyze(cast(AnalysisEngine, engine), handle, backend, model, params, source,
-                        max_audio_seconds, allowed_roots)
+                        max_audio_seconds, allowed_roots, on_decoded)
     transcriber = cast(TranscriptionEngine, engine)
     options = TranscriptionOptions.from_params(params)
     speakers = DiarizationOptions.from_params(params)
@@ -114,6 +119,8 @@ def run_engine(
     if speakers is not None and row.word_timestamps and not row.speakers:
         options.word_timestamps = True  # a segment that changes speaker splits between words
     audio = _decode(sources["file"], transcriber.sample_rate, max_audio_seconds)
+    if on_decoded is not None:
+        on_decoded(len(audio) / transcriber.sample_rate)
     references: dict[str, np.ndarray] = {}
     if speakers is not None and not row.speakers:
         if diarizer is None:
@@ -136,12 +143,16 @@ def run_engine(
 
 
 def asr_audio(source: Source | None, params: dict[str, Any], sample_rate: int,
-              max_audio_seconds: float | None, allowed_roots: tuple[Path, ...]) -> np.ndarray:
-    """An ASR task's main clip, decoded as `run_engine` decodes it."""
+              max_audio_seconds: float | None, allowed_roots: tuple[Path, ...],
+              on_decoded: OnDecoded | None = None) -> np.ndarray:
+    """An ASR task's main clip, decoded (and told) as `run_engine` decodes it."""
     sources = _asr_sources(source, params, allowed_roots)
     if "file" not in sources:
         raise ValueError("no input audio")
-    return _decode(sources["file"], sample_rate, max_audio_seconds)
+    audio = _decode(sources["file"], sample_rate, max_audio_seconds)
+    if on_decoded is not None:
+        on_decoded(len(audio) / sample_rate)
+    return audio
 
 
 def _asr_sources(source: Source | None, params: dict[str, Any],
@@ -203,7 +214,7 @@ def _synthesize(engine: SpeechEngine, handle: Any, backend: str, model: str,
 
 def _analyze(engine: AnalysisEngine, handle: Any, backend: str, model: str,
              params: dict[str, Any], source: Source | None, max_audio_seconds: float | None,
-             allowed_roots: tuple[Path, ...]) -> Outcome:
+             allowed_roots: tuple[Path, ...], on_decoded: OnDecoded | None) -> Outcome:
     """The clips (uploads in the input blob, paths in `clip_paths`) and the params the row
     declares, checked again here (whatever queued them)."""
     row = BACKENDS[backend]
@@ -223,6 +234,8 @@ def _analyze(engine: AnalysisEngine, handle: Any, backend: str, model: str,
     decoded = {name: _decode(item, engine.sample_rate, max_audio_seconds)
                for name, item in sources.items()}
     seconds = round(sum(len(audio) for audio in decoded.values()) / engine.sample_rate, 3)
+    if on_decoded is not None:
+        on_decoded(seconds)
     result = engine.analyze(handle, decoded, values)
     del decoded
     return Outcome({**result, "usage": {"audio_seconds": seconds}, "backend": backend,

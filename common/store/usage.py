@@ -103,6 +103,39 @@ return nil
 """
 
 
+# KEYS: the task hash | ARGV: the audio it decoded (in its charge's unit), its attempt
+# -> nil when charged (or nothing to charge: not running this attempt, unmetered, no more
+# than its charge), or {3, which limit (1-4), used, limit} when the rest would pass it.
+# A container can understate its length to the submit's probe (workers/consumer.py): the part
+# the submit did not charge is charged here, against the quotas the submit recorded.
+TOP_UP = LUA + """
+local current = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'charge')
+if current[1] ~= 'RUNNING' or current[2] ~= ARGV[2] or not current[3] or current[3] == ''
+then return nil end
+local charge = cjson.decode(current[3])
+local more = tonumber(ARGV[1]) - charge.amount
+if more <= 0 then return nil end
+local limits = charge.limits or {}
+local hashes = {charge.day, charge.month}
+local fields = {charge.unit, charge.unit .. ':' .. charge.backend}
+for p = 1, 2 do
+  for s = 1, 2 do
+    local limit = limits[tostring((p - 1) * 2 + s)]
+    if limit then
+      local used = tonumber(redis.call('HGET', hashes[p], fields[s]) or '') or 0
+      if used + more > limit + 1e-6 then
+        return {3, (p - 1) * 2 + s, tostring(used), tostring(limit)}
+      end
+    end
+  end
+end
+usage_add(charge, more)
+charge.amount = tonumber(ARGV[1])
+redis.call('HSET', KEYS[1], 'charge', cjson.encode(charge))
+return nil
+"""
+
+
 @dataclass(frozen=True, slots=True)
 class Period:
     """One UTC day or month."""
@@ -163,7 +196,10 @@ class Charge:
                 *("" if limit is None else repr(limit) for limit in limits)]
         record = json.dumps({"amount": self.amount, "unit": self.unit, "backend": self.backend,
                              "day": day.key(self.owner), "month": month.key(self.owner),
-                             "total": keys.usage_total(self.owner)})
+                             "total": keys.usage_total(self.owner),
+                             # for a worker's top-up (TOP_UP): by the script's limit numbers
+                             "limits": {str(which): limit for which, limit
+                                        in enumerate(limits, start=1) if limit is not None}})
         return [day.key(self.owner), month.key(self.owner)], args, record
 
     def refusal(self, which: int, used: float, now: float) -> QuotaExceeded:
@@ -236,6 +272,34 @@ class UsageStore:
                                          args=args)
         if refused:
             raise charge.refusal(int(refused[1]), float(refused[2]), now)
+
+
+@dataclass(frozen=True, slots=True)
+class TopUpRefused:
+    """A worker's top-up (`TOP_UP`) that would pass limit `which` (1-4, as the script counts:
+    day total, day backend, month total, month backend)."""
+
+    which: int
+    used: float
+    limit: float
+
+    @property
+    def quota(self) -> str:
+        period = QUOTA_PERIODS[(self.which - 1) // 2]
+        return f"per {period}" + (" on this backend" if self.which % 2 == 0 else "")
+
+
+class TopUps:
+    """A running task's charge raised to the audio it decoded (`TOP_UP`)."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._top_up = redis.register_script(TOP_UP)
+
+    async def top_up(self, task_id: str, attempt: int, amount: float) -> TopUpRefused | None:
+        refused = await self._top_up(keys=[keys.task(task_id)], args=[repr(amount), attempt])
+        if not refused:
+            return None
+        return TopUpRefused(int(refused[1]), float(refused[2]), float(refused[3]))
 
 
 def measured(charge: dict[str, Any] | None, state: str, result: dict[str, Any] | None) -> str:

@@ -23,6 +23,7 @@ from common.store.queue import Delivery, Lease, Queue
 from common.store.record import Task
 from common.store.segments import SegmentPublisher
 from common.store.tasks import TaskStore
+from common.store.usage import TopUpRefused, TopUps
 from common.store.values import LUA_NOW_MS
 
 # KEYS: heartbeat, live set | ARGV: snapshot, ttl ms, consumer
@@ -48,6 +49,7 @@ class WorkerStore:
         self._tasks = TaskStore.for_settings(redis, settings)
         self._breakers = BreakerStore(redis)
         self._segments = SegmentPublisher(redis)
+        self._top_ups = TopUps(redis)
         self._queue = Queue(redis, self.backend, consumer,
                             settings.batch_promotion_seconds, settings.batch_promotion_every)
 
@@ -105,6 +107,12 @@ class WorkerStore:
         return await self._tasks.finish(task, state, attempt=attempt, entry_id=entry_id,
                                         result=result, error=error, error_code=error_code,
                                         output=output)
+
+    async def top_up(self, task_id: str, attempt: int, audio_seconds: float,
+                     ) -> TopUpRefused | None:
+        """Charge a running attempt's task up to the audio it decoded (common/store/usage.py,
+        TOP_UP); the quota it would pass, if any (nothing charged then)."""
+        return await self._top_ups.top_up(task_id, attempt, audio_seconds)
 
     # --- a TTS task's audio as it is spoken (common/store/chunks.py) ---
     async def speech_chunks(self, task_id: str) -> list[SpeechChunk]:
