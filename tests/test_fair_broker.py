@@ -7,6 +7,7 @@ shows on the device's view (/ready) until one fits."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import numpy as np
@@ -153,3 +154,52 @@ def test_peak_classes_name_the_diarizer_and_the_length() -> None:
     # a class not measured yet starts from the same diarizer's plain length, then plain
     assert PeakClass.of("pyannote", 700).lighter.name == "pyannote"
     assert short_diarized.lighter.name == long_plain.lighter.name == ""
+
+
+def test_a_resident_model_reserves_the_peak_its_first_long_task_measured(
+        redis: procs.RedisServer) -> None:
+    """A plain task, then two of 130 s (class len1) on the resident model: the first long one
+    reserves from the plain peak and measures its own; the second holds a reservation of at
+    least that measured peak while it runs (the broker counts what the worker uses)."""
+    settings = worker_settings(redis.url, {"tiny.en": "bundled"}).model_copy(update={
+        "device_memory_mib": {"cpu": 100_000}, "idle_unload_seconds": -1,
+        "batch_max_size": 1})
+    speech = decode_audio(JFK.read_bytes(), 16000, None)
+    long_audio = encode_wav(np.concatenate([speech, np.zeros(120 * 16000, np.float32)]), 16000)
+    held: dict[str, list[float]] = {}
+    measured: list[float] = []
+
+    async def scenario() -> None:
+        client = Redis.from_url(redis.url)
+        store = TaskStore(client, 600)
+        ids = []
+        for blob in (JFK.read_bytes(), long_audio, long_audio):
+            task = Task(id=new_task_id(), backend="faster-whisper", model="tiny.en",
+                        state=TaskState.PENDING, params={"vad_filter": True, "beam_size": 1},
+                        audio_seconds=len(blob) / 32000 if blob is long_audio else 11.0)
+            await store.submit(task, blob)
+            ids.append(task.id)
+        worker = asyncio.create_task(run_worker(settings))
+        while not worker.done():  # each task's reservations while it runs
+            for task_id in ids:
+                if await client.hget(keys.task(task_id), "state") == b"RUNNING":
+                    if task_id == ids[2] and task_id not in held:  # what the second measured
+                        measured.append(float(await client.hget(
+                            keys.model_peaks(), "faster-whisper/tiny.en:len1") or 0))
+                    for device in await client.smembers(keys.devices()):
+                        for raw in (await client.hgetall(
+                                keys.device_holders(device.decode()))).values():
+                            held.setdefault(task_id, []).append(json.loads(raw)["mib"])
+            await asyncio.sleep(0.02)
+        await worker
+        for task_id in ids:
+            found = await store.get(task_id)
+            assert found.state == TaskState.SUCCEEDED, (found.error_code, found.error)
+        peaks = {k.decode(): float(v) for k, v in (await client.hgetall(keys.model_peaks())).items()
+                 if b"@" not in k}
+        await client.aclose()
+        # else the check proves nothing
+        assert measured[0] > peaks["faster-whisper/tiny.en"] + 10, (measured, peaks)
+        assert held[ids[2]][-1] >= measured[0], (held, measured)  # (reserved after its start)
+
+    asyncio.run(scenario())

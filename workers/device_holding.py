@@ -33,6 +33,7 @@ class DeviceHolding:
         self.held_class = PLAIN  # … sized for tasks of this class (diarizer, length)
         self.reserved_mib = 0.0
         self._measuring = False  # the reservation knew no peak of its class: it measures
+        self._short = False  # a task since measured a peak past the reservation
         self._peak_from: float | None = None  # MiB in use before the load being measured
         self.baseline_mib: float | None = None  # MiB in use before the held model loaded
         self._waited: float | None = None  # the last reservation's wait, for its LoadReport
@@ -46,12 +47,13 @@ class DeviceHolding:
         """Before `model` may load: hold a reservation for it on the device (waiting in line
         if need be), sized for tasks of `peak_class` (a diarized task also loads the
         diarizer; a long one holds more audio). A resident model only marks its reservation
-        busy, or grows it in place for a class its own does not cover."""
+        busy, or grows it in place for a class its own does not cover, or for a peak a
+        task measured past it."""
         if not self.budget.enabled or model not in self.slot.sources:
             return
         if self.held == model and self.slot.name == model and self.slot.handle is not None:
             wanted = self.held_class.join(peak_class)
-            if wanted != self.held_class:
+            if wanted != self.held_class or self._short:
                 await self._reserve_in_place(model, wanted)
                 await self.call(memory.reset_peak, self.uses_torch, self.device)
                 return
@@ -65,7 +67,7 @@ class DeviceHolding:
             await self.budget.release()
             self.held, self.reserved_mib = None, 0.0
         self.reserved_mib = await self.budget.reserve(model, peak_class)
-        self.held, self.held_class = model, peak_class
+        self.held, self.held_class, self._short = model, peak_class, False
         self._measuring = peak_class != PLAIN and not self.budget.last_measured
         self._waited = self.budget.last_wait_seconds
         self._peak_from = await self.call(memory.reset_peak, self.uses_torch,
@@ -88,7 +90,7 @@ class DeviceHolding:
         base = self.baseline_mib
         self.reserved_mib = await self.budget.reserve(model, wanted)
         self.held_class, self._measuring = wanted, not self.budget.last_measured
-        self._peak_from = base
+        self._peak_from, self._short = base, False
 
     @property
     def measuring(self) -> bool:
@@ -125,6 +127,9 @@ class DeviceHolding:
                 await self.budget.record_peak(model, recorded, self.held_class)
             except Exception as exc:
                 log.warning("could not record the peak of %s: %s", model, exc)
+            # a measuring reservation (a class not measured yet, a configured size) that the
+            # peak outgrew: the model's next task reserves again, for what was measured
+            self._short = recorded > self.reserved_mib
         if over:
             self._peak_from, reserved = None, self.reserved_mib
             await self.call(self.slot.unload)
