@@ -20,10 +20,10 @@ from common.settings import Settings
 from gateway.auth import digest
 from harness import procs
 from harness.http_client import http
-from tests.audio_fakes import decoded_seconds, variable_flac
+from tests.audio_fakes import decoded_seconds, lying_matroska, variable_flac
 from tests.helpers import JFK, queue_counts, wait_task
 
-KEYS = {name: f"key-{name}-secret" for name in ("a", "b", "c", "d", "e", "f", "g")}
+KEYS = {name: f"key-{name}-secret" for name in ("a", "b", "c", "d", "e", "f", "g", "h")}
 XTTS_MODEL = procs.ROOT / "models" / "tiny" / "xtts"
 
 
@@ -33,7 +33,7 @@ def entry(name: str, **fields: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A Redis and a gateway with seven keys; tests start (and stop) their own worker."""
+    """A Redis and a gateway with eight keys; tests start (and stop) their own worker."""
     workdir = tmp_path_factory.mktemp("quotas")
     clips = workdir / "clips"
     clips.mkdir()
@@ -45,9 +45,11 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         entry("d", quotas={"audio_seconds_per_month": 11.5}),
         entry("e", quotas={"audio_seconds_per_day": 33}),
         entry("g", quotas={"audio_seconds_per_day": 100}),
+        entry("h", quotas={"audio_seconds_per_day": 25}),
         digest(KEYS["f"]),  # a plain digest still works: no name, no quotas
     ]
-    models = {"faster-whisper": {"tiny.en": "bundled"}, "xtts": {"tiny": str(XTTS_MODEL)}}
+    models = {"faster-whisper": {"tiny.en": "bundled"}, "xtts": {"tiny": str(XTTS_MODEL)},
+              "voiceprint": {"resemblyzer": "bundled"}}
     roots = [str(procs.TEST_AUDIO), str(clips)]
     gateway = procs.gateway(server.url, workdir, api_keys=api_keys, models=models,
                             allowed_roots=roots).start()
@@ -225,6 +227,24 @@ def test_audio_its_file_understated_is_charged_when_decoded_and_refused_past_the
     day = usage(env, "g")["day"]["audio_seconds"]
     assert day["used"] == pytest.approx(first["result"]["duration"], abs=0.01)
     assert day["used"] == pytest.approx(69.6, abs=0.1)
+
+
+def test_a_voiceprint_is_charged_for_every_clip_it_scores(env):
+    """The reference clip is decoded and embedded as the main one is: 11 s of main clip and
+    33 s of reference pass a 25 s day, though the main clip alone fits."""
+    reference = lying_matroska(JFK, 3, 33.0)  # jfk three times, timestamps honest
+
+    def scores(**clips: bytes) -> httpx.Response:
+        files = {"file": ("jfk.flac", JFK.read_bytes())}
+        files.update({name: (f"{name}.mka", data) for name, data in clips.items()})
+        return http.post(f"{env['gateway']}/api/voiceprint-submit", headers=auth("h"),
+                         files=files, timeout=60)
+
+    refused = scores(reference=reference)
+    assert refused.status_code == 429 and "25 audio-seconds per day" in refused.json()["error"]
+    assert refused.json()["error"].count("44.") == 1, refused.json()  # this task needs 44.x
+    task_id(scores())
+    assert usage(env, "h")["day"]["audio_seconds"]["used"] == pytest.approx(11, abs=0.1)
 
 
 def submit_path(env: dict[str, Any], key: str, path: Path) -> httpx.Response:

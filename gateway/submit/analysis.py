@@ -9,6 +9,7 @@ travel in the task's one input blob (common/clips.py); paths travel in the task'
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ async def analysis_input(params: Params, settings: Settings,
     audio = await read_audio_input(params, settings)
     uploads: dict[str, bytes] = {}
     paths: dict[str, str] = {}
+    seconds = audio.info.duration
     if audio.blob is not None:
         uploads[main.name] = audio.blob
     else:
@@ -48,31 +50,35 @@ async def analysis_input(params: Params, settings: Settings,
             except RequestError as exc:
                 exc.param = clip.name
                 raise
-            await _probe(uploads[clip.name], clip.name, settings)
+            seconds += await _probe(uploads[clip.name], clip.name, settings)
         elif raw_path:
             try:
                 path = resolve_allowed_path(raw_path, settings.allowed_roots, clip.name)
             except RequestError as exc:
                 exc.message = f"the '{clip.name}' clip: {exc.message}"
                 raise
-            await _probe(path, clip.name, settings)
+            seconds += await _probe(path, clip.name, settings)
             paths[clip.name] = str(path)
         elif clip.required:
             raise RequestError(400, f"no '{clip.name}' clip: upload it under that name or give "
                                     "a path under an allowed root", param=clip.name)
     if paths:
         options["clip_paths"] = paths
-    # the task's audio_seconds (and so its queue metrics) are the main clip's
-    return options, AudioInput(clips.pack(uploads) if uploads else None, None, audio.info)
+    # every clip is decoded, scored and charged: the task's audio_seconds (its charge, its
+    # size in the backlog, its memory class) are all of them
+    return options, AudioInput(clips.pack(uploads) if uploads else None, None,
+                               dataclasses.replace(audio.info, duration=seconds))
 
 
 def _max_bytes(settings: Settings) -> int:
     return settings.max_upload_bytes
 
 
-async def _probe(source: bytes | Path, name: str, settings: Settings) -> None:
-    """Garbage never reaches a queue: each clip is demuxed here, as the main one is."""
+async def _probe(source: bytes | Path, name: str, settings: Settings) -> float:
+    """Garbage never reaches a queue: each clip is demuxed here, as the main one is; its
+    length."""
     info = await probe_clip(source, name, f"the '{name}' clip")
     if info.duration > settings.max_audio_seconds:
         raise RequestError(413, f"the '{name}' clip lasts {info.duration:.0f} s; the limit is "
                                 f"{settings.max_audio_seconds:.0f} s", param=name)
+    return info.duration
