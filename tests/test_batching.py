@@ -188,6 +188,44 @@ def test_a_task_cancelled_while_its_batch_forms_never_runs(redis: procs.RedisSer
     assert pending_count(redis.client()) == 0
 
 
+def test_interactive_work_goes_before_gathered_batch_tasks_that_run_one_by_one(
+        redis: procs.RedisServer) -> None:
+    """Six batch-lane tasks that cannot share a call (each its own beam size) are gathered
+    at once; an interactive task submitted while the first runs starts next, not after the
+    other five (docs/fairness.md: the next interactive task is taken next)."""
+    async def scenario() -> tuple[list[Task], Task]:
+        client = Redis.from_url(redis.url)
+        batch = []
+        for beam in range(1, 7):
+            task = Task(id=new_task_id(), backend=BACKEND, model="tiny.en",
+                        state=TaskState.PENDING, params={**GREEDY, "beam_size": beam},
+                        lane=keys.BATCH, audio_seconds=12.0)
+            await TaskStore(client, 600).submit(task, clips()[0])
+            batch.append(task.id)
+        settings = settings_for(redis.url)
+        worker = Worker(settings, FasterWhisperEngine(settings), client, handle_signals=False,
+                        exit=lambda code: None, burst=True)
+        running = asyncio.create_task(worker.run())
+        while (await tasks(redis.url, batch[:1]))[0].state == TaskState.PENDING:
+            await asyncio.wait({running}, timeout=0.02)
+            assert not running.done()
+        urgent = Task(id=new_task_id(), backend=BACKEND, model="tiny.en",
+                      state=TaskState.PENDING, params=GREEDY, lane=keys.INTERACTIVE,
+                      audio_seconds=12.0)
+        await TaskStore(client, 600).submit(urgent, clips()[1])
+        await running
+        await client.aclose()
+        return await tasks(redis.url, batch), (await tasks(redis.url, [urgent.id]))[0]
+
+    batch, urgent = asyncio.run(scenario())
+    assert all(task.state == TaskState.SUCCEEDED for task in [*batch, urgent])
+    assert histogram(redis, "batch_size")["count"] >= 1  # they were gathered together
+    assert urgent.started_at is not None
+    ahead = [task for task in batch if task.started_at is not None
+             and urgent.created_at < task.started_at < urgent.started_at]
+    assert ahead == [], [(t.params["beam_size"], t.started_at) for t in ahead]
+
+
 def test_the_window_holds_no_lone_task_and_a_burst_only_that_long(
         redis: procs.RedisServer) -> None:
     """With a 2 s window: a lone task (no company yet) starts at once; after a batch, a task

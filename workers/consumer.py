@@ -24,7 +24,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from common import logs
 from common.paths import AllowedFile
-from common.schemas import ErrorCode, Segment, SpeechChunk, TaskState
+from common.schemas import BATCH, INTERACTIVE, ErrorCode, Segment, SpeechChunk, TaskState
 from common.settings import Settings
 from common.store import Task, WorkerStore
 from common.store.connection import transient
@@ -117,17 +117,7 @@ class Consumer:
                             deliveries = await self._gather(deliveries)
                     if not deliveries and self.burst:
                         return  # drained: nothing new, nothing abandoned
-                # every entry taken is leased from here until it is settled (acked): while
-                # it waits behind the others, while it runs, and during its terminal write
-                lease = asyncio.create_task(self._keep_lease(deliveries))
-                try:
-                    if self.gatherer is not None and len(deliveries) > 1:
-                        await self._handle_together(deliveries)
-                    else:
-                        for delivery in deliveries:
-                            await self._handle(delivery)
-                finally:
-                    lease.cancel()
+                await self._handle_leased(deliveries)
             except ResponseError as exc:
                 if not str(exc).startswith(("NOGROUP", "UNBLOCKED")):
                     raise
@@ -139,6 +129,19 @@ class Consumer:
                 await asyncio.sleep(1.0)
             finally:
                 self.taking = False
+
+    async def _handle_leased(self, deliveries: list[Delivery]) -> None:
+        """Every entry taken is leased from here until it is settled (acked): while it waits
+        behind the others, while it runs, and during its terminal write."""
+        lease = asyncio.create_task(self._keep_lease(deliveries))
+        try:
+            if self.gatherer is not None and len(deliveries) > 1:
+                await self._handle_together(deliveries)
+            else:
+                for delivery in deliveries:
+                    await self._handle(delivery)
+        finally:
+            lease.cancel()
 
     async def _gather(self, first: list[Delivery]) -> list[Delivery]:
         """The batch window (workers/batching.Gatherer); its wait goes into the metrics."""
@@ -235,6 +238,12 @@ class Consumer:
                 self.settings.batch_max_size):
             if self.stopping.is_set():  # asked to stop (or exit): the rest stay pending
                 return
+            # gathered batch entries that cannot share a call run one group after another:
+            # interactive work that arrived meanwhile goes first, as it would had each been
+            # read alone (docs/fairness.md)
+            if members[0][1].lane == BATCH and (arrived := await self.store.take(
+                    INTERACTIVE, self.settings.batch_max_size)):
+                await self._handle_leased(arrived)
             if len(members) == 1:
                 self.observations["batch_size"] = 1
                 with logs.task_context(members[0][0].id):

@@ -82,6 +82,10 @@ class Queue:
         return self._counted(
             await self._read({self.streams[lane]: ">" for lane in keys.LANES}, block_ms))
 
+    async def take(self, lane: str, count: int) -> list[Delivery]:
+        """Up to `count` new entries of `lane`, not waiting."""
+        return self._counted(await self._read({self.streams[lane]: ">"}, None, count=count))
+
     async def sweep(self, count: int, block_ms: int | None = None) -> list[Delivery]:
         """Up to `count` new entries of each lane in one round trip, interactive first
         (a batch gathering its company: workers/batching.py), waiting up to `block_ms` (None:

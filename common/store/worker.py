@@ -72,6 +72,10 @@ class WorkerStore:
         """Up to `count` new entries a lane in one round trip, interactive first."""
         return await self._queue.sweep(count, block_ms)
 
+    async def take(self, lane: str, count: int) -> list[Delivery]:
+        """Up to `count` new entries of `lane`, not waiting."""
+        return await self._queue.take(lane, count)
+
     async def claim_abandoned(self, min_idle_seconds: float) -> list[Delivery]:
         return await self._queue.claim_abandoned(min_idle_seconds)
 
