@@ -4,6 +4,7 @@ faster-whisper engine with a GPU out-of-memory injected (this machine has no GPU
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from common.audio import decode_audio, encode_wav
 from common.schemas import ErrorCode, Segment, Transcription, TranscriptionOptions
 from common.settings import Settings
 from tests.helpers import JFK, JFK_TEXT, wer
@@ -55,3 +57,26 @@ def test_out_of_memory_is_a_clear_error_that_frees_the_call_and_keeps_serving() 
     assert host.running_calls == 0 and host.slot.loaded_models == ["tiny.en"]
     outcome = asyncio.run(run())  # the worker goes on with the next task
     assert wer(JFK_TEXT, outcome.result["text"]) <= 0.10
+
+
+def test_a_model_is_idle_from_the_end_of_its_last_call_not_its_start() -> None:
+    """A call that lasts longer than `idle_unload_seconds` (1 s) leaves its model resident
+    for that long after it ends, for the next task, not unloaded the moment it returns."""
+    settings = Settings(redis_url="redis://127.0.0.1:1/0", idle_unload_seconds=1.0)
+    host = EngineHost(settings, FasterWhisperEngine(settings))
+    speech = decode_audio(JFK.read_bytes(), 16000, None)
+    long_clip = encode_wav(np.concatenate([speech] * 6), 16000)  # 66 s: a few s on a cpu
+
+    async def scenario() -> tuple[float, float, float]:
+        await host.execute("tiny.en", {"beam_size": 1}, JFK.read_bytes(), lambda s: None)
+        watcher = asyncio.create_task(host.unload_when_idle())
+        began = time.monotonic()
+        await host.execute("tiny.en", {"beam_size": 5}, long_clip, lambda s: None)
+        ended = time.monotonic()
+        await watcher
+        return began, ended, time.monotonic()
+
+    began, ended, unloaded = asyncio.run(scenario())
+    assert ended - began > 1.5  # else the check proves nothing
+    assert unloaded - ended >= 0.9, (ended - began, unloaded - ended)
+    assert host.slot.loaded_models == []

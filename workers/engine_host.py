@@ -184,6 +184,7 @@ class EngineHost:
             # Past the except block the engine's exception is gone, and with its traceback
             # the tensors its frames held: only now can releasing memory return them.
             handle = None
+            self.slot.touch()  # idle from the call's end: a long task's model stays for the next
             try:
                 await self._call(self._after_engine_call)
                 with contextlib.suppress(TaskError):  # the task's outcome stands

@@ -152,7 +152,13 @@ class ModelSlot:
         memory.release_all(self.engine.uses_torch or self.diarizer is not None)
         log.info("unloaded model %s", name)
 
+    def touch(self) -> None:
+        """The resident model was just used: an engine call on it ended now."""
+        if self.handle is not None:
+            self.last_used = time.time()
+
     def idle_for(self) -> float:
+        """Seconds since the resident model's last call began or ended."""
         return time.time() - self.last_used if self.last_used else 0.0
 
     @property
