@@ -11,16 +11,22 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from redis.asyncio import Redis
 
+from common import keys
 from common.schemas import TaskState
 from common.settings import Settings
 from common.store import Task, TaskStore, new_task_id
+from common.store.record import Duplicate
 from gateway.jobs.sweeper import Sweeper
 from harness import procs
 from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
+from tests import inprocess
 from tests.helpers import JFK, submit_file, wait_done
+from workers.engines.faster_whisper import FasterWhisperEngine
+from workers.runtime import Worker
 
 BACKEND = "faster-whisper"
 LONG = TEST_AUDIO / "multilingual.mp3"  # seconds of work with tiny.en
@@ -131,3 +137,47 @@ async def _finished_tasks(redis_url: str, count: int) -> None:
         assert await store.finish(task, TaskState.SUCCEEDED, attempt=None,
                                   entry_id=task.entry_id, result={"text": ""})
     await client.aclose()
+
+
+def test_a_task_queued_past_the_retention_keeps_what_it_needs_to_run(
+        redis: procs.RedisServer) -> None:
+    """With no bound on the wait (SPEECH_MAX_QUEUE_SECONDS=0) and a 1 s retention, a task
+    queued for 2.5 s keeps its input, its idempotency key and its queue entry through the
+    sweeps, and a worker then runs it; a cancelled task's deadline entry goes at once, the
+    finished task's idempotency key a retention after its end, and the entries then."""
+    settings = inprocess.worker_settings(redis.url, retention_seconds=1,
+                                         max_queue_seconds=0, no_worker_seconds=0)
+
+    async def scenario() -> None:
+        client = Redis.from_url(redis.url)
+        store = TaskStore.for_settings(client, settings)
+        sweeper = Sweeper(store, settings)
+        far = time.time() + 1e6
+        waiting, cancelled = (Task(id=new_task_id(), backend=BACKEND, model="tiny.en",
+                                   state=TaskState.PENDING, params={"beam_size": 1},
+                                   audio_seconds=11.0, deadline=far) for _ in range(2))
+        await store.submit(cancelled, JFK.read_bytes())
+        await store.submit(waiting, JFK.read_bytes(), idempotency_key="once")
+        assert await store.cancel(cancelled.id, BACKEND) == TaskState.CANCELLED
+        assert await client.zrange(keys.deadlines(BACKEND), 0, -1) == [waiting.id.encode()]
+        await asyncio.sleep(2.5)
+        await sweeper.sweep()
+        assert await store.blobs.input(waiting.id) == JFK.read_bytes()
+        with pytest.raises(Duplicate):
+            await store.submit(Task(id=new_task_id(), backend=BACKEND, model="tiny.en",
+                                    state=TaskState.PENDING), b"x", idempotency_key="once")
+        # the cancelled task's entry (ahead of it) is trimmed, its own kept
+        assert await client.xlen(keys.queue(BACKEND)) == 1
+        worker = Worker(settings, FasterWhisperEngine(settings), client, handle_signals=False,
+                        exit=lambda code: None, burst=True)
+        await worker.run()
+        done = await store.get(waiting.id)
+        assert done is not None and done.state == TaskState.SUCCEEDED, done
+        assert await client.zcard(keys.deadlines(BACKEND)) == 0
+        assert 0 < await client.ttl(keys.idempotency("", "once")) <= 1
+        await asyncio.sleep(1.2)
+        await sweeper.sweep()
+        assert await client.xlen(keys.queue(BACKEND)) == 0
+        await client.aclose()
+
+    asyncio.run(scenario())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from typing import Any
 
@@ -45,10 +46,11 @@ local function webhook_due(task, webhooks, now)
 end
 """
 
-# Every terminal write ends with close(): the task leaves the backlog, takes its state, starts
-# its retention, loses its input and, a minute later, its spoken pieces (a TTS task's; its
-# WAV or its error says it all from then on), its owner's usage is settled (usage.LUA), its
-# watchers hear of it, and its webhook is owed. What else must happen exactly once per task,
+# Every terminal write ends with close(): the task leaves the backlog (and the deadlines),
+# takes its state, starts its retention (and its idempotency key's), loses its input and, a
+# minute later, its spoken pieces (a TTS task's; its WAV or its error says it all from then
+# on), its owner's usage is settled (usage.LUA), its watchers hear of it, and its webhook is
+# owed. What else must happen exactly once per task,
 # atomically with its terminal state, belongs here.
 _CLOSE = admission.BACKLOG_LUA + usage.LUA + _WEBHOOK_DUE + """
 local function close(task, backlog, input, speech, events, state, now, retention, webhooks)
@@ -59,6 +61,12 @@ local function close(task, backlog, input, speech, events, state, now, retention
   unqueue(task, backlog, false)
   unrun(task, backlog)
   close_usage(task, state)
+  local found = redis.call('HMGET', task, 'id', 'deadlines', 'idempotency')
+  if found[2] then redis.call('ZREM', found[2], found[1]) end
+  -- a repeated Idempotency-Key finds the task for its retention from now on
+  if found[3] and redis.call('GET', found[3]) == found[1] then
+    redis.call('EXPIRE', found[3], retention)
+  end
   redis.call('HSET', task, 'state', state, 'finished_at', now)
   redis.call('EXPIRE', task, retention)
   redis.call('DEL', input)
@@ -73,7 +81,8 @@ end
 # KEYS: task, queue, input blob, queue counter, idempotency key, backlog, deadlines, the
 #       owner's day and month usage hashes, the owner's in-flight count, and (optional) the
 #       staged upload (BlobStore.stage) that becomes the input blob
-# ARGV: task_id, ttl, blob ("" = none, or staged), idempotent ("1"/"0"), most queued tasks (0 = no
+# ARGV: task_id, the input's and idempotency key's ttl (0 = none: close() ends them), blob
+#       ("" = none, or staged), idempotent ("1"/"0"), most queued tasks (0 = no
 #       limit), lane, audio seconds, deadline ("" = none), the 9 arguments of
 #       charge_usage (usage.LUA; all "" = not metered), the owner's most tasks in flight
 #       (0 = no limit, "" = not counted), field, value, ...
@@ -121,14 +130,25 @@ if cap then
   redis.call('HSET', KEYS[1], 'in_flight', KEYS[10])
 end
 enqueue(KEYS[1], KEYS[6], ARGV[6], ARGV[7])
-if ARGV[8] ~= '' then redis.call('ZADD', KEYS[7], ARGV[8], ARGV[1]) end
+if ARGV[8] ~= '' then
+  redis.call('ZADD', KEYS[7], ARGV[8], ARGV[1])
+  redis.call('HSET', KEYS[1], 'deadlines', KEYS[7])
+end
+local function keep(key)
+  if ARGV[2] == '0' then redis.call('PERSIST', key) else redis.call('EXPIRE', key, ARGV[2]) end
+end
 if ARGV[3] ~= '' then
-  redis.call('SET', KEYS[3], ARGV[3], 'EX', ARGV[2])
+  redis.call('SET', KEYS[3], ARGV[3])
+  keep(KEYS[3])
 elseif KEYS[11] then
   redis.call('RENAME', KEYS[11], KEYS[3])
-  redis.call('EXPIRE', KEYS[3], ARGV[2])
+  keep(KEYS[3])
 end
-if ARGV[4] == '1' then redis.call('SET', KEYS[5], ARGV[1], 'EX', ARGV[2]) end
+if ARGV[4] == '1' then
+  redis.call('SET', KEYS[5], ARGV[1])
+  keep(KEYS[5])
+  redis.call('HSET', KEYS[1], 'idempotency', KEYS[5])
+end
 return {1, entry, seq}
 """
 
@@ -231,9 +251,17 @@ class TaskStore:
     `outlook` (what a predicted wait reads), `speech` (a TTS task's audio so far)."""
 
     def __init__(self, redis: Redis, retention_seconds: int,
-                 blob_dir: BlobDir | None = None, replicas: ReplicaWait | None = None) -> None:
+                 blob_dir: BlobDir | None = None, replicas: ReplicaWait | None = None,
+                 max_queue_seconds: float | None = None) -> None:
+        """`max_queue_seconds`: the longest a task may wait to start (0: for ever; None:
+        not bounded here, its input kept for the retention)."""
         self.redis = redis
         self.retention = retention_seconds
+        # a queued task's input and idempotency key outlive its longest wait, then the
+        # retention; with no bound on the wait they live until its terminal write
+        self.input_ttl = (retention_seconds if max_queue_seconds is None else
+                          0 if max_queue_seconds <= 0 else
+                          retention_seconds + math.ceil(max_queue_seconds))
         self.blobs = BlobStore(redis, retention_seconds, blob_dir)
         self.replicas = replicas or ReplicaWait()  # submits and terminal writes wait for them
         self.positions = Positions(redis)
@@ -255,7 +283,8 @@ class TaskStore:
         blob_dir = None
         if settings.blob_dir is not None:
             blob_dir = BlobDir(settings.blob_dir, int(settings.blob_dir_min_kib * 1024))
-        return cls(redis, settings.retention_seconds, blob_dir, ReplicaWait.of(settings))
+        return cls(redis, settings.retention_seconds, blob_dir, ReplicaWait.of(settings),
+                   settings.max_queue_seconds)
 
     @classmethod
     def connect(cls, settings: Settings, client_name: str) -> TaskStore:
@@ -316,7 +345,7 @@ class TaskStore:
                           keys.idempotency(task.owner, idempotency_key),
                           keys.backlog(task.backend), keys.deadlines(task.backend), *hashes,
                           keys.in_flight(task.owner), *([staged] if staged else [])],
-                    args=[task.id, self.retention,
+                    args=[task.id, self.input_ttl,
                           b"" if in_file or staged else (blob or b""),
                           "1" if idempotency_key else "0", max_queued_tasks, task.lane,
                           repr(task.work_units),

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from redis.exceptions import ResponseError
 
 from common import keys
+from common.schemas import TERMINAL_STATES
 from common.store import admission
 from common.store.tasks import TaskStore
+from common.store.values import text
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +90,46 @@ async def heartbeat_alive(store: TaskStore, backend: str, consumer: str) -> bool
 
 async def trim(store: TaskStore, backend: str, older_than: float) -> None:
     """Drop queue (both lanes) and dead-letter entries added more than `older_than` seconds
-    ago."""
-    min_id = str(int((time.time() - older_than) * 1000))
-    for stream in (*(keys.queue(backend, lane) for lane in LANES), keys.dead_letter(backend)):
-        await store.redis.xtrim(stream, minid=min_id, approximate=False)
+    ago, except queue entries a task still needs: handed to a worker and not acked, or not
+    handed out yet while their task is not terminal (with no bound on the wait it may be
+    any age; an entry trimmed is a task no worker can ever take)."""
+    cutoff = f"{int((time.time() - older_than) * 1000)}-0"
+    for lane in LANES:
+        stream = keys.queue(backend, lane)
+        floor = cutoff
+        try:
+            pending = await store.redis.xpending(stream, keys.WORKER_GROUP)
+            delivered = "0-0"
+            for group in await store.redis.xinfo_groups(stream):
+                if text(group["name"]) == keys.WORKER_GROUP:
+                    delivered = text(group["last-delivered-id"])
+        except ResponseError:  # no stream or no group yet: every entry is still to hand out
+            pending, delivered = {"min": None}, "0-0"
+        if pending["min"] is not None:
+            floor = _earlier(floor, text(pending["min"]))
+        if (live := await _first_live(store, stream, delivered, cutoff)) is not None:
+            floor = _earlier(floor, live)
+        await store.redis.xtrim(stream, minid=floor, approximate=False)
+    await store.redis.xtrim(keys.dead_letter(backend), minid=cutoff, approximate=False)
+
+
+#: queue entries `trim` looks at in one pass (the rest wait for the next)
+TRIM_WALK = 500
+
+
+async def _first_live(store: TaskStore, stream: str, after: str, before: str) -> str | None:
+    """The first entry after `after` and before `before` whose task is not terminal (or the
+    last one looked at, if the walk stopped before the end); None: there is none."""
+    entries = _entries(await store.redis.xrange(stream, f"({after}", f"({before}",
+                                                count=TRIM_WALK))
+    async with store.redis.pipeline(transaction=False) as pipe:
+        for entry in entries:
+            pipe.hget(keys.task(entry.task_id or ""), "state")
+        states = await pipe.execute() if entries else []
+    for entry, state in zip(entries, states, strict=True):
+        if state is not None and text(state) not in TERMINAL_STATES:
+            return entry.entry_id
+    return entries[-1].entry_id if len(entries) == TRIM_WALK else None
 
 
 def _entries(raw: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Entry]:
@@ -102,9 +140,14 @@ def _entries(raw: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Entry]:
     return found
 
 
-def _later(a: str, b: str) -> str:
-    def key(entry: str) -> tuple[int, int]:
-        millis, _, seq = entry.partition("-")
-        return int(millis), int(seq or 0)
+def _order(entry: str) -> tuple[int, int]:
+    millis, _, seq = entry.partition("-")
+    return int(millis), int(seq or 0)
 
-    return max(a, b, key=key)
+
+def _later(a: str, b: str) -> str:
+    return max(a, b, key=_order)
+
+
+def _earlier(a: str, b: str) -> str:
+    return min(a, b, key=_order)
