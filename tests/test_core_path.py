@@ -79,6 +79,22 @@ def test_get_submit_with_relative_path_and_query_params(stack: dict) -> None:
     assert final["status"] == "SUCCEEDED"
 
 
+def test_get_takes_its_params_from_a_json_or_form_body_too(stack: dict) -> None:
+    """SPEC: GET and POST both accepted, params from the query string, a form or a JSON
+    body: a GET submit and a GET status poll whose params are in the body."""
+    base = stack["gateway"]
+    submitted = http.request("GET", f"{base}/api/faster-whisper-submit",
+                             json={"audio_file": "jfk.flac", "language": "en"})
+    assert submitted.status_code == 200, submitted.text
+    task_id = submitted.json()["task_id"]
+    wait_done(base, task_id)
+    polls = [http.request("GET", f"{base}/api/faster-whisper-status", json={"taskid": task_id}),
+             http.request("GET", f"{base}/api/status", data={"task_id": task_id})]
+    for reply in polls:
+        assert reply.status_code == 200 and reply.json()["status"] == "SUCCEEDED", reply.text
+        assert reply.json()["task_id"] == task_id
+
+
 def test_unknown_task_is_200_failed(stack: dict) -> None:
     for url in ("/api/status", "/api/faster-whisper-status"):
         reply = http.post(stack["gateway"] + url, data={"task_id": "no-such-task"})

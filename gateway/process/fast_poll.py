@@ -85,7 +85,7 @@ def scope_of(head: PollHead, protocol: Any) -> dict[str, Any]:
 
 
 async def receive() -> dict[str, Any]:
-    """A GET's body: empty (gateway/serving/sage.py never reads one for a GET)."""
+    """The poll's body: empty (a request with one never takes this path)."""
     return {"type": "http.request", "body": b"", "more_body": False}
 
 

@@ -61,9 +61,15 @@ _STATUS_PATH = re.compile(r"/api/(?:[^/]+-)?status")
 
 
 def is_status_poll(scope: Scope) -> bool:
-    """A GET of a status route: what `answer_status` answers."""
+    """A GET of a status route without a body: what `answer_status` answers (one with a body,
+    its params maybe in it, goes the routes' way, through the body limits)."""
     return (scope["type"] == "http" and scope["method"] == "GET"
-            and _STATUS_PATH.fullmatch(scope["path"]) is not None)
+            and _STATUS_PATH.fullmatch(scope["path"]) is not None
+            and not any(name in _BODY_HEADERS and value not in (b"0", b"")
+                        for name, value in scope["headers"]))
+
+
+_BODY_HEADERS = frozenset({b"content-length", b"transfer-encoding"})
 
 
 async def answer_status(state: State, scope: Scope, receive: Receive, send: Send) -> None:
@@ -71,7 +77,7 @@ async def answer_status(state: State, scope: Scope, receive: Receive, send: Send
     middleware, router and dependency machinery (gateway.app.Gateway; they cost a poll more
     than its Redis call): the same serving function, the same key check (`auth.caller`) and
     the same HTTP 200 refusals as the routes above, which still serve POST and document
-    both. A GET's body is never read (`read_params`), so no body limit is skipped."""
+    both. It takes no GET with a body (`is_status_poll`), so no body limit is skipped."""
     request = Request(scope, receive)
     response: Response
     try:

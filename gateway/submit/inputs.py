@@ -93,11 +93,10 @@ class Params:
 
 
 async def read_params(request: Request) -> Params:
-    """Merge the query string with a form or JSON body (the body wins)."""
+    """Merge the query string with a form or JSON body (the body wins), for GET and POST
+    alike (SPEC: a client may send either, with its params in either place)."""
     params = Params({}, {}, {})
     _add_pairs(params, request.query_params.multi_items())
-    if request.method != "POST":
-        return params
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "multipart/form-data":
         try:
