@@ -13,7 +13,7 @@ from typing import Any
 
 from common.backends import BACKENDS, KINDS, XTTS_MIN_REFERENCE_SECONDS, Backend, Kind
 from common.languages import QWEN3_LANGUAGES, WHISPER_LANGUAGES, XTTS_LANGUAGES
-from common.schemas import MAX_SPEED, MIN_SPEED
+from common.schemas import DIARIZER, MAX_SPEED, MIN_SPEED
 from common.settings import Settings
 
 __all__ = ["BACKENDS", "KINDS", "QWEN3_LANGUAGES", "WHISPER_LANGUAGES", "XTTS_LANGUAGES",
@@ -75,6 +75,16 @@ def asr_language(backend: str, language: str) -> str | None:
 
 def enabled_backends(settings: Settings) -> list[str]:
     return [name for name in BACKENDS if settings.backend_models(name)]
+
+
+def guarded(settings: Settings, backend: str) -> dict[str, str]:
+    """What has a breaker on `backend` (name -> configured source): each model, and the
+    diarizer where the backend's tasks are diarized by ours (its own speakers need none)."""
+    found = dict(settings.backend_models(backend))
+    row = BACKENDS.get(backend)
+    if row is not None and row.diarization and not row.speakers:
+        found[DIARIZER] = settings.diarization_model
+    return found
 
 
 def backend_info(settings: Settings, backend: str) -> Backend:

@@ -58,6 +58,10 @@ class ErrorCode(StrEnum):
                 ErrorCode.CANCELLED: 409}.get(self, 500)
 
 
+#: the name a backend's diarizer is reported and breaker-guarded under, beside its models: a
+#: diarizer that fails to load stops diarized tasks, never the model's plain ones
+DIARIZER = "diarizer"
+
 #: the widest beam an engine is asked for: each beam costs decoder memory and time
 MAX_BEAM_SIZE = 16
 ASR_TASKS = ("transcribe", "translate")

@@ -10,6 +10,7 @@ it, its memory given back).
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,8 @@ import pytest
 
 from common.settings import Settings
 from harness import conversation, procs
-from tests.helpers import settled_idle, submit_file, wait_sampling_loaded
+from harness.http_client import http
+from tests.helpers import JFK, settled_idle, submit_file, wait_done, wait_sampling_loaded
 from tests.tiny import env_python, tiny_model
 
 pytestmark = [pytest.mark.timeout(600),
@@ -75,3 +77,37 @@ def test_a_diarized_task_runs_on_the_tiny_pipeline_and_its_memory_goes_back(
     # with each unload
     for loaded_mib, idle_mib in cycles:
         assert loaded_mib - idle_mib > 30, cycles
+
+
+def test_a_diarizer_that_fails_to_load_stops_diarized_tasks_only(
+        workdir: Path, tmp_path: Path) -> None:
+    """A pipeline whose config is broken fails at load (after the model's): the task FAILS,
+    the worker exits (as for any half-built load), and the failure opens the diarizer's
+    breaker, not tiny.en's: diarized submits are refused, plain ones still run."""
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model("pyannote"), broken)
+    (broken / "config.yaml").write_text("pipeline: [unclosed\n")
+    redis = procs.RedisServer(workdir / "redis-broken-diarizer").start()
+    models = {"faster-whisper": {"tiny.en": "bundled"}}
+    settings = {"models": models, "diarization_model": f"pyannote:{broken}",
+                "breaker_failures": "1", "min_uptime_seconds": "0"}
+    gateway = procs.gateway(redis.url, workdir, **settings).start()
+    worker = procs.worker(redis.url, workdir, python=env_python("pyannote"), **settings).start()
+    try:
+        diarized = submit_file(gateway.url, JFK, diarize="true").json()["taskid"]
+        assert wait_done(gateway.url, diarized)["status"] == "FAILED"
+        assert worker.proc is not None and worker.proc.wait(timeout=60) != 0  # it exits
+        breakers = http.get(f"{gateway.url}/ready", timeout=30).json()[
+            "backends"]["faster-whisper"]["breakers"]
+        assert breakers["diarizer"]["state"] == "open", breakers
+        assert breakers["tiny.en"]["state"] == "closed", breakers
+        refused = submit_file(gateway.url, JFK, diarize="true")
+        assert refused.status_code == 503 and "the diarizer" in refused.json()["error"]
+        plain = submit_file(gateway.url, JFK).json()["taskid"]
+        worker = procs.worker(redis.url, workdir, python=env_python("pyannote"),
+                              **settings).start()
+        assert wait_done(gateway.url, plain)["status"] == "SUCCEEDED"
+    finally:
+        worker.stop()
+        gateway.stop()
+        redis.stop()

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from redis.exceptions import RedisError
 
-from common.schemas import ErrorCode, TaskState
+from common.schemas import DIARIZER, ErrorCode, TaskState
 from common.store import Admission, Task, WorkerStore
 from workers.models import LoadReport
 
@@ -101,4 +101,5 @@ def _unavailable(model: str, admission: Admission) -> str:
     else:
         retry = "a probe load is under way"
     error = admission.error or "it failed to load"
-    return f"model {model!r} is unavailable ({retry}): {error}"
+    name = "the diarizer" if model == DIARIZER else f"model {model!r}"
+    return f"{name} is unavailable ({retry}): {error}"

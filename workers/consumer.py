@@ -24,7 +24,15 @@ from redis.exceptions import RedisError, ResponseError
 
 from common import logs
 from common.paths import AllowedFile
-from common.schemas import BATCH, INTERACTIVE, ErrorCode, Segment, SpeechChunk, TaskState
+from common.schemas import (
+    BATCH,
+    DIARIZER,
+    INTERACTIVE,
+    ErrorCode,
+    Segment,
+    SpeechChunk,
+    TaskState,
+)
 from common.settings import Settings
 from common.store import Task, WorkerStore
 from common.store.connection import transient
@@ -345,6 +353,8 @@ class Consumer:
 
     async def _run_task(self, task: Task, attempt: int) -> Outcome:
         await self._admit(task.model)
+        if task.params.get("diarization") is not None:
+            await self._admit(DIARIZER)
         source, on_segment = await self._input(task, attempt)
         speech = await self._speech(task, attempt) if self.host.kind == "tts" else None
         return await self.host.execute(task.model, task.params, source, on_segment,
@@ -498,7 +508,7 @@ class Consumer:
     async def _loaded(self, task: Task, report: LoadReport) -> None:
         """The host's report of the model `task` asked for: a load's time goes into the
         task's metrics, and the breaker rules decide the rest."""
-        if report.ok and report.loaded:
+        if report.ok and report.loaded and report.model == task.model:
             self.load_seconds = report.seconds  # for this task's metrics
             self.device_wait_seconds = report.device_wait_seconds
         await self.breakers.load_reported(task, report)

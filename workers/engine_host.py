@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from common.catalog import BACKENDS
-from common.schemas import ErrorCode, Segment
+from common.schemas import DIARIZER, ErrorCode, Segment
 from common.settings import Settings
 from workers import batching, memory
 from workers.device_budget import NO_BUDGET, DeviceBudget, PeakClass
@@ -34,7 +34,14 @@ from workers.execute import (
     run_engine,
     task_error,
 )
-from workers.models import LoadFailed, LoadReport, ModelSlot, OnLoad, SourceUnusable
+from workers.models import (
+    DiarizerLoadFailed,
+    LoadFailed,
+    LoadReport,
+    ModelSlot,
+    OnLoad,
+    SourceUnusable,
+)
 
 log = logging.getLogger("worker")
 T = TypeVar("T")
@@ -227,7 +234,7 @@ class EngineHost:
         return max(self.settings.batch_item_mib, self.learned_item_mib)
 
     async def _acquire(self, model: str, on_load: OnLoad, diarize: bool = False) -> Any:
-        loads_before = self.slot.loads
+        loads_before, diarizer_loads_before = self.slot.loads, self.slot.diarizer_loads
         source = self.slot.sources.get(model, "")
         try:
             handle = await self._call(self.slot.acquire, model, diarize)
@@ -235,6 +242,9 @@ class EngineHost:
             raise TaskError(str(exc.args[0]), ErrorCode.INVALID_REQUEST) from None
         except SourceUnusable as exc:  # found before anything was allocated
             report = LoadReport(model, source, ok=False, error=str(exc))
+        except DiarizerLoadFailed as exc:  # the diarizer's breaker, not the model's
+            report = LoadReport(DIARIZER, self.settings.diarization_model, ok=False,
+                                allocated=True, error=str(exc))
         except LoadFailed as exc:
             report = LoadReport(model, source, ok=False, allocated=True, error=str(exc))
         else:
@@ -243,6 +253,9 @@ class EngineHost:
             await on_load(LoadReport(model, source, ok=True, loaded=loaded,
                                      seconds=self.slot.last_load_seconds if loaded else 0.0,
                                      device_wait_seconds=waited))
+            if diarize and self.slot.diarizer_loads > diarizer_loads_before:
+                await on_load(LoadReport(DIARIZER, self.settings.diarization_model, ok=True,
+                                         loaded=True))
             return handle
         # Reported outside the except block: a caller that ends the process after a failed
         # load waits there, and must not hold the exception (or its frames) meanwhile.

@@ -23,6 +23,10 @@ class LoadFailed(Exception):
     """A model failed to load. Carries only the message: no traceback, no frames, no tensors."""
 
 
+class DiarizerLoadFailed(LoadFailed):
+    """The diarizer failed to load (beside a model that did): its breaker's failure."""
+
+
 class SourceUnusable(Exception):
     """A model's source failed the pre-check: nothing was allocated, nothing was unloaded."""
 
@@ -64,7 +68,8 @@ class ModelSlot:
         self.handle: Any = None
         self.last_used: float | None = None
         self.loading: str | None = None
-        self.loads = 0  # successful loads so far
+        self.loads = 0  # successful loads so far (the diarizer's too)
+        self.diarizer_loads = 0
         self.last_load_seconds = 0.0
 
     def acquire(self, name: str, diarize: bool = False) -> Any:
@@ -99,9 +104,10 @@ class ModelSlot:
             error = f"{type(exc).__name__}: {exc}"
         self.loading = None
         if error is not None:
-            raise LoadFailed(f"the diarizer of model {name!r} failed to load: {error}")
+            raise DiarizerLoadFailed(f"the diarizer of model {name!r} failed to load: {error}")
         self.last_load_seconds = time.perf_counter() - started
         self.loads += 1
+        self.diarizer_loads += 1
         memory.keep_resident()
         log.info("loaded the diarizer in %.2f s", self.last_load_seconds)
         self.diarizer_handle = handle

@@ -38,6 +38,7 @@ import psutil
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from common.catalog import guarded
 from common.settings import Settings
 from common.store import WorkerStore
 from workers import device_budget, memory
@@ -130,7 +131,7 @@ class Worker:
         self.host.holding.budget = device_budget.for_worker(
             settings, self.store, self.host.device,
             memory.device_total_mib(self.host.device, engine.uses_torch))
-        self.breakers = ModelBreakers(self.store, self.host.sources,
+        self.breakers = ModelBreakers(self.store, guarded(settings, settings.backend),
                                       self._exit_after_load_failure)
         # Loads no task asked for (a direct HTTP call's) count against breakers too.
         self.host.on_load = functools.partial(self.breakers.load_reported, None)

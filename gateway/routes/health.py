@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from common.catalog import enabled_backends, public_config
+from common.catalog import enabled_backends, guarded, public_config
 from common.store import BreakerPolicy, StoreError
 from gateway.auth import is_authenticated
 from gateway.dependencies import SettingsDep, StoreDep
@@ -43,7 +43,7 @@ async def ready(request: Request, settings: SettingsDep, store: StoreDep) -> JSO
                    for view in await store.devices()}
         policy = BreakerPolicy.of(settings)
         for name, entry in backends.items():
-            breakers = await store.breakers.read(name, settings.backend_models(name), policy)
+            breakers = await store.breakers.read(name, guarded(settings, name), policy)
             entry["breakers"] = {model: _breaker_view(b.public(), private)
                                  for model, b in breakers.items()}
     except StoreError as exc:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from common.schemas import TaskState
+from common.schemas import DIARIZER, TaskState
 from common.settings import Settings
 from common.store import (
     BreakerPolicy,
@@ -50,13 +50,16 @@ async def _enqueue(store: TaskStore, settings: Settings, *, backend: str, model:
                    options: dict[str, Any], audio: AudioInput, owner: str,
                    terms: SubmitTerms, task_id: str | None) -> Task:
     # An open breaker refuses at once; past its cool-down the task goes through as its probe.
-    source = settings.backend_models(backend).get(model, "")
-    breakers = await guard_store(store.breakers.read(backend, {model: source},
+    guarded = {model: settings.backend_models(backend).get(model, "")}
+    if options.get("diarization") is not None:  # a diarizer that keeps failing stops these
+        guarded[DIARIZER] = settings.diarization_model
+    breakers = await guard_store(store.breakers.read(backend, guarded,
                                                 BreakerPolicy.of(settings)))
-    breaker = breakers[model]
-    if breaker.state == "open":
-        raise RequestError(503, f"model {backend}/{model} is unavailable: {breaker.error}",
-                           param="model", code="model_unavailable")
+    for name, breaker in breakers.items():
+        if breaker.state == "open":
+            what = f"the diarizer of {backend}" if name == DIARIZER else f"model {backend}/{model}"
+            raise RequestError(503, f"{what} is unavailable: {breaker.error}",
+                               param="model", code="model_unavailable")
     seconds = round(audio.info.duration, 3)
     # what it costs its key is also its size for the backlog: audio-seconds, or characters
     charge = charge_of(settings, owner, backend, options, seconds)
