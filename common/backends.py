@@ -49,9 +49,10 @@ KINDS: dict[str, Kind] = {
     kind.name: kind
     for kind in (
         Kind("asr", "/transcribe", "asr_submit_request.json.j2", "asr_status_response.json.j2",
-             openai_names=("whisper-1",)),
+             openai_names=("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")),
         Kind("tts", "/synthesize", "tts_submit_request.json.j2", "tts_status_response.json.j2",
-             openai_names=("tts-1", "tts-1-hd"), audio_output=True, usage_unit="characters"),
+             openai_names=("tts-1", "tts-1-hd", "gpt-4o-mini-tts"), audio_output=True,
+             usage_unit="characters"),
         # audio in, a JSON result out; the row declares its clips and params, so the gateway,
         # the worker's direct endpoint, Sage and the smoke test need nothing of their own
         Kind("analysis", "/analyze", "analysis_submit_request.json.j2",

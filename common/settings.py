@@ -54,6 +54,8 @@ DEFAULT_VOICES: dict[str, str] = {
     "sage": "speaker:Gracie Wise",
     "shimmer": "speaker:Sofia Hellen",
     "verse": "speaker:Dionisio Schuyler",
+    "marin": "speaker:Tammie Ema",
+    "cedar": "speaker:Baldur Sanjin",
 }
 VOICE_KINDS = ("speaker", "file")
 class Settings(BaseSettings):

@@ -12,11 +12,16 @@ import httpx
 import openai
 import pytest
 
+from common.catalog import resolve_public_model
+from common.schemas import ErrorCode, TaskState
+from common.settings import Settings
+from common.store import Task
 from gateway.auth import digest
-from harness import procs
+from gateway.serving.calls import still_running, task_failed
+from harness import conversation, procs
 from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
-from tests.helpers import JFK, JFK_TEXT, queue_counts, status, wait_done, wer
+from tests.helpers import JFK, JFK_TEXT, queue_counts, status, wait_done, wait_task, wer
 
 KEY_A, KEY_B = "key-alpha-0123456789", "key-bravo-9876543210"
 
@@ -55,7 +60,7 @@ def test_every_response_format(client: openai.OpenAI) -> None:
         verbose = client.audio.transcriptions.create(model="whisper-1", file=handle,
                                                      response_format="verbose_json")
     assert isinstance(verbose.duration, float) and verbose.duration == pytest.approx(11.0, 0.01)
-    assert verbose.language == "en" and verbose.words is None
+    assert verbose.language == "english" and verbose.words is None
     segment = verbose.segments[0].model_dump()
     for field in ("id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
                   "compression_ratio", "no_speech_prob"):
@@ -87,10 +92,33 @@ def test_granularity_without_brackets(stack: dict) -> None:
 
 def test_translation_and_models(client: openai.OpenAI) -> None:
     with JFK.open("rb") as handle:
-        translated = client.audio.translations.create(model="whisper-1", file=handle)
-    assert "country" in translated.text.lower()
-    ids = {model.id for model in client.models.list()}
-    assert {"whisper-1", "faster-whisper/tiny.en"} <= ids
+        translated = client.audio.translations.create(model="whisper-1", file=handle,
+                                                      response_format="verbose_json")
+    assert "country" in translated.text.lower() and translated.language == "english"
+    listed = {model.id: model for model in client.models.list()}
+    assert {"whisper-1", "faster-whisper/tiny.en", "gpt-4o-transcribe",
+            "gpt-4o-mini-transcribe"} <= set(listed)
+    for name in ("whisper-1", "faster-whisper/tiny.en", "gpt-4o-transcribe"):
+        assert client.models.retrieve(name) == listed[name]
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("no-such-model")
+    assert missing.value.code == "model_not_found" and missing.value.param == "model"
+
+
+def test_current_openai_model_and_voice_names(client: openai.OpenAI) -> None:
+    """gpt-4o-transcribe and gpt-4o-mini-transcribe name the default ASR model (as
+    whisper-1), gpt-4o-mini-tts the default TTS model (as tts-1); marin and cedar are voices."""
+    with JFK.open("rb") as handle:
+        body = client.audio.transcriptions.create(model="gpt-4o-transcribe", file=handle)
+    assert wer(JFK_TEXT, body.text) <= 0.10
+    settings = Settings(redis_url="redis://127.0.0.1:1/0",
+                        models={"faster-whisper": {"tiny.en": "bundled"},
+                                "xtts": {"v2": "/nonexistent"}})
+    asr = resolve_public_model(settings, "whisper-1", "asr")
+    assert resolve_public_model(settings, "gpt-4o-mini-transcribe", "asr") == asr
+    tts = resolve_public_model(settings, "tts-1", "tts")
+    assert resolve_public_model(settings, "gpt-4o-mini-tts", "tts") == tts
+    assert settings.voice("marin") and settings.voice("cedar")
 
 
 def test_streaming_deltas_then_done(client: openai.OpenAI) -> None:
@@ -98,8 +126,52 @@ def test_streaming_deltas_then_done(client: openai.OpenAI) -> None:
         events = list(client.audio.transcriptions.create(model="whisper-1", file=handle,
                                                          stream=True))
     deltas = [e for e in events if e.type == "transcript.text.delta"]
-    assert len(deltas) >= 2 and events[-1].type == "transcript.text.done"
-    assert " ".join(d.delta.strip() for d in deltas).split() == events[-1].text.split()
+    done = events[-1]
+    assert len(deltas) >= 2 and done.type == "transcript.text.done"
+    assert "".join(d.delta for d in deltas) == done.text  # the first has no leading space
+    # the SDK's done event takes token usage only: none, with our metered seconds beside
+    usage = done.usage.model_dump() if done.usage is not None else {}
+    assert usage.pop("seconds") > 10 and usage == {
+        "type": "tokens", "input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
+        "input_token_details": None}
+
+
+@pytest.fixture(scope="module")
+def talk(workdir: Path) -> Path:
+    """Two espeak-ng voices taking turns (harness/conversation.py)."""
+    path = workdir / "openai-conversation.wav"
+    conversation.build(path)
+    return path
+
+
+def test_diarized_json_speakers_are_letters_and_stream_as_segments(stack: dict,
+                                                                   talk: Path) -> None:
+    """Without known speaker names, speakers are A, B, … by first appearance (the task keeps
+    SPEAKER_nn for the native routes); a diarized_json stream sends each segment's delta
+    (with its segment_id) and its `transcript.text.segment` before `transcript.text.done`."""
+    client = openai.OpenAI(base_url=f"{stack['gateway']}/v1", api_key="unused",
+                           max_retries=0, timeout=240)
+    with talk.open("rb") as handle:
+        whole = client.audio.transcriptions.create(
+            model="whisper-1", file=handle, response_format="diarized_json",
+            extra_body={"num_speakers": 2})
+    speakers = [segment.speaker for segment in whole.segments]
+    assert speakers[0] == "A" and set(speakers) == {"A", "B"}, speakers
+    with talk.open("rb") as handle:
+        events = list(client.audio.transcriptions.create(
+            model="whisper-1", file=handle, response_format="diarized_json", stream=True,
+            extra_body={"num_speakers": 2}))
+    types = [event.type for event in events]
+    assert types[-1] == "transcript.text.done" and "error" not in types, types
+    assert types[:-1] == ["transcript.text.delta", "transcript.text.segment"] * (
+        len(types) // 2), types
+    deltas, segments = events[:-1:2], events[1:-1:2]
+    assert [d.segment_id for d in deltas] == [s.id for s in segments]
+    assert segments[0].speaker == "A"
+    assert {s.speaker for s in segments} <= {"A", "B"}
+    assert all(s.start <= s.end and s.text for s in segments)
+    assert "".join(d.delta for d in deltas).split() == events[-1].text.split()
+    assert not deltas[0].delta.startswith(" ")
 
 
 def test_sdk_raises_typed_errors(client: openai.OpenAI) -> None:
@@ -184,6 +256,45 @@ def test_wait_timeout_is_504_with_task_id_and_loses_nothing(keyed: str) -> None:
                                              headers={"x-api-key": KEY_A}).json())["status"]
                       == "SUCCEEDED" and v, 60, "task to finish")
     assert wer(JFK_TEXT, view["result"]["text"]) <= 0.10 and view["attempts"] == 1
+
+
+def test_sdk_does_not_retry_a_timed_out_call(keyed: str,
+                                             redis_server: procs.RedisServer) -> None:
+    """The 504 of a call past the request timeout says `x-should-retry: false`: the SDK (its
+    default two retries) queues the upload once, and hands its caller the task id."""
+    redis = redis_server.client()
+    before = set(redis.scan_iter(match="sg:task:*"))
+    sdk = openai.OpenAI(base_url=f"{keyed}/v1", api_key=KEY_A)  # max_retries: the default
+    with pytest.raises(openai.InternalServerError) as timed_out:
+        sdk.audio.transcriptions.create(model="whisper-1", file=JFK.open("rb"))
+    reply = timed_out.value.response
+    assert reply.status_code == 504 and reply.headers["x-should-retry"] == "false"
+    task_id = reply.headers["x-task-id"]
+    time.sleep(3)  # past the SDK's retry backoff (0.5 s, then 1 s): no second upload came
+    assert set(redis.scan_iter(match="sg:task:*")) - before == {f"sg:task:{task_id}".encode()}
+    wait_task(keyed, task_id, headers={"x-api-key": KEY_A})
+
+
+def test_replies_of_failed_tasks_say_whether_to_retry(stack: dict) -> None:
+    """Deterministic task failures and cancels are final (`x-should-retry: false`); the
+    transient ones (a worker short of memory, no worker, …) keep the SDK's retries."""
+    def reply(code: ErrorCode) -> dict[str, str]:
+        state = TaskState.CANCELLED if code == ErrorCode.CANCELLED else TaskState.FAILED
+        task = Task(id="t1", backend="faster-whisper", model="tiny.en", state=state,
+                    error_code=code.value)
+        return task_failed(task).headers or {}
+
+    final = {ErrorCode.ENGINE_ERROR, ErrorCode.INVALID_REQUEST, ErrorCode.INVALID_AUDIO,
+             ErrorCode.AUDIO_TOO_LONG, ErrorCode.DELIVERY_LIMIT, ErrorCode.QUOTA_EXCEEDED,
+             ErrorCode.CANCELLED}
+    for code in ErrorCode:
+        assert (reply(code).get("x-should-retry") == "false") == (code in final), code
+    assert (still_running("t1").headers or {})["x-should-retry"] == "false"
+    # a real one: tiny.en refuses German on the worker (invalid_request, a 400)
+    failed = http.post(f"{stack['gateway']}/v1/audio/transcriptions", timeout=60,
+                       files={"file": JFK.open("rb")}, data={"language": "de"})
+    assert _openai_error(failed, 400)["code"] == "invalid_request"
+    assert failed.headers["x-should-retry"] == "false" and failed.headers["x-task-id"]
 
 
 def _raw_request(port: int, head: str, chunks: Iterator[bytes]) -> bytes:

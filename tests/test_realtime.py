@@ -378,7 +378,7 @@ def test_bad_events_get_error_events_and_the_session_survives(live: dict[str, An
              "invalid_value", "session.type"),
             ({"type": "session.update", "event_id": "e8", "session": {
                 "type": "transcription", "audio": {"input": {"turn_detection": {
-                    "type": "semantic_vad"}}}}},
+                    "type": "push_to_talk"}}}}},
              "invalid_value", "session.audio.input.turn_detection.type"),
             ({"type": "session.update", "event_id": "e9", "session": {
                 "type": "transcription", "audio": {"input": {"turn_detection": {

@@ -34,7 +34,10 @@ from tests.test_realtime import (
     TRANSCRIPTION,
     Raw,
     check_turn_events,
+    chunks,
     connect,
+    joined_transcript,
+    pcm,
     sdk,
     start_worker,
 )
@@ -110,6 +113,9 @@ def test_ga_transcription_fields_reach_the_task_options() -> None:
     assert resolve(settings, Transcription(delay="minimal")).options["beam_size"] == 1
     assert resolve(settings, Transcription(delay="xhigh")).options["beam_size"] == 10
     assert "beam_size" not in resolve(settings, Transcription(delay="medium")).options
+    whisper = resolve(settings, Transcription())
+    for name in ("gpt-4o-transcribe", "gpt-4o-mini-transcribe"):  # OpenAI's current names
+        assert resolve(settings, Transcription(model=name)) == whisper
     assert turn_prompt("Kennedy", ["And so,", " my fellow "]) == "Kennedy And so, my fellow"
     long = turn_prompt("", ["word " * 1000])
     assert 0 < len(long) <= 800 and long.startswith("word")
@@ -138,6 +144,63 @@ def test_ga_fields_are_echoed_and_checked(live: dict[str, Any]) -> None:
         await client.send(type="session.update", session={
             "type": "transcription", "audio": {"input": {"format": {"type": "audio/g729"}}}})
         assert (await client.next_error(errors))["error"]["param"].endswith("format.type")
+        await client.socket.close()
+
+    asyncio.run(run())
+
+
+def test_openai_docs_session_fields_are_taken_and_the_rest_applied(
+        live: dict[str, Any]) -> None:
+    """An update as OpenAI's examples write it: noise_reduction, include logprobs and
+    semantic_vad are taken (not honoured: session.updated shows null, [] and the server VAD
+    that runs instead), and the rest of the update applies; the turns then transcribe."""
+    async def run() -> None:
+        client = await connect(live)
+        await client.send(type="session.update", session={
+            "type": "transcription", "include": ["item.input_audio_transcription.logprobs"],
+            "audio": {"input": {
+                "format": {"type": "audio/pcm", "rate": 16000},
+                "noise_reduction": {"type": "near_field"},
+                "transcription": {"model": "gpt-4o-transcribe", "language": "en"},
+                "turn_detection": {"type": "semantic_vad", "eagerness": "low"}}}})
+        await client.wait(lambda: client.of("session.updated") or client.of("error"), 10)
+        session = client.of("session.updated")[0]["session"]
+        assert session["include"] == [] and session["audio"]["input"]["noise_reduction"] is None
+        assert session["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 16000}
+        assert session["audio"]["input"]["transcription"]["model"] == "gpt-4o-transcribe"
+        assert session["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+        for chunk in chunks(pcm(JFK, 16000), 16000):
+            await client.send(type="input_audio_buffer.append", audio=chunk)
+        await client.wait(client.all_answered, 120)
+        check_turn_events(client, vad=True)
+        assert wer(JFK_TEXT, joined_transcript(client)) <= 0.15
+        assert all("logprobs" not in e for e in client.of(f"{TRANSCRIPTION}.completed"))
+        await client.socket.close()
+
+    asyncio.run(run())
+
+
+def test_unknown_session_values_are_still_refused(live: dict[str, Any]) -> None:
+    async def run() -> None:
+        client = await connect(live)
+        path = "session.audio.input"
+        for session, param in (
+                ({"include": ["item.input_audio_transcription.everything"]}, "session.include"),
+                ({"include": "logprobs"}, "session.include"),
+                ({"audio": {"input": {"noise_reduction": {"type": "space_field"}}}},
+                 f"{path}.noise_reduction.type"),
+                ({"audio": {"input": {"noise_reduction": "on"}}}, f"{path}.noise_reduction"),
+                ({"audio": {"input": {"turn_detection": {"type": "magic_vad"}}}},
+                 f"{path}.turn_detection.type"),
+                ({"audio": {"input": {"turn_detection": {"type": "semantic_vad",
+                                                         "eagerness": "eager"}}}},
+                 f"{path}.turn_detection.eagerness")):
+            errors = len(client.of("error"))
+            await client.send(type="session.update", session={"type": "transcription",
+                                                              **session})
+            error = (await client.next_error(errors))["error"]
+            assert error["param"] == param, error
+        assert not client.of("session.updated")
         await client.socket.close()
 
     asyncio.run(run())

@@ -25,6 +25,11 @@ FORMATS = (PCM, *g711.TABLES)
 #: default); more beams read more accurately and take longer
 DELAYS: dict[str, int | None] = {"minimal": 1, "low": 2, "medium": None, "high": 8,
                                  "xhigh": 10}
+#: GA session fields taken and not honoured (docs/api.md): `include`'s one value,
+#: `noise_reduction.type` and `semantic_vad`'s `eagerness`
+INCLUDABLE = ("item.input_audio_transcription.logprobs",)
+NOISE_REDUCTIONS = ("near_field", "far_field")
+EAGERNESS = ("low", "medium", "high", "auto")
 MAX_KEYWORDS = 100
 MAX_KEYWORD_CHARACTERS = 100
 MAX_EVENT_ID = 128
@@ -174,13 +179,10 @@ def updated(config: SessionConfig, session: Any, event_id: str | None) -> Sessio
     if session.get("type", "transcription") != "transcription":
         raise fail("invalid_value", "this endpoint serves transcription sessions only: "
                                     "session.type must be 'transcription'", "session.type")
-    if session.get("include"):
-        raise fail("invalid_value", "include: logprobs are not available", "session.include")
+    _include(session.get("include"), fail)
     source = section(section(session, "audio", "session.audio"), "input", "session.audio.input")
     path = "session.audio.input"
-    if source.get("noise_reduction") is not None:
-        raise fail("invalid_value", "noise reduction is not available: send null",
-                   f"{path}.noise_reduction")
+    _noise_reduction(source.get("noise_reduction"), fail, f"{path}.noise_reduction")
     if "format" in source:
         encoding, rate = _format(section(source, "format", f"{path}.format"), fail)
         config = replace(config, encoding=encoding, rate=rate)
@@ -193,6 +195,31 @@ def updated(config: SessionConfig, session: Any, event_id: str | None) -> Sessio
         config = replace(config, turn_detection=None if given is None else _vad(
             config.turn_detection or VadConfig(), given, fail))
     return config
+
+
+def _include(value: Any, fail: Any) -> None:
+    """`include`: the one GA value is taken and not honoured (no backend gives per-token
+    logprobs; the transcription events simply have none), so session.updated shows []."""
+    if value is None:
+        return
+    if not isinstance(value, list) or any(item not in INCLUDABLE for item in value):
+        raise fail("invalid_value", f"include may hold {', '.join(INCLUDABLE)}",
+                   "session.include")
+
+
+def _noise_reduction(value: Any, fail: Any, path: str) -> None:
+    """`noise_reduction`: null, or {type: near_field | far_field, strength}: taken and not
+    applied (the audio reaches the VAD and the model as sent), so session.updated shows null."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise fail("invalid_type", f"{path} must be an object or null", path)
+    if value.get("type") is not None and value["type"] not in NOISE_REDUCTIONS:
+        raise fail("invalid_value", f"noise_reduction.type must be one of "
+                                    f"{', '.join(NOISE_REDUCTIONS)}", f"{path}.type")
+    if value.get("strength") is not None and not _number(value["strength"]):
+        raise fail("invalid_value", "noise_reduction.strength must be a number",
+                   f"{path}.strength")
 
 
 def _object_or_null(source: dict[str, Any], name: str, path: str,
@@ -267,11 +294,19 @@ def _strings(value: Any, path: str, fail: Any) -> tuple[str, ...]:
 
 
 def _vad(current: VadConfig, given: dict[str, Any], fail: Any) -> VadConfig:
+    """Server VAD's settings; `semantic_vad` (no model judges turns here) runs server VAD
+    as it is set, its `eagerness` checked and not used."""
     path = "session.audio.input.turn_detection"
-    if given.get("type", "server_vad") != "server_vad":
-        raise fail("invalid_value", "turn_detection.type must be 'server_vad' (semantic_vad is "
-                                    "not available), or send null for manual commits",
-                   f"{path}.type")
+    kind = given.get("type", "server_vad")
+    if kind == "semantic_vad":
+        if given.get("eagerness") is not None and given["eagerness"] not in EAGERNESS:
+            raise fail("invalid_value", f"eagerness must be one of {', '.join(EAGERNESS)}",
+                       f"{path}.eagerness")
+        return current
+    if kind != "server_vad":
+        raise fail("invalid_value", "turn_detection.type must be 'server_vad' or "
+                                    "'semantic_vad' (served by server VAD), or send null for "
+                                    "manual commits", f"{path}.type")
     result = current
     if (value := given.get("threshold")) is not None:
         if not _number(value) or not 0.0 < value < 1.0:

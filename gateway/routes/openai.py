@@ -13,6 +13,7 @@ from gateway.dependencies import SettingsDep
 from gateway.errors import openai_errors
 from gateway.protocol import (
     TRANSCRIPTION_CONTENT,
+    ModelCard,
     ModelList,
     Transcription,
     TranscriptionDiarized,
@@ -21,7 +22,7 @@ from gateway.protocol import (
     TranslationRequest,
     form_body,
 )
-from gateway.serving.models import model_list
+from gateway.serving.models import model_card, model_list
 from gateway.serving.transcription import TranscriptionServing
 
 router = APIRouter(tags=["OpenAI audio"])
@@ -56,3 +57,10 @@ async def translations(request: Request, owner: Owner, serving: Serving) -> Resp
 async def models(settings: SettingsDep) -> JSONResponse:
     """Every configured model (`BACKEND/MODEL`) and alias."""
     return JSONResponse(model_list(settings).model_dump(exclude_none=True))
+
+
+@router.get("/v1/models/{model:path}", responses={200: {"model": ModelCard},
+                                                  **openai_errors(401, 404)})
+async def model(model: str, settings: SettingsDep) -> JSONResponse:
+    """One model or alias, as `GET /v1/models` lists it (an id may hold a `/`)."""
+    return JSONResponse(model_card(settings, model).model_dump(exclude_none=True))

@@ -189,14 +189,25 @@ def response_format(params: Params, allowed: tuple[str, ...], default: str) -> s
     return value
 
 
+#: the task codes a retry would only repeat (the same input, the same engine, the same
+#: quota) or would undo (a cancel): their replies say `x-should-retry: false`, which the
+#: OpenAI SDKs obey instead of re-submitting the upload as a new task. The others (a worker
+#: short of memory, a model breaker, no worker, a deadline) may pass on the next try.
+FINAL_CODES = frozenset({ErrorCode.ENGINE_ERROR, ErrorCode.INVALID_REQUEST,
+                         ErrorCode.INVALID_AUDIO, ErrorCode.AUDIO_TOO_LONG,
+                         ErrorCode.DELIVERY_LIMIT, ErrorCode.QUOTA_EXCEEDED,
+                         ErrorCode.CANCELLED})
+NO_RETRY = {"x-should-retry": "false"}
+
+
 def task_failed(task: Task) -> RequestError:
-    """A FAILED or CANCELLED task, as the error its caller gets (with `x-task-id`): the one
-    error of every reply, whole or streamed (SSE `error` events, realtime `...failed`), with
-    the task's own code."""
+    """A FAILED or CANCELLED task, as the error its caller gets (with `x-task-id`, and
+    `x-should-retry: false` for FINAL_CODES): the one error of every reply, whole or streamed
+    (SSE `error` events, realtime `...failed`), with the task's own code."""
     headers = {"x-task-id": task.id}
     if task.state == TaskState.CANCELLED:
         return RequestError(409, task.error or "the task was cancelled",
-                            code=ErrorCode.CANCELLED.value, headers=headers)
+                            code=ErrorCode.CANCELLED.value, headers={**headers, **NO_RETRY})
     try:
         code = ErrorCode(task.error_code or ErrorCode.ENGINE_ERROR)
     except ValueError:  # a code a newer worker wrote
@@ -205,14 +216,17 @@ def task_failed(task: Task) -> RequestError:
     if code == ErrorCode.OUT_OF_MEMORY:
         message = ("the worker has too little memory for this file right now (not an "
                    f"upload size limit); retry later or with shorter audio: {message}")
+    if code in FINAL_CODES:
+        headers.update(NO_RETRY)
     return RequestError(code.http_status, message, code=code.value, headers=headers)
 
 
 def still_running(task_id: str, headers: dict[str, str] | None = None) -> RequestError:
-    """The 504 of a wait past the request timeout: the task goes on, under `task_id`."""
+    """The 504 of a wait past the request timeout: the task goes on, under `task_id`, so a
+    retry would queue the same work again (`x-should-retry: false`)."""
     return RequestError(504, f"the task is still running; poll /v1/tasks/{task_id}",
                         code="task_timeout", type=ErrorType.TIMEOUT,
-                        headers={"x-task-id": task_id, **(headers or {})},
+                        headers={"x-task-id": task_id, **NO_RETRY, **(headers or {})},
                         extra={"task_id": task_id})
 
 

@@ -1,9 +1,11 @@
-"""`GET /v1/models`: every configured model as `BACKEND/MODEL`, then every alias."""
+"""`GET /v1/models`: every configured model as `BACKEND/MODEL`, then every alias;
+`GET /v1/models/{model}`: one of them."""
 
 from __future__ import annotations
 
 from common.catalog import BACKENDS, enabled_backends, public_config
 from common.settings import Settings
+from gateway.errors import RequestError
 from gateway.protocol import ModelCard, ModelList
 
 
@@ -15,3 +17,13 @@ def model_list(settings: Settings) -> ModelList:
         data.append(ModelCard(id=alias, backend=backend, kind=BACKENDS[backend].kind,
                               alias_of=target))
     return ModelList(data=data)
+
+
+def model_card(settings: Settings, model: str) -> ModelCard:
+    """The card `model_list` lists under the id `model`; a 404 if it lists none."""
+    for card in model_list(settings).data:
+        if card.id == model:
+            return card
+    shown = model if len(model) <= 40 else model[:40] + "…"
+    raise RequestError(404, f"unknown model {shown!r}; GET /v1/models lists them",
+                       param="model", code="model_not_found")

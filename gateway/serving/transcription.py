@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from common import formats
 from common.catalog import BACKENDS
+from common.languages import LANGUAGE_NAMES
 from common.schemas import INTERACTIVE, TaskState
 from common.store import Task
 from gateway.errors import RequestError
@@ -48,6 +49,8 @@ class Asked:
     response_format: str
     granularities: set[str]
     stream: bool
+    #: known_speaker_names were given: speakers keep their labels (else A, B, …)
+    known_speakers: bool = False
 
 
 class TranscriptionServing:
@@ -78,15 +81,17 @@ class TranscriptionServing:
             params.override("language", None)  # the output language of a translation is English
         terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, INTERACTIVE),
                                self.settings)
-        asked = Asked(task, fmt, granularities, params.flag("stream"))
+        stream = params.flag("stream")  # a bad flag is refused before the upload is staged
         # the upload is staged in Redis from here on: calls.start drops it if it refuses
         options, audio = await asr_input(params, self.settings, backend,
                                          self.calls.store.blobs)
+        asked = Asked(task, fmt, granularities, stream,
+                      known_speakers=bool((options.get("diarization") or {}).get("names")))
 
         call = await self.calls.start(backend=backend, model=model, options=options,
                                       audio=audio, owner=owner, terms=terms)
         if asked.stream:
-            return TimedStreamingResponse(_sse(call.events, call.task_id),
+            return TimedStreamingResponse(_sse(call.events, call.task_id, asked),
                                           self.settings.send_timeout_seconds,
                                           media_type="text/event-stream",
                                           headers={"x-task-id": call.task_id,
@@ -126,56 +131,126 @@ def render(task: Task, asked: Asked) -> Response:
     if task.state != TaskState.SUCCEEDED or task.result is None:
         raise task_failed(task)
     result = task.result
+    segments = result["segments"]
     headers = {"x-task-id": task.id}
     usage = _usage(result)
     if asked.response_format == "text":
         return PlainTextResponse(result["text"] + "\n", headers=headers)
     if asked.response_format == "srt":
-        return PlainTextResponse(formats.srt(result["segments"]), headers=headers,
+        return PlainTextResponse(formats.srt(segments), headers=headers,
                                  media_type="application/x-subrip")
     if asked.response_format == "vtt":
-        return PlainTextResponse(formats.vtt(result["segments"]), headers=headers,
+        return PlainTextResponse(formats.vtt(segments), headers=headers,
                                  media_type="text/vtt")
     if asked.response_format == "json":
         return JSONResponse({"text": result["text"], "usage": usage}, headers=headers)
     if asked.response_format == "diarized_json":
-        segments = [{"type": "transcript.text.segment", "id": str(s["id"]), "start": s["start"],
-                     "end": s["end"], "text": s["text"], "speaker": s.get("speaker") or "A"}
-                    for s in result["segments"]]
         return JSONResponse({"task": asked.task, "duration": result["duration"],
-                             "text": result["text"], "segments": segments, "usage": usage},
+                             "text": result["text"],
+                             "segments": [_diarized(s) for s in speakers_lettered(segments, asked)],
+                             "usage": usage},
                             headers=headers)
-    body: dict[str, Any] = {"task": asked.task, "language": result["language"],
+    body: dict[str, Any] = {"task": asked.task, "language": _language(result, asked),
                             "duration": float(result["duration"]), "text": result["text"],
                             "usage": usage}
     if "segment" in asked.granularities:
         body["segments"] = [{field: s.get(field) for field in SEGMENT_FIELDS}
-                            for s in result["segments"]]
+                            for s in segments]
     if "word" in asked.granularities:
         body["words"] = [{"word": w["word"], "start": w["start"], "end": w["end"]}
-                         for s in result["segments"] for w in s.get("words") or []]
+                         for s in segments for w in s.get("words") or []]
     return JSONResponse(body, headers=headers)
+
+
+def speakers_lettered(segments: list[dict[str, Any]], asked: Asked) -> list[dict[str, Any]]:
+    """`segments` with diarized_json's speaker labels: without known_speaker_names, the
+    speakers are A, B, … in order of first appearance, as OpenAI's; with them, the labels
+    (the names) as they are. The task keeps its own labels (SPEAKER_00, …) for the Sage and
+    native routes, and srt/vtt cues show those too."""
+    if asked.known_speakers:
+        return segments
+    letters: dict[str, str] = {}
+    for segment in segments:
+        if (speaker := segment.get("speaker")) is not None:
+            letters.setdefault(speaker, _letters(len(letters)))
+    return [{**s, "speaker": letters[s["speaker"]]} if s.get("speaker") is not None else s
+            for s in segments]
+
+
+def _letters(index: int) -> str:
+    """A, B, … Z, then AA, AB, … (spreadsheet columns)."""
+    name = ""
+    index += 1
+    while index:
+        index, rest = divmod(index - 1, 26)
+        name = chr(ord("A") + rest) + name
+    return name
+
+
+def _diarized(segment: dict[str, Any]) -> dict[str, Any]:
+    """A segment of diarized_json, also the `transcript.text.segment` event of a stream."""
+    return {"type": "transcript.text.segment", "id": str(segment["id"]),
+            "start": segment["start"], "end": segment["end"], "text": segment["text"],
+            "speaker": segment.get("speaker") or "A"}
+
+
+def _language(result: dict[str, Any], asked: Asked) -> str | None:
+    """verbose_json's `language`: OpenAI's name ("english"); a translation's is English."""
+    if asked.task == "translate":
+        return "english"
+    code = result.get("language")
+    if not isinstance(code, str):
+        return None
+    code = code.lower()
+    return LANGUAGE_NAMES.get(code) or LANGUAGE_NAMES.get(code.split("-", 1)[0], code)
 
 
 def _usage(result: dict[str, Any]) -> dict[str, Any]:
     return {"type": "duration", "seconds": math.ceil(result["usage"]["audio_seconds"])}
 
 
-async def _sse(events: Events, task_id: str) -> AsyncIterator[bytes]:
+def _done_usage(result: dict[str, Any]) -> dict[str, Any]:
+    """`transcript.text.done`'s usage: the SDK reads only token usage there, so it is one
+    with no tokens (nothing is billed in tokens), plus the metered `seconds`."""
+    return {"type": "tokens", "input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
+            "seconds": _usage(result)["seconds"]}
+
+
+async def _sse(events: Events, task_id: str, asked: Asked) -> AsyncIterator[bytes]:
+    """Deltas as the worker transcribes, then `transcript.text.done`. A diarized_json stream
+    sends its deltas (with their `segment_id`) and `transcript.text.segment` events once the
+    task is done: diarization, which may split segments, runs after transcription."""
+    diarized = asked.response_format == "diarized_json"
+    started = False
     try:
         async for event in events:
-            if event["type"] == "segment":
-                yield sse_event({"type": "transcript.text.delta", "delta": event["text"]})
+            if event["type"] == "segment" and event["text"] and not diarized:
+                yield sse_event({"type": "transcript.text.delta",
+                                 "delta": event["text"] if started else event["text"].lstrip()})
+                started = True
             elif event["type"] == "tick":
                 yield KEEPALIVE
             elif event["type"] == "done":
-                task: Task = event["task"]
-                if task.state == TaskState.SUCCEEDED and task.result is not None:
-                    yield sse_event({"type": "transcript.text.done",
-                                     "text": task.result["text"], "usage": _usage(task.result)})
-                else:
-                    yield sse_error(task_failed(task))
+                for chunk in _finish(event["task"], asked):
+                    yield chunk
             elif event["type"] == "timeout":
                 yield sse_error(still_running(task_id))
     finally:
         await events.aclose()  # the waiter, released as soon as the stream ends
+
+
+def _finish(task: Task, asked: Asked) -> list[bytes]:
+    """The events that end a stream: a diarized one's segments, then the text; or an error."""
+    if task.state != TaskState.SUCCEEDED or task.result is None:
+        return [sse_error(task_failed(task))]
+    chunks = []
+    if asked.response_format == "diarized_json":
+        for index, segment in enumerate(speakers_lettered(task.result["segments"], asked)):
+            event = _diarized(segment)
+            text = segment["text"] if index else segment["text"].lstrip()
+            chunks.append(sse_event({"type": "transcript.text.delta", "delta": text,
+                                     "segment_id": event["id"]}))
+            chunks.append(sse_event(event))
+    chunks.append(sse_event({"type": "transcript.text.done", "text": task.result["text"],
+                             "usage": _done_usage(task.result)}))
+    return chunks
