@@ -25,7 +25,7 @@ from harness import procs
 from harness.http_client import http
 
 pytestmark = pytest.mark.timeout(120)
-KEYS = {name: f"key-fair-live-{name}" for name in ("a", "b", "metered")}
+KEYS = {name: f"key-fair-live-{name}" for name in ("a", "b", "metered", "transcribed")}
 RATE = 24000
 
 
@@ -40,6 +40,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     entries = [{"key": "sha256:" + digest(KEYS["a"]), "name": "a", "interactive": True},
                {"key": "sha256:" + digest(KEYS["b"]), "name": "b"},
                {"key": "sha256:" + digest(KEYS["metered"]), "name": "metered",
+                "quotas": {"audio_seconds_per_day": 4}},
+               {"key": "sha256:" + digest(KEYS["transcribed"]), "name": "transcribed",
                 "quotas": {"audio_seconds_per_day": 4}}]
     limits = {"realtime_max_sessions": "4", "realtime_key_share": "0.5",
               "realtime_max_buffer_seconds": "2", "max_waiting_requests": "4"}
@@ -148,10 +150,13 @@ def test_audio_past_twice_real_time_ends_the_session(env: dict[str, Any]) -> Non
     assert error["error"]["code"] == "rate_limited", error
 
 
-def test_audio_without_transcription_is_charged_to_the_quota(env: dict[str, Any]) -> None:
+@pytest.mark.parametrize("key", ["metered", "transcribed"])
+def test_audio_in_no_turn_is_charged_to_the_quota(env: dict[str, Any], key: str) -> None:
+    """Silence with transcription off, and with it on (the VAD never commits a turn: no task
+    carries the audio), is charged as it arrives: 4 s a day runs out."""
     async def scenario() -> dict:
-        socket = await opened(env, "metered")
-        await configure(socket, None)
+        socket = await opened(env, key)
+        await configure(socket, None if key == "metered" else {"model": "whisper-1"})
         started = time.monotonic()
         try:
             while time.monotonic() - started < 20:  # < 2 s of audio a second: within the speed
@@ -168,7 +173,7 @@ def test_audio_without_transcription_is_charged_to_the_quota(env: dict[str, Any]
 
     error = asyncio.run(scenario())
     assert error["error"]["code"] == "quota_exceeded", error
-    usage = http.get(f"{env['gateway']}/v1/usage", headers=auth("metered"), timeout=30).json()
+    usage = http.get(f"{env['gateway']}/v1/usage", headers=auth(key), timeout=30).json()
     assert 3 <= usage["day"]["audio_seconds"]["used"] <= 4
 
 

@@ -324,7 +324,17 @@ def test_server_vad_cuts_turns_at_pauses(live: dict[str, Any]) -> None:
         assert len(client.of("input_audio_buffer.committed")) >= 2
         assert wer(JFK_TEXT, joined_transcript(client)) <= 0.10
 
+    def used() -> float:
+        reply = http.get(f"{live['gateway']}/v1/usage", headers=AUTH, timeout=30)
+        return float(reply.json()["day"]["audio_seconds"]["used"])
+
+    before = used()
     asyncio.run(run())
+    # every second sent (11 s of speech, 2 s of silence) is charged once: the turns as
+    # their tasks, the pauses the VAD dropped and the tail left at the close by the session
+    charged = wait_until(lambda: (found := used() - before) >= 12.9 and found, 10,
+                         "the session's last charge", 0.1)
+    assert charged <= 13.1, charged
 
 
 # --- keys, bad input, limits ----------------------------------------------------------------

@@ -120,6 +120,12 @@ class InputBuffer:
     def buffered(self) -> int:
         return self.received - self._start
 
+    @property
+    def settled(self) -> int:
+        """Samples out of the buffer for good: in a committed turn, or dropped (silence the
+        VAD trimmed, a clear)."""
+        return self._start
+
     # --- the protocol's operations ------------------------------------------------------------
 
     def append(self, samples: np.ndarray, event_id: str | None) -> list[Change]:

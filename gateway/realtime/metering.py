@@ -1,12 +1,14 @@
 """A live session's fair use (issue 30): audio no faster than `realtime_max_speed` x real time
-(after a burst of one buffer, at least 10 s), audio that becomes no task (transcription off)
-charged to the key's quota as it arrives, and one key at most its share of the sessions: of
-this process's (`realtime_key_share`) and of every gateway process's together
-(`realtime_sessions_per_key`, leased slots in Redis).
+(after a burst of one buffer, at least 10 s), audio that becomes no task charged to the key's
+quota as it arrives, and one key at most its share of the sessions: of this process's
+(`realtime_key_share`) and of every gateway process's together (`realtime_sessions_per_key`,
+leased slots in Redis).
 
 A committed turn is a task and is charged like any (gateway/submit/enqueue.py); what the meter
-charges is the audio a session with transcription off is sent, which would otherwise cost
-nothing and still take the gateway's CPU (the VAD) and memory.
+charges is the rest of the audio a session is sent: all of it with transcription off, and
+with transcription on what left the buffer in no turn (silence the VAD dropped, a clear, what
+was buffered at the end), which would otherwise cost nothing and still take the gateway's CPU
+(the VAD) and memory: a session of hours of silence is charged its hours.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class SessionMeter:
         self.settings = settings
         self.store = store
         self.owner = owner
-        self.billed = 0.0  # seconds of the session's audio already charged or in a turn
+        self.billed = 0.0  # seconds of the session's audio the meter has charged
 
     def check_speed(self, session: Session) -> SessionEnded | None:
         """The session's audio against the wall clock: past `realtime_max_speed` x real time
@@ -53,19 +55,20 @@ class SessionMeter:
         return None
 
     async def charge(self, session: Session, final: bool = False) -> SessionEnded | None:
-        """Charge the audio received since the last charge if no turn will carry it
-        (transcription off); the session ends past the key's quota."""
-        received = session.buffer.received / SAMPLE_RATE
-        if session.config.transcription is not None:
-            self.billed = received  # its turns are tasks, charged when queued
-            return None
-        due = received - self.billed
+        """Charge the audio received since the last charge that no turn carries (a turn is
+        a task, charged as one); the session ends past the key's quota. With transcription
+        on, the audio still buffered may yet be a turn: it is charged only once it leaves
+        the buffer in none, or when the session ends (`final`)."""
+        buffer = session.buffer
+        done = (buffer.received if final or session.config.transcription is None
+                else buffer.settled)
+        due = done / SAMPLE_RATE - session.turned - self.billed
         if due <= 0 or (due < CHARGE_STEP_SECONDS and not final):
             return None
         try:
             backend, _ = resolve_public_model(self.settings, "whisper-1", "asr")
         except (UnknownModel, UnknownBackend):  # no ASR backend here: nothing prices it
-            self.billed = received
+            self.billed += due
             return None
         try:
             await self.store.usage.charge_now(charge_of(self.settings, self.owner, backend, {},
@@ -75,7 +78,7 @@ class SessionMeter:
             return SessionEnded("quota_exceeded", message, "audio")
         except StoreError:
             return None  # charged with the next append once the store is back
-        self.billed = received
+        self.billed += due
         return None
 
 

@@ -130,6 +130,7 @@ class Session:
         self.last_activity = self.opened
         self.ended: SessionEnded | None = None
         self.turns: set[asyncio.Task[None]] = set()
+        self.turned = 0.0  # seconds of audio committed in turns to transcribe (tasks)
         self._previous_item: str | None = None
         self._speech_item: str | None = None
         #: each committed item's transcript once known ("" if it failed), in commit order
@@ -272,6 +273,7 @@ class Session:
                                       item=user_item))
         if self.config.transcription is None:
             return
+        self.turned += turn.seconds  # charged as its task (the meter charges the rest)
         earlier = list(self._texts)
         self._texts[item] = ""
         if len(self._texts) > 32:  # the prompt keeps only the tail of the text anyway
