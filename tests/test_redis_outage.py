@@ -3,6 +3,9 @@ is the process that dies here: the worker runs in-process (tests/inprocess.py)."
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 from harness import procs
@@ -33,6 +36,37 @@ def test_gateway_answers_clearly_while_redis_is_down(tmp_path: Path) -> None:
         redis.client().flushall()  # a Redis that lost everything (no AOF): the worker's
         lost = submit_file(gateway.url, JFK).json()["taskid"]  # consumer group is gone too
         assert wait_done(gateway.url, lost, timeout=60)["status"] == "SUCCEEDED"
+    finally:
+        worker.stop()
+        gateway.stop()
+        redis.stop()
+
+
+def test_polls_answer_within_seconds_while_redis_is_paused(tmp_path: Path) -> None:
+    """A paused Redis (SIGSTOP: its socket open, nothing answered; a stalled host or a
+    partition alike) makes no poll wait: Sage's is HTTP 200 PENDING "unavailable" and the
+    REST view a 503, each within a few seconds (the client's own timeouts add up to half a
+    minute); once Redis resumes the task reads SUCCEEDED."""
+    redis = procs.RedisServer(tmp_path / "redis").start()
+    gateway = procs.gateway(redis.url, tmp_path).start()
+    worker = InProcessWorker(worker_settings(redis.url)).start()
+    try:
+        task_id = submit_file(gateway.url, JFK).json()["taskid"]
+        assert wait_done(gateway.url, task_id)["status"] == "SUCCEEDED"
+        assert redis.proc is not None
+        os.kill(redis.proc.pid, signal.SIGSTOP)
+        try:
+            for _ in range(2):  # the second finds the first's connection still hung
+                started = time.monotonic()
+                poll = status(gateway.url, task_id)
+                assert time.monotonic() - started < 5, time.monotonic() - started
+                assert poll["status"] == "PENDING" and "unavailable" in poll["detail"], poll
+                started = time.monotonic()
+                view = http.get(f"{gateway.url}/v1/tasks/{task_id}", timeout=30)
+                assert time.monotonic() - started < 5 and view.status_code == 503, view.text
+        finally:
+            os.kill(redis.proc.pid, signal.SIGCONT)
+        assert wait_done(gateway.url, task_id, timeout=60)["status"] == "SUCCEEDED"
     finally:
         worker.stop()
         gateway.stop()

@@ -10,7 +10,10 @@ answers NOSCRIPT (a promoted replica has an empty script cache).
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import builtins
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.retry import Retry
@@ -42,6 +45,21 @@ RETRY_BACKOFF = (0.05, 0.5)  # base, cap (seconds)
 TRANSIENT: tuple[type[RedisError], ...] = (ConnectionError, TimeoutError, BusyLoadingError,
                                             ReadOnlyError, MasterDownError, TryAgainError)
 _SOCKET = {"socket_connect_timeout": 2.0, "socket_timeout": 10.0}
+#: a read a client is waiting on (a status poll, a task's view) answers within this long,
+#: Redis or not: a paused or partitioned Redis keeps its socket open, and the socket timeout
+#: times the retries, plus each reconnect's handshake, add up to half a minute
+READ_DEADLINE_SECONDS = 2.0
+T = TypeVar("T")
+
+
+async def within_deadline(read: Awaitable[T]) -> T:
+    """`read`'s result, or TimeoutError (a RedisError: "unavailable", as any) past
+    READ_DEADLINE_SECONDS."""
+    try:
+        async with asyncio.timeout(READ_DEADLINE_SECONDS):
+            return await read
+    except builtins.TimeoutError:  # asyncio's; redis-py's own TimeoutError is another class
+        raise TimeoutError(f"Redis did not answer within {READ_DEADLINE_SECONDS:g} s") from None
 
 
 def retry_policy() -> Retry:

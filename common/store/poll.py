@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from common import keys
 from common.schemas import TaskState
 from common.store import admission, positions
+from common.store.connection import within_deadline
 from common.store.record import Task
 from common.store.values import LUA_NOW_MS, text
 
@@ -110,7 +111,7 @@ class PollReader:
         self._waiting.append((task_id, reply))
         if len(self._waiting) == 1:
             loop.call_soon(self._call)
-        return _parsed(task_id, *await reply)
+        return _parsed(task_id, *await within_deadline(reply))
 
     def _call(self) -> None:
         waiting, self._waiting = self._waiting, []

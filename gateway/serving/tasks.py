@@ -7,6 +7,7 @@ from typing import Any
 
 from common.schemas import TaskState
 from common.store import Task, TaskStore
+from common.store.connection import within_deadline
 from common.store.webhooks import WebhookStore
 from gateway.errors import RequestError
 from gateway.policy.webhooks import event_id
@@ -38,7 +39,7 @@ def public_view(task: Task) -> dict[str, Any]:
 
 async def owned_task(store: TaskStore, task_id: str, owner: str) -> Task:
     """The caller's task, or a 404: another key's task is as unknown as a missing one."""
-    task = await guard_store(store.get(task_id))
+    task = await guard_store(within_deadline(store.get(task_id)))
     if task is None or task.owner != owner:
         raise RequestError(404, "unknown or expired task", param="task_id",
                            code="task_not_found")
