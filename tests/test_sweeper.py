@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 from common import keys
 from common.schemas import TaskState
 from common.settings import Settings
-from common.store import Task, TaskStore, new_task_id
+from common.store import Task, TaskStore, new_task_id, upkeep
 from common.store.record import Duplicate
 from gateway.jobs.sweeper import Sweeper
 from harness import procs
@@ -178,6 +178,42 @@ def test_a_task_queued_past_the_retention_keeps_what_it_needs_to_run(
         await asyncio.sleep(1.2)
         await sweeper.sweep()
         assert await client.xlen(keys.queue(BACKEND)) == 0
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_consumers_leave_the_group_when_stopped_or_long_idle(redis: procs.RedisServer) -> None:
+    """A worker that stops leaves the group (every pod is a new consumer name); one that
+    did not (killed) goes once idle with nothing pending; one holding an entry stays."""
+    settings = inprocess.worker_settings(redis.url, consumer="leaver")
+
+    async def names(client: Redis) -> set[str]:
+        found: set[str] = set()
+        for lane in keys.LANES:
+            found |= {c["name"].decode() for c in await client.xinfo_consumers(
+                keys.queue(BACKEND, lane), keys.WORKER_GROUP)}
+        return found
+
+    async def scenario() -> None:
+        client = Redis.from_url(redis.url)
+        store = TaskStore(client, 60)
+        done = await _queued(store)
+        worker = Worker(settings, FasterWhisperEngine(settings), client, handle_signals=False,
+                        exit=lambda code: None, burst=True)
+        await worker.run()
+        assert (await store.get(done.id)).state == TaskState.SUCCEEDED  # type: ignore[union-attr]
+        assert await names(client) == set()  # it read, ran, and left
+        await _queued(store)  # a killed worker's name: what it read was claimed and done
+        [[stream, [(entry_id, _)]]] = await client.xreadgroup(
+            keys.WORKER_GROUP, "killed", {keys.queue(BACKEND): ">"}, count=1)
+        await client.xack(stream, keys.WORKER_GROUP, entry_id)
+        await _queued(store)
+        await client.xreadgroup(keys.WORKER_GROUP, "holder", {keys.queue(BACKEND): ">"}, count=1)
+        await asyncio.sleep(0.3)
+        assert await names(client) == {"killed", "holder"}
+        assert await upkeep.forget_idle_consumers(store, BACKEND, 0.2) == 1
+        assert await names(client) == {"holder"}
         await client.aclose()
 
     asyncio.run(scenario())

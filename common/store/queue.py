@@ -27,6 +27,17 @@ return 1
 """
 
 
+# KEYS: queue | ARGV: group, consumer -> 1 the consumer was deleted from the group, 0 it
+# holds pending entries (deleting it would drop them from the pending list: they would never
+# be delivered again) or is not there. A consumer deleted while idle is made again by its
+# next read, so a stopped worker's name, or a pod's that is gone, does not stay for ever.
+FORGET_CONSUMER = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) > 0 then return 0 end
+return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2]) >= 0 and 1 or 0
+"""
+
+
 class Lease(Enum):
     HELD = 1  # extended: the entry is still ours
     DONE = 0  # acked: nothing left to hold
@@ -58,6 +69,7 @@ class Queue:
         #: interactive entries taken since the last batch one (a new worker owes batch one)
         self.interactive_run = self.promotion_every
         self._extend = redis.register_script(_EXTEND_LEASE)
+        self._forget = redis.register_script(FORGET_CONSUMER)
 
     async def read(self, *, after: str | None = None, lane: str = keys.BATCH,
                    block_ms: int | None = 1000) -> list[Delivery]:
@@ -123,6 +135,11 @@ class Queue:
             return False
         added_ms = int(text(head[0][0]).partition("-")[0])
         return added_ms < (time.time() - self.promotion_seconds) * 1000
+
+    async def forget_me(self) -> None:
+        """Leave the group (both lanes) unless entries are still pending to this consumer."""
+        for stream in self.streams.values():
+            await self._forget(keys=[stream], args=[keys.WORKER_GROUP, self.consumer])
 
     async def claim_abandoned(self, min_idle_seconds: float) -> list[Delivery]:
         """Take over one entry (of either lane) whose worker stopped extending its lease."""

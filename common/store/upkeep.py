@@ -13,6 +13,7 @@ from redis.exceptions import ResponseError
 from common import keys
 from common.schemas import TERMINAL_STATES
 from common.store import admission
+from common.store.queue import FORGET_CONSUMER
 from common.store.tasks import TaskStore
 from common.store.values import text
 
@@ -111,6 +112,26 @@ async def trim(store: TaskStore, backend: str, older_than: float) -> None:
             floor = _earlier(floor, live)
         await store.redis.xtrim(stream, minid=floor, approximate=False)
     await store.redis.xtrim(keys.dead_letter(backend), minid=cutoff, approximate=False)
+
+
+async def forget_idle_consumers(store: TaskStore, backend: str, idle_seconds: float) -> int:
+    """Remove from the group the consumers of `backend` idle `idle_seconds` or more with no
+    entry pending to them (queue.FORGET_CONSUMER: checked and removed at once): every worker
+    pod is a new name, and a stopped worker that did not leave (killed) stays otherwise.
+    How many went."""
+    forget = store.redis.register_script(FORGET_CONSUMER)
+    forgotten = 0
+    for lane in LANES:
+        stream = keys.queue(backend, lane)
+        try:
+            consumers = await store.redis.xinfo_consumers(stream, keys.WORKER_GROUP)
+        except ResponseError:  # no stream or group yet
+            continue
+        for consumer in consumers:
+            if consumer["pending"] == 0 and consumer["idle"] >= idle_seconds * 1000:
+                forgotten += int(await forget(keys=[stream], args=[
+                    keys.WORKER_GROUP, text(consumer["name"])]))
+    return forgotten
 
 
 #: queue entries `trim` looks at in one pass (the rest wait for the next)

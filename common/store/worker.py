@@ -177,6 +177,8 @@ class WorkerStore:
                          args=[json.dumps(snapshot), int(ttl * 1000), self.consumer])
 
     async def forget_heartbeat(self) -> None:
-        """This worker is leaving: stop counting it as live at once, not at the TTL."""
+        """This worker is leaving: stop counting it as live at once, not at the TTL, and its
+        consumer leaves the group unless entries are pending to it."""
         await self._redis.delete(keys.heartbeat(self.backend, self.consumer))
         await self._redis.zrem(keys.live(self.backend), self.consumer)
+        await self._queue.forget_me()

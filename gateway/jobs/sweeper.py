@@ -26,6 +26,9 @@ from common.store.upkeep import Entry
 log = logging.getLogger("gateway.sweeper")
 BATCH = 200
 MAX_BATCHES = 5  # per walk, backend and pass: a pass stays short however long the stream
+#: a consumer of the workers' group idle this long with nothing pending to it is removed (a
+#: live worker reads at least every second; a busy one holds its entry pending)
+IDLE_CONSUMER_SECONDS = 3600.0
 
 
 async def sweep_forever(store: TaskStore, settings: Settings) -> None:
@@ -62,6 +65,7 @@ class Sweeper:
             await self.fail_past_deadline(backend)
             await trim(self.store, backend,
                        max(self.settings.retention_seconds, self.settings.max_queue_seconds))
+            await upkeep.forget_idle_consumers(self.store, backend, IDLE_CONSUMER_SECONDS)
         await self.store.blobs.sweep()  # files no task can read any more (SPEECH_BLOB_DIR)
 
     async def fail_overdue(self, backend: str, limit: float) -> int:
