@@ -249,15 +249,22 @@ class Consumer:
             # gathered batch entries that cannot share a call run one group after another:
             # interactive work that arrived meanwhile goes first, as it would had each been
             # read alone (docs/fairness.md)
-            if members[0][1].lane == BATCH and (arrived := await self.store.take(
-                    INTERACTIVE, self.settings.batch_max_size)):
-                await self._handle_leased(arrived)
+            if members[0][1].lane == BATCH:
+                await self._interactive_first()
             if len(members) == 1:
                 self.observations["batch_size"] = 1
                 with logs.task_context(members[0][0].id):
                     await self._handle_task(*members[0])
             else:
                 await self._run_together(members)
+
+    async def _interactive_first(self) -> None:
+        try:
+            arrived = await self.store.take(INTERACTIVE, self.settings.batch_max_size)
+        except RedisError:  # the gathered entries still run (they are ours, leased)
+            return
+        if arrived:
+            await self._handle_leased(arrived)
 
     async def _run_together(self, members: list[tuple[Task, Delivery]]) -> None:
         """Each task opens its own attempt (a task cancelled or past its deadline while the
