@@ -6,9 +6,10 @@
 - deploy/defaults.env: each environment's interpreter and each worker's defaults, between
   the two marker lines;
 - deploy/sage/llm_api_map.csv: one Sage llmage row per backend, the whole file;
-- deploy/k8s/base/workers.yaml and deploy/k8s/overlays/cpu/workers-cpu.yaml: one worker
-  Deployment and KEDA ScaledObject per backend, and the CPU overlay's patch of each
-  (scripts/gen_k8s.py), whole files.
+- deploy/k8s/base/workers.yaml, deploy/k8s/overlays/cpu/workers-cpu.yaml and
+  deploy/k8s/components/no-keda/no-keda.yaml: one worker Deployment and KEDA ScaledObject
+  per backend, the CPU overlay's patch of each, and the no-KEDA patches (scripts/gen_k8s.py),
+  whole files.
 
     scripts/gen_deploy.py           # rewrite them
     scripts/gen_deploy.py --check   # exit 1 naming each file that differs (a test runs this)

@@ -1,6 +1,8 @@
 """The Kubernetes manifests that follow from the backend table: one worker Deployment and one
-KEDA ScaledObject per backend (deploy/k8s/base/workers.yaml), and the CPU overlay's patch
-that takes their GPUs away (deploy/k8s/overlays/cpu/workers-cpu.yaml).
+KEDA ScaledObject per backend (deploy/k8s/base/workers.yaml), the CPU overlay's patch that
+takes their GPUs away (deploy/k8s/overlays/cpu/workers-cpu.yaml), and the no-KEDA
+component's patch that deletes the ScaledObjects and gives each Deployment the table's
+replica count (deploy/k8s/components/no-keda/no-keda.yaml).
 
 scripts/gen_deploy.py writes them with the other generated files (and --check compares
 them). The hand-written manifests beside them (Redis, the gateway, settings, the Secret, the
@@ -22,6 +24,7 @@ from common.backends import BACKENDS, WORKER_PROCESS_ENV, Backend
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = ROOT / "deploy" / "k8s" / "base" / "workers.yaml"
 CPU_PATCH = ROOT / "deploy" / "k8s" / "overlays" / "cpu" / "workers-cpu.yaml"
+NO_KEDA_PATCH = ROOT / "deploy" / "k8s" / "components" / "no-keda" / "no-keda.yaml"
 
 HEADER = ("# Generated from common/backends.py by scripts/gen_deploy.py: edit the table (or the\n"
           "# generator, scripts/gen_k8s.py), not this file.\n")
@@ -38,6 +41,16 @@ COOLDOWN_SECONDS = 300
 MAX_REPLICAS = 4
 #: queued (undelivered) entries per replica before KEDA adds one
 LAG_PER_REPLICA = 5
+#: how KEDA's operator reaches Redis, from the scale target's environment (the ConfigMap
+#: and the Secret): its host:port, and its password (Settings.redis_password; "" = none)
+KEDA_ADDRESS_ENV = "REDIS_ADDRESS"
+KEDA_PASSWORD_ENV = "SPEECH_REDIS_PASSWORD"
+#: what KEDA reads only from a trigger's own metadata: the database index and TLS, as the
+#: base's SPEECH_REDIS_URL (redis://…/0). deploy/k8s/base/kustomization.yaml (and each
+#: overlay that points elsewhere) copies the ConfigMap's REDIS_DATABASE_INDEX and
+#: REDIS_ENABLE_TLS over these with kustomize `replacements`
+KEDA_DATABASE_INDEX = "0"
+KEDA_ENABLE_TLS = "false"
 #: what a worker's pod asks of a node per environment (the engine's weights on the GPU are
 #: on top of the process); the limit is twice the request
 ENV_MEMORY_MIB = {"core": 2048, "hf": 6144, "nemo": 6144, "xtts": 6144, "voiceprint": 1024}
@@ -86,17 +99,16 @@ def worker_deployment(row: Backend) -> dict[str, object]:
         },
         "securityContext": {"allowPrivilegeEscalation": False,
                             "capabilities": {"drop": ["ALL"]}},
-        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True},
-                         {"name": "run", "mountPath": "/app/var"}],
+        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
     }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": worker_name(row), "labels": labels(row)},
         "spec": {
-            # KEDA sets the count (0 while the backend's streams are empty); without KEDA,
-            # the table's default: enabled backends run one replica
-            "replicas": row.replicas if row.enabled else 0,
+            # no `replicas`: KEDA sets the count (0 while the backend's streams are empty),
+            # and a count here would undo its scaling on every `kubectl apply`. Without KEDA,
+            # components/no-keda sets the table's count (`no_keda_replicas`)
             "selector": {"matchLabels": labels(row)},
             "template": {
                 "metadata": {"labels": labels(row)},
@@ -108,7 +120,6 @@ def worker_deployment(row: Backend) -> dict[str, object]:
                     "volumes": [
                         {"name": "models",
                          "persistentVolumeClaim": {"claimName": f"{APP}-models"}},
-                        {"name": "run", "emptyDir": {}},
                     ],
                 },
             },
@@ -122,8 +133,9 @@ def scaled_object(row: Backend) -> dict[str, object]:
     running keeps its worker up past the cooldown)."""
     triggers: list[dict[str, object]] = []
     for lane in keys.LANES:
-        common = {"addressFromEnv": "REDIS_ADDRESS", "stream": keys.queue(row.name, lane),
-                  "consumerGroup": keys.WORKER_GROUP}
+        common = {"addressFromEnv": KEDA_ADDRESS_ENV, "passwordFromEnv": KEDA_PASSWORD_ENV,
+                  "databaseIndex": KEDA_DATABASE_INDEX, "enableTLS": KEDA_ENABLE_TLS,
+                  "stream": keys.queue(row.name, lane), "consumerGroup": keys.WORKER_GROUP}
         triggers.append({"type": "redis-streams", "name": f"{lane}-lag",
                          "metadata": {**common, "lagCount": str(LAG_PER_REPLICA),
                                       "activationLagCount": "0"}})
@@ -156,6 +168,22 @@ def cpu_patch(row: Backend) -> dict[str, object]:
             "resources": {"limits": {"nvidia.com/gpu": None}},
         }]}}},
     }
+
+
+def no_keda_replicas(row: Backend) -> int:
+    """A worker's fixed count where no KEDA scales it: enabled rows their replicas, others 0."""
+    return row.replicas if row.enabled else 0
+
+
+def no_keda_patches(row: Backend) -> list[dict[str, object]]:
+    """Strategic-merge patches for a cluster without KEDA: the ScaledObject gone (the API
+    server would refuse its kind), the Deployment at the table's count."""
+    return [
+        {"$patch": "delete", "apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+         "metadata": {"name": worker_name(row)}},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": worker_name(row)},
+         "spec": {"replicas": no_keda_replicas(row)}},
+    ]
 
 
 def dump(value: object, indent: int = 0) -> str:
@@ -208,4 +236,5 @@ def generated() -> dict[Path, str]:
         WORKERS: documents([doc for row in rows
                             for doc in (worker_deployment(row), scaled_object(row))]),
         CPU_PATCH: documents([cpu_patch(row) for row in rows]),
+        NO_KEDA_PATCH: documents([doc for row in rows for doc in no_keda_patches(row)]),
     }

@@ -11,13 +11,23 @@
 #   scripts/install.sh core hf          # several environments
 #   scripts/install.sh all              # every environment in deploy/envs/
 #   scripts/install.sh --tests all      # and the test tools (deploy/envs/tests.in) in core
+#
+# The Containerfile installs in two steps, so that a code change rebuilds only the second:
+#   scripts/install.sh --no-project all     # the environments from their locks, no project
+#   scripts/install.sh --project-only all   # then the project alone, editable, into each
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 tests=false
+mode=full  # full | no-project | project-only
 envs=()
 for arg in "$@"; do
-    if [ "$arg" = --tests ]; then tests=true; else envs+=("$arg"); fi
+    case "$arg" in
+        --tests) tests=true ;;
+        --no-project) mode=no-project ;;
+        --project-only) mode=project-only ;;
+        *) envs+=("$arg") ;;
+    esac
 done
 [ ${#envs[@]} -eq 0 ] && envs=(core)
 if [ "${envs[0]}" = all ]; then
@@ -62,6 +72,16 @@ for name in "${envs[@]}"; do
     fresh_lock "$name"
     stamp=$( (cat "deploy/envs/$name.lock"; sed -n '/^dependencies/,/^]/p' pyproject.toml
               echo "$BYTECODE") | sha256sum | cut -c1-16)
+    if [ "$mode" = project-only ]; then
+        # the environment as --no-project left it: add the project, and the stamp that
+        # says the environment is whole
+        [ -x "$venv/bin/python" ] || {
+            echo "install: no $venv: run scripts/install.sh --no-project $name first" >&2; exit 2; }
+        echo "install: the project into $venv"
+        "$UV" pip install -q --python "$venv/bin/python" "${UV_OPTS[@]}" --no-deps -e .
+        echo "$stamp" > "$venv/.stamp"
+        continue
+    fi
     if [ -f "$venv/.stamp" ] && [ "$(cat "$venv/.stamp")" = "$stamp" ]; then
         continue
     fi
@@ -70,6 +90,8 @@ for name in "${envs[@]}"; do
     "$UV" venv -q --python "$python" "$venv"
     "$UV" pip install -q --python "$venv/bin/python" "${UV_OPTS[@]}" --compile-bytecode \
         -r "deploy/envs/$name.lock"
+    # --no-project: no stamp yet (the environment lacks the project until --project-only)
+    [ "$mode" = no-project ] && continue
     "$UV" pip install -q --python "$venv/bin/python" "${UV_OPTS[@]}" --no-deps -e .
     echo "$stamp" > "$venv/.stamp"
 done

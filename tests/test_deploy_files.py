@@ -30,10 +30,11 @@ def test_containerfile_copies_existing_paths_and_uses_the_installer() -> None:
             assert (ROOT / source).exists(), f"Containerfile copies missing {source}"
     assert re.search(r"^ARG BASE=\S+\nFROM \$\{BASE\}$", text, flags=re.M)
     # the service's installer, without the test tools, its cache gone in the same step
-    install = re.search(r"^RUN (?:.*\\\n)*?.*scripts/install\.sh \$ENVS(?:.*\\\n)*.*$", text,
-                        flags=re.M)
-    assert install and "--tests" not in install.group()
-    assert "rm -rf /tmp/uv-cache" in install.group()
+    installs = re.findall(r"^RUN (?:.*\\\n)*?.*scripts/install\.sh (?:--[a-z-]+ )?\$ENVS"
+                          r"(?:.*\\\n)*.*$", text, flags=re.M)
+    assert len(installs) == 2  # the environments, then the project (the test below)
+    for install in installs:
+        assert "--tests" not in install and "rm -rf /tmp/uv-cache" in install
     user = re.findall(r"^USER\s+(\S+)", text, flags=re.M)
     assert user and user[-1] not in ("root", "0")
     assert "HEALTHCHECK" in text and "/health" in text
@@ -110,3 +111,61 @@ def test_every_environment_has_a_lock_made_from_its_inputs_as_they_are() -> None
     service = (envs / "core.lock").read_text()
     for tool in ("pytest", "ruff", "playwright"):  # the service install carries no test tool
         assert f"\n{tool}==" not in service, tool
+
+
+def sourced_env(**variables: str) -> dict[str, str]:
+    """What scripts/env.sh exports, from a clean environment holding only `variables`."""
+    script = 'source scripts/env.sh; echo "$SPEECH_REDIS_PORT $SPEECH_REDIS_URL $SPEECH_PORT"'
+    result = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True,
+                            env={"PATH": os.environ["PATH"], **variables}, timeout=30)
+    assert result.returncode == 0, result.stderr
+    port, url, http_port = result.stdout.split()
+    return {"SPEECH_REDIS_PORT": port, "SPEECH_REDIS_URL": url, "SPEECH_PORT": http_port}
+
+
+def test_the_services_follow_the_bundled_redis_port() -> None:
+    """`SPEECH_REDIS_PORT=6380 scripts/serve.sh` starts Redis on 6380 and the services must
+    connect there, not to whatever holds 6379; a URL the caller gives is kept."""
+    assert sourced_env() == {"SPEECH_REDIS_PORT": "6379", "SPEECH_PORT": "8000",
+                             "SPEECH_REDIS_URL": defaults()["SPEECH_REDIS_URL"]}
+    assert sourced_env(SPEECH_REDIS_PORT="6380")["SPEECH_REDIS_URL"] \
+        == "redis://127.0.0.1:6380/0"
+    given = "redis://10.0.0.5:6379/2"
+    assert sourced_env(SPEECH_REDIS_PORT="6380", SPEECH_REDIS_URL=given)["SPEECH_REDIS_URL"] \
+        == given
+    # a remote Redis: the bundled one's port says nothing about it
+    assert sourced_env(SPEECH_REDIS_PORT="6380", SPEECH_LOCAL_REDIS="false")[
+        "SPEECH_REDIS_URL"] == defaults()["SPEECH_REDIS_URL"]
+
+
+def test_documented_container_runs_give_supervisord_time_to_stop() -> None:
+    """podman/docker SIGKILL 10 s after `stop`; the stack's own shutdown (workers up to 30 s,
+    then the gateway, then Redis) needs longer: every documented `podman run` says so."""
+    for path in (ROOT / "Containerfile", ROOT / "docs" / "deploy.md"):
+        runs = re.findall(r"^\W*(?:podman|docker) run\b.*$", path.read_text(), flags=re.M)
+        assert runs, path
+        for run in runs:
+            assert "--stop-timeout 60" in run, (path.name, run)
+    image = (ROOT / "scripts" / "image.sh").read_text()
+    assert "--stop-timeout 60" in image and "stop -t 60" in image
+
+
+def test_containerfile_installs_the_environments_before_the_code() -> None:
+    """A code change rebuilds only the project's editable install, not the environments:
+    the lock install comes before any code is copied, the project install after it."""
+    text = (ROOT / "Containerfile").read_text()
+    steps = re.findall(r"^(COPY|RUN)\s+((?:.*\\\n)*.*)$", text, flags=re.M)
+    locks = next(i for i, (kind, body) in enumerate(steps)
+                 if kind == "RUN" and "scripts/install.sh --no-project $ENVS" in body)
+    project = next(i for i, (kind, body) in enumerate(steps)
+                   if kind == "RUN" and "scripts/install.sh --project-only $ENVS" in body)
+    code = [i for i, (kind, body) in enumerate(steps)
+            if kind == "COPY" and re.search(r"\b(common|gateway|workers)/", body)]
+    assert code and locks < min(code) and max(code) < project
+    for kind, body in steps[:locks]:  # what the environment layer depends on
+        if kind == "COPY":
+            for source in body.split()[:-1]:
+                assert source in ("pyproject.toml", "README.md", "deploy/envs/",
+                                  "scripts/install.sh", "scripts/uv.sh"), source
+    installer = (ROOT / "scripts" / "install.sh").read_text()
+    assert "--no-project" in installer and "--project-only" in installer

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
@@ -23,7 +25,9 @@ from common.backends import BACKENDS
 from common.settings import Settings
 from harness.procs import ROOT
 
-OVERLAYS = ("base", "overlays/cpu", "overlays/external-redis")
+OVERLAYS = ("base", "overlays/cpu", "overlays/no-keda", "overlays/external-redis")
+#: the overlays whose workers KEDA scales (the others run components/no-keda)
+KEDA_OVERLAYS = ("base", "overlays/external-redis")
 K8S_VERSION = kubernetes_validate.latest_version()
 
 #: the part of KEDA's ScaledObject CRD (keda.sh/v1alpha1) these manifests use
@@ -55,7 +59,11 @@ def kubectl() -> str:
 
 @functools.cache
 def rendered(overlay: str) -> tuple[dict[str, Any], ...]:
-    result = subprocess.run([kubectl(), "kustomize", str(ROOT / "deploy" / "k8s" / overlay)],
+    return render(ROOT / "deploy" / "k8s" / overlay)
+
+
+def render(directory: Path) -> tuple[dict[str, Any], ...]:
+    result = subprocess.run([kubectl(), "kustomize", str(directory)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
@@ -119,6 +127,8 @@ def test_a_worker_and_a_scaled_object_per_backend_on_both_lanes() -> None:
         spec = scaled[f"speech-gateway-worker-{name}"]["spec"]
         assert spec["scaleTargetRef"]["name"] == worker["metadata"]["name"]
         assert spec["minReplicaCount"] == 0 and spec["cooldownPeriod"] > idle_unload
+        # KEDA owns the count: a count in the manifest would undo its scaling on each apply
+        assert "replicas" not in worker["spec"]
         triggers = spec["triggers"]
         assert {t["type"] for t in triggers} == {"redis-streams"}
         for lane in keys.LANES:
@@ -174,3 +184,112 @@ def test_cpu_overlay_asks_for_no_gpu_and_external_redis_drops_the_bundled_one() 
     assert "speech-gateway-redis" not in of_kind(external, "Service")
     data = of_kind(external, "ConfigMap")["speech-gateway-settings"]["data"]
     assert "speech-gateway-redis" not in data["SPEECH_REDIS_URL"] + data["REDIS_ADDRESS"]
+
+
+def keda_view(docs: tuple[dict[str, Any], ...]) -> dict[str, str]:
+    """The trigger metadata KEDA needs to reach the Redis the services use, as the rendered
+    ConfigMap's SPEECH_REDIS_URL says it: host:port, database index, TLS."""
+    url = urlsplit(of_kind(docs, "ConfigMap")["speech-gateway-settings"]["data"]
+                   ["SPEECH_REDIS_URL"])
+    return {"address": f"{url.hostname}:{url.port or 6379}",
+            "databaseIndex": url.path.strip("/") or "0",
+            "enableTLS": "true" if url.scheme == "rediss" else "false"}
+
+
+@pytest.mark.parametrize("overlay", KEDA_OVERLAYS)
+def test_keda_reaches_the_redis_the_services_use(overlay: str) -> None:
+    """Every trigger has the password (from the Secret the pods read), and the database
+    index and TLS of SPEECH_REDIS_URL: KEDA reads no URL."""
+    docs = rendered(overlay)
+    check_triggers(docs)
+
+
+def check_triggers(docs: tuple[dict[str, Any], ...]) -> None:
+    data = of_kind(docs, "ConfigMap")["speech-gateway-settings"]["data"]
+    secret = of_kind(docs, "Secret")["speech-gateway-secrets"]["stringData"]
+    view = keda_view(docs)
+    scaled = of_kind(docs, "ScaledObject")
+    assert len(scaled) == len(BACKENDS)
+    for doc in scaled.values():
+        for trigger in doc["spec"]["triggers"]:
+            metadata = trigger["metadata"]
+            assert metadata["passwordFromEnv"] in secret
+            assert metadata["passwordFromEnv"] == "SPEECH_REDIS_PASSWORD"  # Settings' own
+            # the same host (KEDA's name may add the namespace's domain) and port
+            host, port = data[metadata["addressFromEnv"]].rsplit(":", 1)
+            url_host, url_port = view["address"].rsplit(":", 1)
+            assert host.split(".")[0] == url_host.split(".")[0] and port == url_port
+            assert metadata["databaseIndex"] == view["databaseIndex"], doc["metadata"]["name"]
+            assert metadata["enableTLS"] == view["enableTLS"], doc["metadata"]["name"]
+
+
+def test_external_redis_triggers_follow_its_url(tmp_path: Path) -> None:
+    """A TLS Redis on database 3: editing the overlay's ConfigMap patch is enough, its
+    replacements carry the index and TLS into every trigger."""
+    source = ROOT / "deploy" / "k8s" / "overlays" / "external-redis" / "kustomization.yaml"
+    text = source.read_text()
+    base = os.path.relpath(ROOT / "deploy" / "k8s" / "base", tmp_path)
+    for old, new in (("../../base", base),
+                     ('"redis://redis.example.internal:6379/0"',
+                      '"rediss://redis.example.internal:6380/3"'),
+                     ('REDIS_ADDRESS: "redis.example.internal:6379"',
+                      'REDIS_ADDRESS: "redis.example.internal:6380"'),
+                     ('REDIS_DATABASE_INDEX: "0"', 'REDIS_DATABASE_INDEX: "3"'),
+                     ('REDIS_ENABLE_TLS: "false"', 'REDIS_ENABLE_TLS: "true"')):
+        assert old in text, old
+        text = text.replace(old, new)
+    (tmp_path / "kustomization.yaml").write_text(text)
+    docs = render(tmp_path)
+    check_triggers(docs)
+    assert keda_view(docs)["databaseIndex"] == "3" and keda_view(docs)["enableTLS"] == "true"
+
+
+def test_gateway_drain_fits_its_grace_period_and_the_hpa_owns_its_count() -> None:
+    """SIGKILL lands after terminationGracePeriodSeconds: it must cover preStop and the
+    server's own drain, the request timeout + 30 s (gateway/process/launcher.py)."""
+    docs = rendered("base")
+    gateway = of_kind(docs, "Deployment")["speech-gateway"]
+    pod = gateway["spec"]["template"]["spec"]
+    pre_stop = container(gateway)["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    data = of_kind(docs, "ConfigMap")["speech-gateway-settings"]["data"]
+    timeout = float(data.get("SPEECH_REQUEST_TIMEOUT_SECONDS",
+                             Settings().request_timeout_seconds))
+    assert pod["terminationGracePeriodSeconds"] >= int(pre_stop[1]) + timeout + 30
+    assert "replicas" not in gateway["spec"]  # the HPA's, not reset by each apply
+    manifest = (ROOT / "deploy" / "k8s" / "base" / "gateway.yaml").read_text()
+    header = manifest.split("\napiVersion")[0]
+    assert f"({pod['terminationGracePeriodSeconds']})" in header
+    deploy_doc = (ROOT / "docs" / "deploy.md").read_text()
+    assert f"`terminationGracePeriodSeconds` ({pod['terminationGracePeriodSeconds']})" in deploy_doc
+
+
+@pytest.mark.parametrize("overlay", ("overlays/no-keda", "overlays/cpu"))
+def test_no_keda_overlays_run_the_table_counts_without_scaled_objects(overlay: str) -> None:
+    docs = rendered(overlay)
+    assert not of_kind(docs, "ScaledObject")
+    assert not [doc for doc in docs if doc["apiVersion"].startswith("keda.sh/")]
+    deployments = of_kind(docs, "Deployment")
+    for name, row in BACKENDS.items():
+        replicas = deployments[f"speech-gateway-worker-{name}"]["spec"]["replicas"]
+        assert replicas == (row.replicas if row.enabled else 0), name
+    # nothing wakes a backend at zero: its tasks fail `no_worker` instead of waiting
+    data = of_kind(docs, "ConfigMap")["speech-gateway-settings"]["data"]
+    assert float(data["SPEECH_NO_WORKER_SECONDS"]) > 0
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_settings_are_settings_and_nothing_mounts_an_unused_directory(overlay: str) -> None:
+    """Every SPEECH_* key in the ConfigMap and the Secret is a Settings field (the stack-level
+    SPEECH_RUN_DIR is supervisord's: no pod runs it), and no pod mounts a scratch volume at
+    the image's run directory that nothing in it reads."""
+    docs = rendered(overlay)
+    keys = [*of_kind(docs, "ConfigMap")["speech-gateway-settings"]["data"],
+            *of_kind(docs, "Secret")["speech-gateway-secrets"]["stringData"]]
+    for key in keys:
+        if key.startswith("SPEECH_"):
+            assert key.removeprefix("SPEECH_").lower() in Settings.model_fields, key
+    for doc in docs:
+        if doc["kind"] in ("Deployment", "StatefulSet"):
+            for main in doc["spec"]["template"]["spec"]["containers"]:
+                assert "/app/var" not in [m["mountPath"] for m in main.get("volumeMounts", [])]

@@ -247,11 +247,31 @@ async def _drain(receive: Receive, most_bytes: int) -> None:
 def is_loopback(host: str) -> bool:
     """True when every address `host` names is a loopback address ("" and 0.0.0.0 are not)."""
     try:
-        infos = socket.getaddrinfo(host, None, socket.AF_INET) if host else []
+        infos = socket.getaddrinfo(host, None) if host else []
     except socket.gaierror:
         return False
     addresses = {info[4][0] for info in infos}
     return bool(addresses) and all(ipaddress.ip_address(a).is_loopback for a in addresses)
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port`, IPv6 for an IPv6 address (a pod IP on an IPv6
+    cluster), as the gateway's own bind (gateway/process/launcher.py)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def socket_url(sock: socket.socket) -> str:
+    """The URL a bound socket serves on, an IPv6 host in brackets."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 class _Server(QuietServer):
@@ -282,11 +302,8 @@ async def serve_http(host: EngineHost, health: Health | None = None,
         sock = socket.socket(fileno=listen_fd)
         sock.set_inheritable(False)
     else:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((settings.worker_host, settings.worker_port))
-    bound_host, port = sock.getsockname()[:2]
-    url = f"http://{bound_host}:{port}"
+        sock = listening_socket(settings.worker_host, settings.worker_port)
+    url = socket_url(sock)
     if on_bound is not None:
         on_bound(url, os.dup(sock.fileno()))  # its own fd: open whatever uvicorn closes
     log.info("worker HTTP on %s (%s)", url,
