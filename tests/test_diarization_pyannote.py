@@ -107,6 +107,11 @@ def test_a_diarizer_that_fails_to_load_stops_diarized_tasks_only(
         worker = procs.worker(redis.url, workdir, python=env_python("pyannote"),
                               **settings).start()
         assert wait_done(gateway.url, plain)["status"] == "SUCCEEDED"
+        reset = http.delete(f"{gateway.url}/v1/breakers/faster-whisper/diarizer", timeout=30)
+        assert reset.status_code == 200 and reset.json()["previous"]["state"] == "open"
+        assert submit_file(gateway.url, JFK, diarize="true").status_code == 200
+        metrics = http.get(f"{gateway.url}/metrics", timeout=30).text
+        assert 'model="diarizer"' in metrics
     finally:
         worker.stop()
         gateway.stop()

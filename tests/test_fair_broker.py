@@ -69,6 +69,23 @@ def test_peaks_per_class_never_lowered_aged_and_a_spurious_one_lapses(
     asyncio.run(scenario())
 
 
+def test_a_holder_grows_in_place_without_waiting_behind_the_line(
+        redis: procs.RedisServer) -> None:
+    """A holds 600 of 1000 MiB and B waits for 600 (for A's memory, in effect): A's growth
+    to 700 fits and is granted at once; queued behind B it would wait until B gave up."""
+    async def scenario() -> None:
+        client = Redis.from_url(redis.url)
+        a, b = DeviceLedger(client, "dev", "a"), DeviceLedger(client, "dev", "b")
+        assert (await a.reserve("fw", "m", 600, 1000, LEASE)).status == 1
+        assert (await b.reserve("fw", "n", 600, 1000, LEASE)).status == 0  # in line
+        grown = await a.reserve("fw", "m", 700, 1000, LEASE)
+        assert (grown.status, grown.value) == (1, 700), grown
+        assert (await b.reserve("fw", "n", 600, 1000, LEASE)).status == 0  # still waits
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
 def test_a_worker_recovers_within_one_lease_after_a_spurious_peak(
         redis: procs.RedisServer) -> None:
     settings = worker_settings(redis.url, {"tiny.en": "bundled"}).model_copy(update={
@@ -115,7 +132,10 @@ def test_a_long_task_is_measured_in_its_own_length_class(redis: procs.RedisServe
     the plain one, which it neither raises nor lowers; a file that understated its length to
     the submit (2 s) is reserved for, and measured in, the class of what it decodes to."""
     settings = worker_settings(redis.url, {"tiny.en": "bundled"}).model_copy(update={
-        "device_memory_mib": {"cpu": 100_000}})
+        "device_memory_mib": {"cpu": 100_000},
+        # a configured size over any peak: the plain load is never refused for the RSS a
+        # cpu "device" measures (it varies with what the test process ran before)
+        "model_memory_mib": {"faster-whisper/tiny.en": 1000}})
     speech = decode_audio(JFK.read_bytes(), 16000, None)
     long_audio = encode_wav(np.concatenate([speech, np.zeros(150 * 16000, np.float32)]), 16000)
 
@@ -139,7 +159,8 @@ def test_a_long_task_is_measured_in_its_own_length_class(redis: procs.RedisServe
     long_task = asyncio.run(submit_long())
     asyncio.run(run_worker(settings))
     for task_id in (plain_task, long_task):
-        assert asyncio.run(task_of(redis.url, task_id)).state == TaskState.SUCCEEDED
+        found = asyncio.run(task_of(redis.url, task_id))
+        assert found.state == TaskState.SUCCEEDED, (found.error_code, found.error)
     after = peaks()
     assert set(after) == {"faster-whisper/tiny.en", "faster-whisper/tiny.en:len1"}
     assert after["faster-whisper/tiny.en"] == plain["faster-whisper/tiny.en"]

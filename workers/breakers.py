@@ -29,7 +29,7 @@ class ModelBreakers:
         self.store = store
         self.sources = sources  # model name -> configured source: a breaker is per source
         self.exit_after_load_failure = exit_after_load_failure
-        self.probing: str | None = None  # the model whose half-open breaker this worker probes
+        self.probing: set[str] = set()  # what this worker probes the half-open breaker of
 
     async def admit(self, model: str) -> str | None:
         """None when `model` may be loaded now (its breaker is closed, or this worker just
@@ -39,7 +39,7 @@ class ModelBreakers:
             return _unavailable(model, admission)
         if admission.verdict == "probe":
             log.info("breaker of %s is half-open: this load is its probe", model)
-            self.probing = model
+            self.probing.add(model)
         return None
 
     async def open_ones(self) -> dict[str, str]:
@@ -50,9 +50,8 @@ class ModelBreakers:
     async def load_reported(self, task: Task | None, report: LoadReport) -> None:
         """The engine host's report of one acquisition; `task` is the task that asked for it
         (None: a preload or a direct HTTP call). Runs inside the host's engine lock."""
-        probing = self.probing == report.model
-        if probing:
-            self.probing = None
+        probing = report.model in self.probing
+        self.probing.discard(report.model)
         if report.ok:
             if report.loaded or probing:
                 # A load that works ends the run of failures, and closes an open breaker.

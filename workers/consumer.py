@@ -13,6 +13,7 @@ against the model's breaker, after a half-built load ask the process edge to exi
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -58,6 +59,8 @@ REFUSAL_TRIES = 3
 #: two (a variable-block FLAC's last block: 2.5 % of 160 s), a lying one by orders of magnitude
 TOP_UP_SLACK_SECONDS = 1.0
 TOP_UP_SLACK_SHARE = 0.05
+#: the engine thread waits at most this long for the top-up's answer
+TOP_UP_WAIT_SECONDS = 30.0
 
 
 class StoreRefused(Exception):
@@ -264,7 +267,12 @@ class Consumer:
         except RedisError:  # the gathered entries still run (they are ours, leased)
             return
         if arrived:
-            await self._handle_leased(arrived)
+            # their metrics are their own, not the gathered batch's (its window's wait)
+            saved, self.observations = self.observations, {}
+            try:
+                await self._handle_leased(arrived)
+            finally:
+                self.observations = saved
 
     async def _run_together(self, members: list[tuple[Task, Delivery]]) -> None:
         """Each task opens its own attempt (a task cancelled or past its deadline while the
@@ -359,9 +367,9 @@ class Consumer:
                 await self.store.record_rate(task.model, work, inference / batch_size)
 
     async def _run_task(self, task: Task, attempt: int) -> Outcome:
-        await self._admit(task.model)
         if task.params.get("diarization") is not None:
-            await self._admit(DIARIZER)
+            await self._admit(DIARIZER)  # first: refused, it leaves the model's probe alone
+        await self._admit(task.model)
         source, on_segment = await self._input(task, attempt)
         speech = await self._speech(task, attempt) if self.host.kind == "tts" else None
         return await self.host.execute(task.model, task.params, source, on_segment,
@@ -414,10 +422,12 @@ class Consumer:
         def decoded(seconds: float) -> None:  # on the engine thread
             if seconds <= charged + max(TOP_UP_SLACK_SECONDS, TOP_UP_SLACK_SHARE * charged):
                 return
+            asked = asyncio.run_coroutine_threadsafe(
+                self.store.top_up(task.id, attempt, seconds), loop)
             try:
-                refused = asyncio.run_coroutine_threadsafe(
-                    self.store.top_up(task.id, attempt, seconds), loop).result()
-            except RedisError:
+                refused = asked.result(timeout=TOP_UP_WAIT_SECONDS)
+            except (RedisError, TimeoutError, concurrent.futures.CancelledError):
+                asked.cancel()  # (a loop that stopped: the process is leaving)
                 return  # settled to the decoded length at the finish, as before
             if refused is not None:
                 raise TaskError(

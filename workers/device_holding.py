@@ -78,7 +78,8 @@ class DeviceHolding:
         """During an engine call (its engine thread waits on this): the task's decoded audio
         is of a heavier class than the declared length the reservation was made for (a
         container can understate it), so the reservation grows to cover it before the
-        engine runs. The device's peak goes on counting from before the call."""
+        engine runs, and its peak is measured from the model's own load (as after a class
+        change between calls)."""
         if not self.budget.enabled or self.held != model:
             return
         if (wanted := self.held_class.join(peak_class)) != self.held_class:

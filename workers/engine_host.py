@@ -9,6 +9,7 @@ direct HTTP server) hears of every model acquisition through an `on_load` callba
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import dataclasses
@@ -161,9 +162,16 @@ class EngineHost:
         def decoded(seconds: float) -> None:
             if told is not None:
                 told(seconds)
-            if self.holding.budget.enabled:
-                asyncio.run_coroutine_threadsafe(
-                    self.holding.grow(model, self._peak_class(diarize, seconds)), loop).result()
+            if not self.holding.budget.enabled:
+                return
+            growing = asyncio.run_coroutine_threadsafe(
+                self.holding.grow(model, self._peak_class(diarize, seconds)), loop)
+            try:  # a reservation may wait its turn: device_wait_seconds, then device_busy
+                growing.result(timeout=self.settings.device_wait_seconds + 60)
+            except (TimeoutError, concurrent.futures.CancelledError):
+                growing.cancel()  # (a loop that stopped: the process is leaving)
+                raise TaskError("the device reservation could not grow to this audio's "
+                                "length in time", ErrorCode.DEVICE_BUSY) from None
 
         return decoded
 
@@ -253,9 +261,10 @@ class EngineHost:
             await on_load(LoadReport(model, source, ok=True, loaded=loaded,
                                      seconds=self.slot.last_load_seconds if loaded else 0.0,
                                      device_wait_seconds=waited))
-            if diarize and self.slot.diarizer_loads > diarizer_loads_before:
-                await on_load(LoadReport(DIARIZER, self.settings.diarization_model, ok=True,
-                                         loaded=True))
+            if diarize:  # loaded now or before: either closes a half-open breaker it probes
+                await on_load(LoadReport(
+                    DIARIZER, self.settings.diarization_model, ok=True,
+                    loaded=self.slot.diarizer_loads > diarizer_loads_before))
             return handle
         # Reported outside the except block: a caller that ends the process after a failed
         # load waits there, and must not hold the exception (or its frames) meanwhile.

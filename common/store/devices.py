@@ -101,7 +101,10 @@ if need > budget then
              cjson.encode({need = need, budget = budget, at = now}))
   return {-1, need, budget, measured}
 end
-holders[me] = nil  -- a reservation of our own is replaced by this one
+-- a reservation of our own is replaced by this one; growing it in place does not wait in
+-- line (a waiter may be waiting for the very memory this holder's model already uses)
+local holding = holders[me] ~= nil
+holders[me] = nil
 local reserved = 0
 for _, h in pairs(holders) do reserved = reserved + h.mib end
 local since = waiting[me] and waiting[me].since or now
@@ -111,7 +114,7 @@ for name, w in pairs(waiting) do
     ahead = ahead + 1
   end
 end
-if ahead == 0 and reserved + need <= budget then
+if (ahead == 0 or holding) and reserved + need <= budget then
   redis.call('HDEL', KEYS[3], me)
   redis.call('HDEL', KEYS[1], 'refused:' .. ARGV[8])
   redis.call('HSET', KEYS[2], me, cjson.encode({backend = ARGV[2], model = ARGV[3], mib = need,

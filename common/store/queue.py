@@ -27,10 +27,11 @@ return 1
 """
 
 
-# KEYS: queue | ARGV: group, consumer -> 1 the consumer was deleted from the group, 0 it
-# holds pending entries (deleting it would drop them from the pending list: they would never
-# be delivered again) or is not there. A consumer deleted while idle is made again by its
-# next read, so a stopped worker's name, or a pod's that is gone, does not stay for ever.
+# KEYS: queue | ARGV: group, consumer -> 1 the consumer is out of the group (deleted, or it
+# was not in it), 0 entries are pending to it (deleting it would drop them from the pending
+# list: they would never be delivered again) or there is no stream. A consumer deleted
+# while idle is made again by its next read, so a stopped worker's name, or a pod's that is
+# gone, does not stay for ever.
 FORGET_CONSUMER = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) > 0 then return 0 end

@@ -27,7 +27,8 @@ log = logging.getLogger("gateway.sweeper")
 BATCH = 200
 MAX_BATCHES = 5  # per walk, backend and pass: a pass stays short however long the stream
 #: a consumer of the workers' group idle this long with nothing pending to it is removed (a
-#: live worker reads at least every second; a busy one holds its entry pending)
+#: live worker reads at least every second; a busy one holds its entry pending in that lane,
+#: and a read made again after a removal makes the consumer again)
 IDLE_CONSUMER_SECONDS = 3600.0
 
 

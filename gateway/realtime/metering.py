@@ -4,9 +4,10 @@ quota as it arrives, and one key at most its share of the sessions: of this proc
 (`realtime_key_share`) and of every gateway process's together (`realtime_sessions_per_key`,
 leased slots in Redis).
 
-A committed turn is a task and is charged like any (gateway/submit/enqueue.py); what the meter
-charges is the rest of the audio a session is sent: all of it with transcription off, and
-with transcription on what left the buffer in no turn (silence the VAD dropped, a clear, what
+A turn queued as a task is charged like any task (gateway/submit/enqueue.py: a turn that
+fails or is cancelled gives its charge back, as any task does); what the meter charges is
+the rest of the audio a session is sent, once it has left the buffer in no such turn (silence
+the VAD dropped, a clear, a turn with transcription off or refused before it was queued, what
 was buffered at the end), which would otherwise cost nothing and still take the gateway's CPU
 (the VAD) and memory: a session of hours of silence is charged its hours.
 """
@@ -55,13 +56,12 @@ class SessionMeter:
         return None
 
     async def charge(self, session: Session, final: bool = False) -> SessionEnded | None:
-        """Charge the audio received since the last charge that no turn carries (a turn is
-        a task, charged as one); the session ends past the key's quota. With transcription
-        on, the audio still buffered may yet be a turn: it is charged only once it leaves
-        the buffer in none, or when the session ends (`final`)."""
+        """Charge the audio that left the buffer since the last charge in no turn queued as
+        a task; the session ends past the key's quota. The audio still buffered may yet be
+        such a turn: it is charged once it leaves the buffer in none, or when the session
+        ends (`final`)."""
         buffer = session.buffer
-        done = (buffer.received if final or session.config.transcription is None
-                else buffer.settled)
+        done = buffer.received if final else buffer.settled
         due = done / SAMPLE_RATE - session.turned - self.billed
         if due <= 0 or (due < CHARGE_STEP_SECONDS and not final):
             return None

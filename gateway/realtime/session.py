@@ -130,7 +130,10 @@ class Session:
         self.last_activity = self.opened
         self.ended: SessionEnded | None = None
         self.turns: set[asyncio.Task[None]] = set()
-        self.turned = 0.0  # seconds of audio committed in turns to transcribe (tasks)
+        # seconds of audio in turns to be queued as tasks (charged as such; a turn refused
+        # before its task was queued is taken off again, and the meter charges it)
+        self.turned = 0.0
+        self._queued: set[str] = set()  # turns whose task was queued
         self._previous_item: str | None = None
         self._speech_item: str | None = None
         #: each committed item's transcript once known ("" if it failed), in commit order
@@ -273,7 +276,7 @@ class Session:
                                       item=user_item))
         if self.config.transcription is None:
             return
-        self.turned += turn.seconds  # charged as its task (the meter charges the rest)
+        self.turned += turn.seconds  # now, before the buffer's audio could be metered
         earlier = list(self._texts)
         self._texts[item] = ""
         if len(self._texts) > 32:  # the prompt keeps only the tail of the text anyway
@@ -317,6 +320,10 @@ class Session:
             with contextlib.suppress(Exception):
                 await self._failed(item, openai_error(RequestError(
                     500, f"internal error ({type(exc).__name__})", code="server_error")))
+        finally:
+            if item not in self._queued:  # no task carries its charge: the meter does
+                self.turned -= turn.seconds
+            self._queued.discard(item)
 
     async def _run_turn(self, item: str, turn: Turn, target: Target) -> None:
         audio = AudioInput(turn.wav(), None, AudioInfo(turn.seconds, SAMPLE_RATE, 1, "pcm_s16le"))
@@ -329,6 +336,7 @@ class Session:
         except asyncio.CancelledError:
             await self._withdraw(task_id, target.backend)
             raise
+        self._queued.add(item)
         sent = 0
         try:
             async for event in call.events:  # (each segment once, whatever the attempts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from common.catalog import guarded
 from common.store import BreakerPolicy
 from gateway.dependencies import SettingsDep, StoreDep
 from gateway.errors import RequestError, openai_errors
@@ -18,8 +19,9 @@ router = APIRouter(tags=["Operations"])
                responses={200: {"model": BreakerReset}, **openai_errors(401, 404, 503)})
 async def reset_breaker(backend: str, model: str, settings: SettingsDep,
                         store: StoreDep) -> JSONResponse:
-    """Close the breaker now (the files were fixed): the next task loads the model."""
-    sources = settings.backend_models(backend)
+    """Close the breaker now (the files were fixed): the next task loads the model (or, for
+    `diarizer`, the backend's diarizer)."""
+    sources = guarded(settings, backend)
     if model not in sources:
         raise RequestError(404, f"no model {model!r} is configured for backend {backend!r}",
                            param="model", code="model_not_found")

@@ -17,7 +17,7 @@ from prometheus_client.core import (
 )
 
 from common.api_keys import USAGE_UNITS
-from common.catalog import enabled_backends
+from common.catalog import enabled_backends, guarded
 from common.settings import Settings
 from common.store import StoreError, TaskStore
 from common.store.metrics import BUCKETS, Snapshot, snapshot
@@ -49,7 +49,7 @@ class _Families:
             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 async def metrics(settings: SettingsDep, store: StoreDep) -> Response:
     try:
-        families = _families(await snapshot(store, {name: settings.backend_models(name)
+        families = _families(await snapshot(store, {name: guarded(settings, name)
                                                     for name in enabled_backends(settings)}))
         families += await _usage_families(settings, store)
     except StoreError:
