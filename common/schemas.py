@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, get_args
@@ -58,6 +59,8 @@ class ErrorCode(StrEnum):
                 ErrorCode.CANCELLED: 409}.get(self, 500)
 
 
+#: the labels of unknown speakers (SPEAKER_00, SPEAKER_01, …): no known speaker may be named so
+AUTOMATIC_LABEL = re.compile(r"SPEAKER_\d{2,}")
 #: the name a backend's diarizer is reported and breaker-guarded under, beside its models: a
 #: diarizer that fails to load stops diarized tasks, never the model's plain ones
 DIARIZER = "diarizer"

@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import openai
 import psutil
 import pytest
@@ -154,6 +155,13 @@ def test_a_segment_that_changes_speaker_is_split_at_the_word_boundary() -> None:
         "SPEAKER_00", "SPEAKER_00", "SPEAKER_01", "SPEAKER_01"]
     assert transcription.speakers == {"SPEAKER_00": {"seconds": 1.1, "segments": 1},
                                       "SPEAKER_01": {"seconds": 1.0, "segments": 1}}
+    # words that carry no spaces of their own (Parakeet's) keep one between them
+    words = [Word("good", 0.0, 0.4), Word("morning", 0.4, 0.9), Word("to", 1.6, 1.8),
+             Word("you", 1.8, 2.2)]
+    spaced = Transcription("good morning to you", "en", 3.0, [
+        Segment(0, 0.0, 2.2, "good morning to you", words=words)])
+    attach(spaced, Diarization(turns, ["SPEAKER_00", "SPEAKER_01"]))
+    assert [s.text for s in spaced.segments] == ["good morning", "to you"]
 
 
 def test_an_engines_own_speakers_take_the_same_labels() -> None:
@@ -165,6 +173,12 @@ def test_an_engines_own_speakers_take_the_same_labels() -> None:
                                                            "SPEAKER_00"]
     assert transcription.speakers == {"SPEAKER_00": {"seconds": 2.0, "segments": 2},
                                       "SPEAKER_01": {"seconds": 1.0, "segments": 1}}
+    # an id that looks like a label is relabelled too: two speakers stay two
+    mixed = Transcription("a b c", "en", 3.0, [
+        Segment(0, 0.0, 1.0, "a", speaker="1"), Segment(1, 1.0, 2.0, "b", speaker="SPEAKER_00"),
+        Segment(2, 2.0, 3.0, "c", speaker="1")])
+    own_speakers(mixed)
+    assert [s.speaker for s in mixed.segments] == ["SPEAKER_00", "SPEAKER_01", "SPEAKER_00"]
 
 
 def test_an_unusable_diarizer_source_fails_only_the_task_that_asks() -> None:
@@ -426,6 +440,14 @@ def test_openai_sdk_diarized_json_with_known_speakers(service: dict, clips: dict
                                                  response_format="srt",
                                                  extra_body={"diarize": True})
     assert "[SPEAKER_00] " in srt and "[SPEAKER_01] " in srt
+    # a silent reference clip is refused before the transcription runs
+    silence = "data:audio/wav;base64," + base64.b64encode(
+        encode_wav(np.zeros(3 * 16000, np.float32), 16000)).decode()
+    with clips["talk"].open("rb") as handle, pytest.raises(openai.BadRequestError) as bad:
+        client.audio.transcriptions.create(
+            model="whisper-1", file=handle, response_format="diarized_json",
+            known_speaker_names=["alice"], known_speaker_references=[silence])
+    assert "silent" in str(bad.value)
 
 
 def test_bad_diarization_input_is_refused_before_queueing(service: dict, clips: dict) -> None:
@@ -451,6 +473,8 @@ def test_bad_diarization_input_is_refused_before_queueing(service: dict, clips: 
             files={"known_speaker_references": clips["garbage"].open("rb")})
     refused("known_speaker_references", diarize="true",
             **{"known_speaker_names[]": ["alice", "bob"], "known_speaker_references[]": ref})
+    refused("cannot look like the labels", diarize="true", known_speaker_names="SPEAKER_01",
+            known_speaker_references=ref)  # it would merge with an unknown speaker
     refused("diarize", backend="xtts", diarize="true", text="Hello there.")
     refused("num_speakers", num_speakers="2")  # without diarize
     reply = http.post(f"{base}/v1/audio/transcriptions", timeout=60,

@@ -18,7 +18,6 @@ checkpoint directory, for GPU hosts, under the same rules.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -42,7 +41,6 @@ MIN_RELIABLE_SECONDS = 1.0
 MIN_CLUSTER_WINDOWS = 2
 #: turns of one speaker closer than this are one turn
 MERGE_GAP_SECONDS = 0.5
-_LABEL = re.compile(r"SPEAKER_\d{2,}")
 
 
 def label(index: int) -> str:
@@ -158,12 +156,28 @@ class Diarizer:
 
         if not centroids or not voices:
             return {}
+        voices = {name: v for name, v in voices.items() if np.all(np.isfinite(v))}
+        if not voices:
+            return {}
         clusters, names = list(centroids), list(voices)
         scores = np.array([[float(np.dot(_normed(centroids[c]), _normed(voices[n])))
                             for n in names] for c in clusters])
         rows, cols = linear_sum_assignment(-scores)
         return {clusters[r]: names[c] for r, c in zip(rows, cols, strict=True)
                 if scores[r, c] >= self.name_threshold}
+
+
+#: a known speaker's reference clip whose loudest sample is below this (of full scale) holds
+#: no voice to compare (digital silence makes the encoder's volume normalisation NaN)
+SILENT_REFERENCE_PEAK = 1e-3
+
+
+def check_reference(name: str, clip: np.ndarray) -> None:
+    """Refuse (ValueError: the task's 400) a known speaker's clip that holds no voice, before
+    the engine runs: a bad reference found after the transcript was streamed would fail a
+    task whose output was delivered."""
+    if not len(clip) or float(np.max(np.abs(clip))) < SILENT_REFERENCE_PEAK:
+        raise ValueError(f"the reference clip of known speaker {name!r} is silent")
 
 
 def _labelled(turns: list[tuple[Any, Any, Any]], names: dict[Any, str],
@@ -371,7 +385,8 @@ def _split(segment: Segment, turns: list[Turn]) -> list[Segment]:
         return [segment]
     pieces = []
     for index, words in enumerate(runs):
-        text = "".join(word.word for word in words)
+        spaced = all(word.word[:1].isspace() for word in words[1:])
+        text = ("" if spaced else " ").join(word.word for word in words)
         if index == 0 and not text.startswith(" ") and segment.text.startswith(" "):
             text = " " + text
         pieces.append(replace(segment, start=words[0].start if index else segment.start,
@@ -406,9 +421,8 @@ def own_speakers(transcription: Transcription) -> Transcription:
     for segment in transcription.segments:
         if segment.speaker is None:
             continue
-        if segment.speaker not in order:
-            order[segment.speaker] = (segment.speaker if _LABEL.fullmatch(segment.speaker)
-                                      else label(len(order)))
+        if segment.speaker not in order:  # every id, even one that looks like a label
+            order[segment.speaker] = label(len(order))
         segment.speaker = order[segment.speaker]
         for word in segment.words or []:
             word.speaker = segment.speaker

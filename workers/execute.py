@@ -130,6 +130,8 @@ def run_engine(
         references = {name: _decode(sources[clip], diarize.SAMPLE_RATE,
                                     MAX_REFERENCE_SECONDS)
                       for name, clip in zip(speakers.names, speakers.references, strict=True)}
+        for name, clip in references.items():
+            diarize.check_reference(name, clip)
     transcription = transcriber.transcribe(handle, audio, options, on_segment)
     if speakers is not None and row.speakers:  # its own speakers, in the diarizer's labels
         diarize.own_speakers(transcription)

@@ -22,6 +22,7 @@ from typing import Any
 from common import clips
 from common.catalog import BACKENDS
 from common.schemas import (
+    AUTOMATIC_LABEL,
     MAX_KNOWN_SPEAKERS,
     MAX_REFERENCE_SECONDS,
     MAX_SPEAKERS,
@@ -128,6 +129,9 @@ def _names(params: Params) -> list[str]:
                                     "printable characters, without < > [ ] &", param=name)
     if len(set(names)) != len(names):
         raise RequestError(400, "known speakers' names must differ", param=name)
+    if any(AUTOMATIC_LABEL.fullmatch(value) for value in names):
+        raise RequestError(400, "a known speaker's name cannot look like the labels given to "
+                                "unknown speakers (SPEAKER_00, SPEAKER_01, …)", param=name)
     return names
 
 
