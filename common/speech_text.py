@@ -18,7 +18,7 @@ _CJK_STOPS = "\u3002\uff01\uff1f\uff1b"  # ideographic full stop, fullwidth ! ? 
 _SENTENCE_END = re.compile(rf"(?<=[.!?;\u2026])\s+|(?<=[{_CJK_STOPS}])")
 #: digits joined by separators: XTTS drops "," (en, ru) or "." (others) inside a number first,
 #: so "1,000,000" is one seven-digit number to it
-_NUMBER = re.compile(r"\d(?:[\d,.]*\d)?")
+_NUMBER = re.compile(r"[0-9](?:[0-9,.]*[0-9])?")  # XTTS spells out ASCII digits only
 #: XTTS's per-language sentence limits (coqui-tts VoiceBpeTokenizer.char_limits)
 CHAR_LIMITS = {"en": 250, "de": 253, "fr": 273, "es": 239, "it": 213, "pt": 203, "pl": 224,
                "zh": 82, "ar": 166, "cs": 186, "ru": 182, "nl": 251, "tr": 226, "ja": 71,
@@ -49,7 +49,7 @@ def split_sentences(text: str, limit: int) -> list[str]:
 def unspeakable(text: str, language: str) -> str | None:
     """Why XTTS cannot speak `text` in `language` (None: it can)."""
     for piece in split_sentences(text, char_limit(language)):
-        numbers = [sum(ch.isdigit() for ch in found) for found in _NUMBER.findall(piece)]
+        numbers = [sum(ch in "0123456789" for ch in found) for found in _NUMBER.findall(piece)]
         if numbers and language.split("-")[0] in NO_NUMBERS:
             return (f"XTTS cannot spell out numbers in {language!r}: write them in words")
         if numbers and max(numbers) > MAX_NUMBER_DIGITS:

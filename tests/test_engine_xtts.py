@@ -137,6 +137,10 @@ for name, options, reference in [
                                        voice="Claribel Dervla"), None),
     ("tiny_decimal", SynthesisOptions(text="Il valore è 0,00005 mm.", language="it",
                                       voice="Claribel Dervla"), None),
+    ("symbols", SynthesisOptions(text="Hello there. " + "%" * 240, voice="Claribel Dervla"),
+     None),
+    ("hindi_digits", SynthesisOptions(text="नमस्ते ३.", language="hi",
+                                      voice="Claribel Dervla"), None),
 ]:
     try:
         synthesize(handle, options, reference)
@@ -175,6 +179,9 @@ def test_latents_cached_output_seeded_and_input_errors(tiny_model: Path) -> None
     assert "XTTS cannot read the sentence" in errors["czech_ordinal"]
     assert "Narodil se 1." in errors["czech_ordinal"]
     assert "XTTS cannot read the sentence" in errors["tiny_decimal"]
+    # symbols spelled out past the GPT's 400 text tokens: refused before "Hello there."
+    assert "XTTS text tokens once spelled out" in errors["symbols"], errors["symbols"]
+    assert errors["hindi_digits"] is None  # a native digit is not one XTTS spells out
 
 
 def test_split_sentences_gives_one_piece_per_sentence_cut_at_the_limit() -> None:

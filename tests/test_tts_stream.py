@@ -275,6 +275,31 @@ def test_a_task_failing_mid_stream_ends_sse_with_an_error_event(
     assert charge["amount"] == sum(len(s) for s in SENTENCES[:failed["pieces"]]) > 0, charge
 
 
+def test_a_whole_file_call_failing_mid_task_keeps_no_charge(stack: dict[str, Any]) -> None:
+    """The same failure without a stream: the piece spoken before it reached no one (the
+    reply was to be the whole file), so none of the task's charge is kept."""
+    client, worker = stack["redis"], stack["worker"]
+    env = dict(worker.env)
+    failed: dict[str, Any] = {}
+    stack["pause"].arm()
+    restarted = threading.Thread(target=kill_after_first_piece, args=(stack, failed),
+                                 kwargs={"SPEECH_MAX_DELIVERIES": "1"})
+    restarted.start()
+    try:
+        reply = http.post(f"{stack['url']}/v1/audio/speech", timeout=TIMEOUT,
+                          json={**SPEECH, "response_format": "wav"})
+    finally:
+        restarted.join(TIMEOUT)
+        stack["pause"].release()
+        worker.stop()
+        worker.env = env
+        worker.start()
+    assert failed["pieces"] == 1
+    assert reply.status_code == 500 and reply.json()["error"]["code"] == "delivery_limit"
+    charge = json.loads(client.hget(keys.task(failed["task_id"]), "charge"))
+    assert charge["amount"] == 0, charge
+
+
 def test_clients_that_hang_up_or_read_nothing_leave_no_waiter_behind(
         stack: dict[str, Any]) -> None:
     """A gateway that keeps one call waiting at most (SPEECH_MAX_WAITING_REQUESTS=1): a

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -446,12 +447,16 @@ class Consumer:
             log.info("resuming after %d stored pieces", len(done))
         loop = asyncio.get_running_loop()
 
+        streamed = bool(task.params.get("streamed"))
+
         def store(chunk: SpeechChunk) -> None:
             # Runs on the engine thread: each piece is durable before the next is spoken.
             # A lost Redis is waited out (as the terminal write would be); StaleAttempt
-            # (another attempt owns the task now) ends this one.
+            # (another attempt owns the task now) ends this one. A piece counts as delivered
+            # (kept charged if the task fails later) only where a stream sends it out.
+            piece = chunk if streamed else dataclasses.replace(chunk, characters=0)
             asyncio.run_coroutine_threadsafe(self._until_stored(
-                lambda: self.store.append_chunk(task.id, attempt, chunk)), loop).result()
+                lambda: self.store.append_chunk(task.id, attempt, piece)), loop).result()
 
         return SpeechProgress(done, store)
 

@@ -49,6 +49,8 @@ class SpeechServing:
         terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, INTERACTIVE),
                                self.settings)
         options, audio = await tts_input(params, self.settings, backend, text_param="input")
+        if stream_format:  # its pieces reach the client as they are spoken: each is delivered
+            options["streamed"] = True
         call = await self.calls.start(backend=backend, model=model, options=options,
                                       audio=audio, owner=owner, terms=terms)
         # past the timeout the audio stays fetchable (as WAV) at its URL once it finishes

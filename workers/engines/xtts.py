@@ -121,12 +121,18 @@ class XttsEngine:
             raise ValueError("the text is empty")
         if problem := unspeakable(options.text, language):  # before any piece is spoken
             raise ValueError(problem)
+        # the GPT's text limit (XTTS asserts it per sentence, after the first were spoken)
+        most = int(getattr(handle.model.args, "gpt_max_text_tokens", 402))
         for sentence in sentences[start:]:  # the engine's own text cleaning, also up front:
             try:  # num2words has gaps (Czech ordinals, Italian decimals under 1e-4)
-                handle.model.tokenizer.preprocess_text(sentence, language.split("-")[0])
+                tokens = handle.model.tokenizer.encode(sentence, language.split("-")[0])
             except Exception as exc:
                 raise ValueError(f"XTTS cannot read the sentence {sentence[:80]!r} in "
                                  f"{language} ({type(exc).__name__}: {exc})") from None
+            if len(tokens) >= most:  # symbols spelled out ("%" is "percent"), or İ lowered
+                raise ValueError(f"the sentence {sentence[:80]!r} is {len(tokens)} XTTS text "
+                                 f"tokens once spelled out, past its {most - 1}: split it "
+                                 "or write its symbols in words")
         if options.speed <= 0:
             raise ValueError("speed must be positive")
         latent, embedding = self._conditioning(handle, options.voice, reference)
