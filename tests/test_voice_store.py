@@ -7,10 +7,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from redis.asyncio import Redis
 
 from common.blobs import BlobDir
 from common.store.voices import CONSENTS, VOICES, VoiceStore
+from gateway.errors import RequestError
+from gateway.serving.voices import use_custom_voice
+from gateway.submit.inputs import Params
 from harness import procs
 
 OWNER = "key-a"
@@ -42,3 +46,27 @@ def test_client_ids_never_reach_the_blob_directory(redis: procs.RedisServer,
     asyncio.run(scenario())
     assert outside.read_bytes() == b"not yours"
     assert list(root.iterdir()) == []
+
+
+def test_a_voice_needs_its_consent_when_stored_and_when_used(redis: procs.RedisServer) -> None:
+    """A consent withdrawn while its voice was being checked makes no voice (the check and
+    the insert are one step); a voice whose consent is gone is no voice to speak with."""
+    consent, voice = "cons_" + "cd" * 12, "voice_" + "ef" * 12
+
+    async def scenario() -> None:
+        client = Redis.from_url(redis.url)
+        store = VoiceStore(client, None)
+        await store.create(CONSENTS, OWNER, {"id": consent}, b"consent audio")
+        made = {"id": voice, "consent": consent}
+        assert await store.create(VOICES, OWNER, made, b"sample", 3, consent=consent) == 1
+        assert await store.delete(CONSENTS, OWNER, consent)  # withdrawn (its voice missed)
+        other = {"id": "voice_" + "ab" * 12, "consent": consent}
+        assert await store.create(VOICES, OWNER, other, b"sample", 3, consent=consent) == -1
+        assert await store.get(VOICES, OWNER, other["id"]) is None
+        params = Params({"voice": voice}, {}, {})
+        with pytest.raises(RequestError) as refused:
+            await use_custom_voice(params, OWNER, store)
+        assert refused.value.status_code == 404
+        await client.aclose()
+
+    asyncio.run(scenario())

@@ -24,12 +24,15 @@ from common import keys
 from common.blobs import BlobDir
 from common.store.tasks import TaskStore
 
-# KEYS: index, record, audio key | ARGV: id, score, record JSON, most ("" = no limit),
-# audio ("" = in the blob directory) -> 1 stored, 0 the owner has `most` already
 #: the ids the gateway gives consents and voices ("cons_…", "voice_…": 24 hex digits)
 OBJECT_ID = re.compile(r"[a-z]+_[0-9a-f]{24}")
 
+# KEYS: index, record, audio key, and (optional) the record that must still exist (a voice's
+# consent: withdrawn while the voice was checked, it makes no voice) | ARGV: id, score,
+# record JSON, most ("" = no limit), audio ("" = in the blob directory)
+# -> 1 stored, 0 the owner has `most` already, -1 the required record is gone
 _CREATE = """
+if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 0 then return -1 end
 if ARGV[4] ~= '' and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return 0 end
 redis.call('SET', KEYS[2], ARGV[3])
 if ARGV[5] ~= '' then redis.call('SET', KEYS[3], ARGV[5]) end
@@ -66,8 +69,9 @@ class VoiceStore:
         return cls(store.redis, None if blobs is None else BlobDir(blobs.root / "voices", 0))
 
     async def create(self, kind: Kind, owner: str, record: dict[str, Any], audio: bytes,
-                     most: int | None = None) -> bool:
-        """Store a new object and its audio; False (nothing stored) when the owner has `most`."""
+                     most: int | None = None, consent: str | None = None) -> int:
+        """Store a new object and its audio: 1; 0 (nothing stored) when the owner has `most`,
+        -1 when `consent` (a consent's id: the voice's) is gone."""
         object_id = record["id"]
         in_redis = self.blob_dir is None
         if not in_redis:
@@ -75,13 +79,14 @@ class VoiceStore:
             self.blob_dir.write(self._path(owner, object_id), audio)
         stored = await self._create(
             keys=[kind.index(owner), kind.record(owner, object_id),
-                  keys.voice_audio(owner, object_id)],
+                  keys.voice_audio(owner, object_id),
+                  *([CONSENTS.record(owner, consent)] if consent is not None else [])],
             args=[object_id, int(time.time() * 1000), json.dumps(record),
                   "" if most is None else most, audio if in_redis else ""])
-        if not stored and not in_redis:
+        if stored != 1 and not in_redis:
             assert self.blob_dir is not None
             self.blob_dir.delete(self._path(owner, object_id))
-        return bool(stored)
+        return int(stored)
 
     async def get(self, kind: Kind, owner: str, object_id: str) -> dict[str, Any] | None:
         raw = await self.redis.get(kind.record(owner, object_id))

@@ -169,7 +169,11 @@ class VoiceServing:
                   "check": {"score": round(score, 4), "threshold": threshold,
                             "seconds": round(info.duration, 3)},
                   "consent_check": consent.get("check")}
-        if not await guard_store(self.voices.create(VOICES, owner, record, sample, most)):
+        stored = await guard_store(self.voices.create(VOICES, owner, record, sample, most,
+                                                      consent=consent_id))
+        if stored == -1:  # withdrawn while the voice was checked: no voice without it
+            raise _not_found(CONSENTS, consent_id)
+        if stored == 0:
             raise RequestError(400, f"this key has {most} voices already, the most it may "
                                     "keep: delete one first", code="too_many_voices")
         return _public(record, VOICE_FIELDS)
@@ -246,6 +250,9 @@ async def use_custom_voice(params: Params, owner: str, voices: VoiceStore) -> No
     if params.upload("speaker_wav") is not None or params.get("speaker_wav"):
         raise RequestError(400, "give either 'voice' or 'speaker_wav', not both", param="voice")
     record = await guard_store(voices.get(VOICES, owner, voice))
+    if record is not None and await guard_store(
+            voices.get(CONSENTS, owner, str(record.get("consent")))) is None:
+        record = None  # its consent was withdrawn: it speaks no more
     sample = None if record is None else await guard_store(voices.audio(owner, voice))
     if sample is None:
         raise RequestError(404, f"no voice {voice[:80]!r} for this key", param="voice",
