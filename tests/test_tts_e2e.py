@@ -221,6 +221,7 @@ def test_bad_requests_are_clear_4xx_and_queue_nothing(tts: dict[str, Any]) -> No
         ({"text": SENTENCE, "speaker_wav": "garbage.wav"}, None, "reference clip"),
         ({"text": SENTENCE}, {"speaker_wav": garbage}, "reference clip (speaker_wav)"),
         ({"text": SENTENCE}, {"speaker_wav": ("s.wav", short)}, "needs at least 0.5 s"),
+        ({"text": SENTENCE}, {"speaker_wav": ("e.wav", b"")}, "the 'speaker_wav' upload is empty"),
         ({"text": SENTENCE, "speed": "9"}, None, "speed must be"),
         ({"text": SENTENCE, "voice": "alloy", "speaker_wav": str(CLIP)}, None, "not both"),
     ]

@@ -266,11 +266,7 @@ async def _audio(params: Params, name: str) -> tuple[bytes, AudioInfo]:
     if upload is None:
         raise RequestError(400, f"missing '{name}': upload the audio under that name",
                            param=name)
-    try:
-        audio = read_upload(upload, MAX_AUDIO_BYTES)
-    except RequestError as exc:
-        exc.param = name
-        raise
+    audio = read_upload(upload, MAX_AUDIO_BYTES, name)
     try:
         info = await asyncio.to_thread(probe_audio, audio)
     except AudioError as exc:

@@ -45,11 +45,7 @@ async def analysis_input(params: Params, settings: Settings,
         upload = params.upload(clip.name)
         raw_path = None if upload is not None else params.get(clip.name)
         if upload is not None:
-            try:
-                uploads[clip.name] = read_upload(upload, _max_bytes(settings))
-            except RequestError as exc:
-                exc.param = clip.name
-                raise
+            uploads[clip.name] = read_upload(upload, _max_bytes(settings), clip.name)
             seconds += await _probe(uploads[clip.name], clip.name, settings)
         elif raw_path:
             try:

@@ -147,11 +147,7 @@ async def _references(params: Params, settings: Settings, count: int) -> list[by
     max_bytes = settings.max_upload_bytes
     references: list[bytes | Path] = []
     for upload in uploads:
-        try:
-            references.append(read_upload(upload, max_bytes))
-        except RequestError as exc:
-            exc.param, exc.message = name, f"{name}: {exc.message}"
-            raise
+        references.append(read_upload(upload, max_bytes, name))
     for value in values:
         if match := _DATA_URL.match(value):
             try:

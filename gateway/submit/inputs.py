@@ -189,13 +189,15 @@ def _scalar(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def read_upload(upload: Upload, max_bytes: int) -> bytes:
+def read_upload(upload: Upload, max_bytes: int, param: str = "file") -> bytes:
+    """The upload's bytes; a 413 or 400 naming `param` (the field it came in) if it is
+    larger than `max_bytes` or empty."""
     data = upload.data
+    what = "the uploaded file" if param == "file" else f"the '{param}' upload"
     if len(data) > max_bytes:
-        raise RequestError(413, f"the uploaded file is larger than {max_bytes} bytes",
-                           param="file")
+        raise RequestError(413, f"{what} is larger than {max_bytes} bytes", param=param)
     if not data:
-        raise RequestError(400, "the uploaded file is empty", param="file")
+        raise RequestError(400, f"{what} is empty", param=param)
     return data
 
 

@@ -50,7 +50,7 @@ async def tts_input(params: Params, settings: Settings, backend: str,
     if voice and (upload is not None or raw_path):
         raise RequestError(400, "give either 'voice' or 'speaker_wav', not both", param="voice")
     if upload is not None:
-        blob = read_upload(upload, settings.max_upload_bytes)
+        blob = read_upload(upload, settings.max_upload_bytes, "speaker_wav")
         return options, AudioInput(blob, None, await _probe(blob, settings, backend))
     if params.voice_sample is not None:  # a custom voice (gateway/serving/voices.py)
         sample = params.voice_sample
