@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from harness import procs
 from harness.http_client import http
@@ -14,60 +17,60 @@ from tests.helpers import JFK, status, submit_file, wait_done
 from tests.inprocess import InProcessWorker, worker_settings
 
 
-def test_gateway_answers_clearly_while_redis_is_down(tmp_path: Path) -> None:
+@pytest.fixture
+def done(tmp_path: Path) -> Iterator[tuple[procs.RedisServer, str, str]]:
+    """A Redis, a gateway and an in-process worker, and a task they ran (its id)."""
     redis = procs.RedisServer(tmp_path / "redis").start()
     gateway = procs.gateway(redis.url, tmp_path).start()
     worker = InProcessWorker(worker_settings(redis.url)).start()
     try:
         task_id = submit_file(gateway.url, JFK).json()["taskid"]
         assert wait_done(gateway.url, task_id)["status"] == "SUCCEEDED"
-        redis.stop()
-        refused = submit_file(gateway.url, JFK)
-        assert refused.status_code == 503
-        assert refused.json()["status"] == "FAILED" and "unavailable" in refused.json()["error"]
-        poll = status(gateway.url, task_id)  # 200, and not FAILED: Sage would give up for good
-        assert poll["status"] == "PENDING" and "unavailable" in poll["detail"]
-        assert http.get(f"{gateway.url}/ready").status_code == 503
-        assert http.get(f"{gateway.url}/health").status_code == 200
-        redis.start()  # same port and data directory: the AOF brings the task back
-        assert status(gateway.url, task_id)["status"] == "SUCCEEDED"
-        again = submit_file(gateway.url, JFK).json()["taskid"]
-        assert wait_done(gateway.url, again, timeout=60)["status"] == "SUCCEEDED"
-        redis.client().flushall()  # a Redis that lost everything (no AOF): the worker's
-        lost = submit_file(gateway.url, JFK).json()["taskid"]  # consumer group is gone too
-        assert wait_done(gateway.url, lost, timeout=60)["status"] == "SUCCEEDED"
+        yield redis, gateway.url, task_id
     finally:
         worker.stop()
         gateway.stop()
         redis.stop()
 
 
-def test_polls_answer_within_seconds_while_redis_is_paused(tmp_path: Path) -> None:
+def test_gateway_answers_clearly_while_redis_is_down(
+        done: tuple[procs.RedisServer, str, str]) -> None:
+    redis, base, task_id = done
+    redis.stop()
+    refused = submit_file(base, JFK)
+    assert refused.status_code == 503
+    assert refused.json()["status"] == "FAILED" and "unavailable" in refused.json()["error"]
+    poll = status(base, task_id)  # 200, and not FAILED: Sage would give up for good
+    assert poll["status"] == "PENDING" and "unavailable" in poll["detail"]
+    assert http.get(f"{base}/ready").status_code == 503
+    assert http.get(f"{base}/health").status_code == 200
+    redis.start()  # same port and data directory: the AOF brings the task back
+    assert status(base, task_id)["status"] == "SUCCEEDED"
+    again = submit_file(base, JFK).json()["taskid"]
+    assert wait_done(base, again, timeout=60)["status"] == "SUCCEEDED"
+    redis.client().flushall()  # a Redis that lost everything (no AOF): the worker's
+    lost = submit_file(base, JFK).json()["taskid"]  # consumer group is gone too
+    assert wait_done(base, lost, timeout=60)["status"] == "SUCCEEDED"
+
+
+def test_polls_answer_within_seconds_while_redis_is_paused(
+        done: tuple[procs.RedisServer, str, str]) -> None:
     """A paused Redis (SIGSTOP: its socket open, nothing answered; a stalled host or a
     partition alike) makes no poll wait: Sage's is HTTP 200 PENDING "unavailable" and the
     REST view a 503, each within a few seconds (the client's own timeouts add up to half a
     minute); once Redis resumes the task reads SUCCEEDED."""
-    redis = procs.RedisServer(tmp_path / "redis").start()
-    gateway = procs.gateway(redis.url, tmp_path).start()
-    worker = InProcessWorker(worker_settings(redis.url)).start()
+    redis, base, task_id = done
+    assert redis.proc is not None
+    os.kill(redis.proc.pid, signal.SIGSTOP)
     try:
-        task_id = submit_file(gateway.url, JFK).json()["taskid"]
-        assert wait_done(gateway.url, task_id)["status"] == "SUCCEEDED"
-        assert redis.proc is not None
-        os.kill(redis.proc.pid, signal.SIGSTOP)
-        try:
-            for _ in range(2):  # the second finds the first's connection still hung
-                started = time.monotonic()
-                poll = status(gateway.url, task_id)
-                assert time.monotonic() - started < 5, time.monotonic() - started
-                assert poll["status"] == "PENDING" and "unavailable" in poll["detail"], poll
-                started = time.monotonic()
-                view = http.get(f"{gateway.url}/v1/tasks/{task_id}", timeout=30)
-                assert time.monotonic() - started < 5 and view.status_code == 503, view.text
-        finally:
-            os.kill(redis.proc.pid, signal.SIGCONT)
-        assert wait_done(gateway.url, task_id, timeout=60)["status"] == "SUCCEEDED"
+        for _ in range(2):  # the second finds the first's connection still hung
+            started = time.monotonic()
+            poll = status(base, task_id)
+            assert time.monotonic() - started < 5, time.monotonic() - started
+            assert poll["status"] == "PENDING" and "unavailable" in poll["detail"], poll
+            started = time.monotonic()
+            view = http.get(f"{base}/v1/tasks/{task_id}", timeout=30)
+            assert time.monotonic() - started < 5 and view.status_code == 503, view.text
     finally:
-        worker.stop()
-        gateway.stop()
-        redis.stop()
+        os.kill(redis.proc.pid, signal.SIGCONT)
+    assert wait_done(base, task_id, timeout=60)["status"] == "SUCCEEDED"

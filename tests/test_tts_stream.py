@@ -21,9 +21,9 @@ import signal
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -51,6 +51,7 @@ SHORT = " ".join(SENTENCES[:2])  # two pieces: what the formats need to cross a 
 THREE = " ".join(SENTENCES[:3])  # one piece stored before a kill, two spoken after it
 RATE = 24000
 TIMEOUT = 180
+T = TypeVar("T")
 SPEECH = {"model": "tts-1", "input": TEXT, "voice": "alloy"}
 
 
@@ -239,26 +240,36 @@ def test_a_worker_killed_mid_stream_resumes_and_the_client_hears_each_sentence_o
     assert f"resuming after {before['pieces']} stored pieces" in worker.log()
 
 
-def test_a_task_failing_mid_stream_ends_sse_with_an_error_event(
-        stack: dict[str, Any]) -> None:
-    """The worker dies half-way and its replacement may deliver a task only once
-    (SPEECH_MAX_DELIVERIES=1): the task is FAILED delivery_limit, so the SSE stream has
-    the pieces spoken so far, then an `error` event; the task's pieces are dropped."""
-    client, worker = stack["redis"], stack["worker"]
+def failing_after_first_piece(stack: dict[str, Any], call: Callable[[], T],
+                              failed: dict[str, Any]) -> T:
+    """`call`'s answer while its task fails half-way: the worker dies after the first piece
+    and its replacement may deliver a task only once (SPEECH_MAX_DELIVERIES=1), so the task
+    is FAILED delivery_limit; what was stored goes into `failed`. The worker is then started
+    again as it was."""
+    worker = stack["worker"]
     env = dict(worker.env)
-    failed: dict[str, Any] = {}
     stack["pause"].arm()
     restarted = threading.Thread(target=kill_after_first_piece, args=(stack, failed),
                                  kwargs={"SPEECH_MAX_DELIVERIES": "1"})
     restarted.start()
     try:
-        reply, body = stream(stack["url"], response_format="pcm", stream_format="sse")
+        return call()
     finally:
         restarted.join(TIMEOUT)
         stack["pause"].release()
         worker.stop()
         worker.env = env
         worker.start()
+
+
+def test_a_task_failing_mid_stream_ends_sse_with_an_error_event(
+        stack: dict[str, Any]) -> None:
+    """The task fails half-way (`failing_after_first_piece`): the SSE stream has the pieces
+    spoken so far, then an `error` event; the task's pieces are dropped."""
+    client = stack["redis"]
+    failed: dict[str, Any] = {}
+    reply, body = failing_after_first_piece(stack, lambda: stream(
+        stack["url"], response_format="pcm", stream_format="sse"), failed)
     events = sse_events(body)
     *deltas, error = events
     assert failed["pieces"] == 1
@@ -278,25 +289,13 @@ def test_a_task_failing_mid_stream_ends_sse_with_an_error_event(
 def test_a_whole_file_call_failing_mid_task_keeps_no_charge(stack: dict[str, Any]) -> None:
     """The same failure without a stream: the piece spoken before it reached no one (the
     reply was to be the whole file), so none of the task's charge is kept."""
-    client, worker = stack["redis"], stack["worker"]
-    env = dict(worker.env)
     failed: dict[str, Any] = {}
-    stack["pause"].arm()
-    restarted = threading.Thread(target=kill_after_first_piece, args=(stack, failed),
-                                 kwargs={"SPEECH_MAX_DELIVERIES": "1"})
-    restarted.start()
-    try:
-        reply = http.post(f"{stack['url']}/v1/audio/speech", timeout=TIMEOUT,
-                          json={**SPEECH, "response_format": "wav"})
-    finally:
-        restarted.join(TIMEOUT)
-        stack["pause"].release()
-        worker.stop()
-        worker.env = env
-        worker.start()
+    reply = failing_after_first_piece(stack, lambda: http.post(
+        f"{stack['url']}/v1/audio/speech", timeout=TIMEOUT,
+        json={**SPEECH, "response_format": "wav"}), failed)
     assert failed["pieces"] == 1
     assert reply.status_code == 500 and reply.json()["error"]["code"] == "delivery_limit"
-    charge = json.loads(client.hget(keys.task(failed["task_id"]), "charge"))
+    charge = json.loads(stack["redis"].hget(keys.task(failed["task_id"]), "charge"))
     assert charge["amount"] == 0, charge
 
 

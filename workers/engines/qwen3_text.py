@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import re
 
-# ISO code -> the name the model was trained with in its "language <Name>" prefix.
-LANGUAGE_NAMES: dict[str, str] = {
-    "ar": "Arabic", "yue": "Cantonese", "zh": "Chinese", "cs": "Czech", "da": "Danish",
-    "nl": "Dutch", "en": "English", "fil": "Filipino", "fi": "Finnish", "fr": "French",
-    "de": "German", "el": "Greek", "hi": "Hindi", "hu": "Hungarian", "id": "Indonesian",
-    "it": "Italian", "ja": "Japanese", "ko": "Korean", "mk": "Macedonian", "ms": "Malay",
-    "fa": "Persian", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian",
-    "es": "Spanish", "sv": "Swedish", "th": "Thai", "tr": "Turkish", "vi": "Vietnamese",
-}
+from common.languages import LANGUAGE_NAMES as NAMES
+
+# ISO code -> the name the model was trained with in its "language <Name>" prefix: the
+# language's English name (common/languages.py), capitalised.
+LANGUAGE_NAMES: dict[str, str] = {code: NAMES[code].title() for code in (
+    "ar", "yue", "zh", "cs", "da", "nl", "en", "fil", "fi", "fr", "de", "el", "hi", "hu", "id",
+    "it", "ja", "ko", "mk", "ms", "fa", "pl", "pt", "ro", "ru", "es", "sv", "th", "tr", "vi",
+)}  # fmt: skip
 _CODES_BY_NAME = {name.lower(): code for code, name in LANGUAGE_NAMES.items()}
 _ALIASES = {"tl": "fil", "cmn": "zh", "zh-cn": "zh", "zh-tw": "zh", "pt-br": "pt"}
 
