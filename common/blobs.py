@@ -9,6 +9,7 @@ write deletes its input; `sweep` removes what a crash between the two left behin
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -26,9 +27,11 @@ class BlobDir:
     def input_path(self, task_id: str) -> Path:
         return self.root / f"{task_id}.input"
 
-    def output_name(self, task_id: str, attempt: int | None) -> str:
-        """Per attempt, so a stale attempt never overwrites the file the winner points at."""
-        return f"{task_id}.output.{attempt or 0}"
+    def output_name(self, task_id: str, attempt: int | None, worker: str = "") -> str:
+        """Per attempt and worker, so a stale attempt never overwrites the file the winner
+        points at (after a failover lost a start, two workers can hold one attempt number)."""
+        name = f"{task_id}.output.{attempt or 0}"
+        return f"{name}.{hashlib.sha256(worker.encode()).hexdigest()[:12]}" if worker else name
 
     def write(self, path: Path, data: bytes) -> None:
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -64,6 +64,17 @@ def test_supervisord_conf_runs_every_worker_in_its_environment() -> None:
         assert (ROOT / "deploy" / "envs" / f"{env_name}.txt").is_file()
 
 
+def test_supervisord_lets_the_gateway_drain_before_sigkill() -> None:
+    """supervisord SIGKILLs a program stopwaitsecs after SIGTERM: the gateway's servers drain
+    for up to the request timeout + 30 s (gateway/process/launcher.py), which the wait covers."""
+    from common.settings import Settings
+
+    parser = configparser.RawConfigParser()
+    parser.read_string((ROOT / "deploy" / "supervisord.conf").read_text())
+    wait = int(parser["program:gateway"]["stopwaitsecs"])
+    assert wait >= Settings().request_timeout_seconds + 30 + 5
+
+
 def test_generated_deploy_files_match_the_backend_table() -> None:
     """supervisord's worker programs, their defaults and the Sage map are what
     scripts/gen_deploy.py makes of common/backends.py: a row changed without rerunning it fails."""

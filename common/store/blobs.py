@@ -57,10 +57,12 @@ class BlobStore:
         assert self.dir is not None
         await asyncio.to_thread(self.dir.write, self.dir.input_path(task_id), blob)
 
-    async def write_output_file(self, task_id: str, attempt: int | None, output: bytes) -> str:
-        """The output as a file, per attempt: its name, for the fenced finish script."""
+    async def write_output_file(self, task_id: str, attempt: int | None, output: bytes,
+                                worker: str = "") -> str:
+        """The output as a file, per attempt and worker: its name, for the fenced finish
+        script."""
         assert self.dir is not None
-        name = self.dir.output_name(task_id, attempt)
+        name = self.dir.output_name(task_id, attempt, worker)
         await asyncio.to_thread(self.dir.write, self.dir.root / name, output)
         return name
 

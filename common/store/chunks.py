@@ -22,13 +22,15 @@ READ_COUNT = 16
 
 # KEYS: task, chunks, events | ARGV: attempt, index (from 0), pcm, sample rate, retention,
 #       the piece's characters (added to the task's `delivered`: what it is charged for if
-#       it fails later)
+#       it fails later), the worker that started the attempt ("" = any)
 # -> pieces stored after the call (index + 1 when this one is stored, also when this attempt
 #    already had stored it: a retry after a lost reply), -1 when the attempt is stale or the
 #    task is not RUNNING, -2 when another attempt stored that piece.
 _APPEND = """
-local f = redis.call('HMGET', KEYS[1], 'state', 'attempt')
-if f[1] ~= 'RUNNING' or f[2] ~= ARGV[1] then return -1 end
+local f = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'worker')
+if f[1] ~= 'RUNNING' or f[2] ~= ARGV[1] or (ARGV[7] and ARGV[7] ~= '' and f[3] ~= ARGV[7]) then
+  return -1
+end
 local stored = redis.call('XLEN', KEYS[2])
 local index = tonumber(ARGV[2])
 if stored == index + 1 then
@@ -57,12 +59,14 @@ class SpeechChunks:
         self.retention = retention_seconds
         self._append = redis.register_script(_APPEND)
 
-    async def append(self, task_id: str, attempt: int, chunk: SpeechChunk) -> None:
-        """Store piece `chunk.index` for `attempt`; StaleAttempt when the attempt lost."""
+    async def append(self, task_id: str, attempt: int, chunk: SpeechChunk,
+                     worker: str = "") -> None:
+        """Store piece `chunk.index` for `attempt` (started by `worker`; "" = any);
+        StaleAttempt when the attempt lost."""
         stored = int(await self._append(
             keys=[keys.task(task_id), keys.speech_chunks(task_id), keys.events(task_id)],
             args=[attempt, chunk.index, chunk.pcm, chunk.sample_rate, self.retention,
-                  chunk.characters]))
+                  chunk.characters, worker]))
         if stored == -1:
             raise StaleAttempt(task_id)
         if stored != chunk.index + 1:  # an attempt appends after what is stored, in order

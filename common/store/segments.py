@@ -14,10 +14,12 @@ from redis.asyncio import Redis
 
 from common import keys
 
-# KEYS: task, events | ARGV: attempt, the segment's end (seconds), the event (JSON)
+# KEYS: task, events | ARGV: attempt, the segment's end (seconds), the event (JSON), the worker
+#       that started the attempt ("" = any)
 _PUBLISH = """
-local f = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'delivered')
-if f[1] == 'RUNNING' and f[2] == ARGV[1] then
+local f = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'delivered', 'worker')
+if f[1] == 'RUNNING' and f[2] == ARGV[1] and (not ARGV[4] or ARGV[4] == '' or f[4] == ARGV[4])
+then
   local done = tonumber(ARGV[2])
   if done > (tonumber(f[3] or '') or 0) then redis.call('HSET', KEYS[1], 'delivered', done) end
 end
@@ -30,6 +32,7 @@ class SegmentPublisher:
         self._publish = redis.register_script(_PUBLISH)
 
     async def publish(self, task_id: str, attempt: int, end: float,
-                      event: dict[str, Any]) -> None:
+                      event: dict[str, Any], worker: str = "") -> None:
         await self._publish(keys=[keys.task(task_id), keys.events(task_id)],
-                            args=[attempt, repr(max(0.0, float(end))), json.dumps(event)])
+                            args=[attempt, repr(max(0.0, float(end))), json.dumps(event),
+                                  worker])

@@ -182,7 +182,9 @@ return attempt
 #       spoken pieces
 # ARGV: attempt (or "" = unfenced), entry, group, state, now, retention, result, error, code,
 #       output ("" = none), output file name ("" = none), measured usage ("" = none),
-#       the result's `usage` as JSON ("" = none: a poll's reply splices it unparsed)
+#       the result's `usage` as JSON ("" = none: a poll's reply splices it unparsed), the
+#       worker that started the attempt ("" = any: a failover that lost a start can hand the
+#       same attempt number to a second worker, and only the worker field tells them apart)
 # -> 1 stored (now, or by an earlier call of this attempt whose reply was lost: the record
 # names its output file), 0 stale attempt or already terminal. Acks only after the state is
 # stored.
@@ -191,7 +193,12 @@ return attempt
 _FINISH = _CLOSE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 0 end
-if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'attempt') ~= ARGV[1] then return 0 end
+if ARGV[1] ~= '' then
+  local runner = redis.call('HMGET', KEYS[1], 'attempt', 'worker')
+  if runner[1] ~= ARGV[1] or (ARGV[14] and ARGV[14] ~= '' and runner[2] ~= ARGV[14]) then
+    return 0
+  end
+end
 if state ~= 'PENDING' and state ~= 'RUNNING' then
   if ARGV[2] ~= '' then redis.call('XACK', KEYS[2], ARGV[3], ARGV[2]) end
   -- a retried call whose first reply was lost: the record names this attempt's output file
@@ -430,8 +437,10 @@ class TaskStore:
         error: str = "",
         error_code: str = "",
         output: bytes | None = None,
+        worker: str = "",
     ) -> bool:
-        """Store the terminal state (fenced by attempt) with its output, delete the input,
+        """Store the terminal state (fenced by attempt and, unless "", the `worker` that
+        started it) with its output, delete the input,
         then ack; False if this write lost (its output is then discarded). NotReplicated
         (its `result`: stored or not) when no replica confirmed it after FINISH_WAITS waits:
         the input file then stays for a redelivery (the sweeper removes it later)."""
@@ -439,7 +448,7 @@ class TaskStore:
         output_file = ""
         if self.blobs.in_file(output):
             assert output is not None
-            output_file = await self.blobs.write_output_file(task.id, attempt, output)
+            output_file = await self.blobs.write_output_file(task.id, attempt, output, worker)
         try:
             stored = bool(await self.replicas.call(
                 self.redis, self._finish,
@@ -452,7 +461,8 @@ class TaskStore:
                       json.dumps(result) if result is not None else "", one_line(error),
                       error_code, b"" if output_file or output is None else output,
                       output_file, usage.measured(task.charge, state, result),
-                      json.dumps(result.get("usage") or {}) if result is not None else ""],
+                      json.dumps(result.get("usage") or {}) if result is not None else "",
+                      worker],
                 tries=FINISH_WAITS))
         except NotReplicated as short:
             if output_file and not short.result:

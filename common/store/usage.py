@@ -103,15 +103,16 @@ return nil
 """
 
 
-# KEYS: the task hash | ARGV: the audio it decoded (in its charge's unit), its attempt
+# KEYS: the task hash | ARGV: the audio it decoded (in its charge's unit), its attempt, the
+#       worker that started the attempt ("" = any)
 # -> nil when charged (or nothing to charge: not running this attempt, unmetered, no more
 # than its charge), or {3, which limit (1-4), used, limit} when the rest would pass it.
 # A container can understate its length to the submit's probe (workers/consumer.py): the part
 # the submit did not charge is charged here, against the quotas the submit recorded.
 TOP_UP = LUA + """
-local current = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'charge')
+local current = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'charge', 'worker')
 if current[1] ~= 'RUNNING' or current[2] ~= ARGV[2] or not current[3] or current[3] == ''
-then return nil end
+   or (ARGV[3] and ARGV[3] ~= '' and current[4] ~= ARGV[3]) then return nil end
 local charge = cjson.decode(current[3])
 local more = tonumber(ARGV[1]) - charge.amount
 if more <= 0 then return nil end
@@ -295,8 +296,10 @@ class TopUps:
     def __init__(self, redis: Redis) -> None:
         self._top_up = redis.register_script(TOP_UP)
 
-    async def top_up(self, task_id: str, attempt: int, amount: float) -> TopUpRefused | None:
-        refused = await self._top_up(keys=[keys.task(task_id)], args=[repr(amount), attempt])
+    async def top_up(self, task_id: str, attempt: int, amount: float,
+                     worker: str = "") -> TopUpRefused | None:
+        refused = await self._top_up(keys=[keys.task(task_id)],
+                                     args=[repr(amount), attempt, worker])
         if not refused:
             return None
         return TopUpRefused(int(refused[1]), float(refused[2]), float(refused[3]))

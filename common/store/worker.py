@@ -106,17 +106,17 @@ class WorkerStore:
     async def finish(self, task: Task, state: TaskState, *, attempt: int | None, entry_id: str,
                      result: dict[str, Any] | None = None, error: str = "", error_code: str = "",
                      output: bytes | None = None) -> bool:
-        """The terminal state, fenced by `attempt` (None: unfenced), then the ack; False when
-        this write lost."""
+        """The terminal state, fenced by `attempt` (None: unfenced) and this consumer, then
+        the ack; False when this write lost."""
         return await self._tasks.finish(task, state, attempt=attempt, entry_id=entry_id,
                                         result=result, error=error, error_code=error_code,
-                                        output=output)
+                                        output=output, worker=self.consumer)
 
     async def top_up(self, task_id: str, attempt: int, audio_seconds: float,
                      ) -> TopUpRefused | None:
         """Charge a running attempt's task up to the audio it decoded (common/store/usage.py,
         TOP_UP); the quota it would pass, if any (nothing charged then)."""
-        return await self._top_ups.top_up(task_id, attempt, audio_seconds)
+        return await self._top_ups.top_up(task_id, attempt, audio_seconds, self.consumer)
 
     # --- a TTS task's audio as it is spoken (common/store/chunks.py) ---
     async def speech_chunks(self, task_id: str) -> list[SpeechChunk]:
@@ -124,8 +124,9 @@ class WorkerStore:
         return await self._tasks.speech.read(task_id, count=None)
 
     async def append_chunk(self, task_id: str, attempt: int, chunk: SpeechChunk) -> None:
-        """StaleAttempt when `attempt` is no longer the task's running attempt."""
-        await self._tasks.speech.append(task_id, attempt, chunk)
+        """StaleAttempt when `attempt` (by this consumer) is no longer the task's running
+        attempt."""
+        await self._tasks.speech.append(task_id, attempt, chunk, self.consumer)
 
     async def note_error(self, task_id: str, error: str) -> None:
         await self._tasks.note_error(task_id, error)
@@ -136,7 +137,7 @@ class WorkerStore:
     async def publish_segment(self, task_id: str, attempt: int, end: float,
                               event: dict[str, Any]) -> None:
         """Publish a segment of `attempt` and count it delivered up to `end` seconds."""
-        await self._segments.publish(task_id, attempt, end, event)
+        await self._segments.publish(task_id, attempt, end, event, self.consumer)
 
     # --- breakers ---
     async def admit(self, model: str, source: str) -> Admission:
