@@ -12,6 +12,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from redis.asyncio import Redis
 
 from common import keys
@@ -224,6 +225,61 @@ def test_interactive_work_goes_before_gathered_batch_tasks_that_run_one_by_one(
     ahead = [task for task in batch if task.started_at is not None
              and urgent.created_at < task.started_at < urgent.started_at]
     assert ahead == [], [(t.params["beam_size"], t.started_at) for t in ahead]
+
+
+def test_interactive_work_gathered_into_a_forming_batch_runs_before_the_batch_lane(
+        redis: procs.RedisServer) -> None:
+    """Four batch-lane tasks are swept and the worker waits out its window for company; an
+    interactive task that arrives in that wait, with options of its own, starts before any
+    of them (not after their shared call)."""
+    async def scenario() -> tuple[list[Task], Task]:
+        client = Redis.from_url(redis.url)
+        batch = []
+        for clip in clips()[:4]:
+            task = Task(id=new_task_id(), backend=BACKEND, model="tiny.en",
+                        state=TaskState.PENDING, params=GREEDY, lane=keys.BATCH,
+                        audio_seconds=12.0)
+            await TaskStore(client, 600).submit(task, clip)
+            batch.append(task.id)
+        settings = settings_for(redis.url, batch_window_ms=3000)
+        worker = Worker(settings, FasterWhisperEngine(settings), client, handle_signals=False,
+                        exit=lambda code: None, burst=True)
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait({running}, timeout=1.0)  # swept, waiting for company
+        assert not running.done()
+        assert all(t.state == TaskState.PENDING for t in await tasks(redis.url, batch))
+        urgent = Task(id=new_task_id(), backend=BACKEND, model="tiny.en",
+                      state=TaskState.PENDING, params={**GREEDY, "beam_size": 2},
+                      lane=keys.INTERACTIVE, audio_seconds=12.0)
+        await TaskStore(client, 600).submit(urgent, clips()[5])
+        await running
+        await client.aclose()
+        return await tasks(redis.url, batch), (await tasks(redis.url, [urgent.id]))[0]
+
+    batch, urgent = asyncio.run(scenario())
+    assert all(task.state == TaskState.SUCCEEDED for task in [*batch, urgent])
+    assert urgent.started_at is not None and urgent.finished_at is not None
+    assert all(task.started_at is not None and task.started_at > urgent.finished_at
+               for task in batch), [(t.started_at, urgent.finished_at) for t in batch]
+
+
+def test_a_short_clip_never_shares_a_call_with_a_long_one(redis: procs.RedisServer) -> None:
+    """A call returns when its longest clip is done: a 6 s clip and a 48 s one with equal
+    options run in calls of their own, while two 6 s clips share one."""
+    long_clip = encode_wav(np.concatenate(
+        [decode_audio(clip, 16000, None) for clip in clips()[:4]]), 16000)
+    short_clip = encode_wav(decode_audio(clips()[0], 16000, None)[:6 * 16000], 16000)
+
+    async def scenario() -> list[Task]:
+        ids = [await submit(redis.url, long_clip), await submit(redis.url, short_clip),
+               await submit(redis.url, short_clip)]
+        await drain(settings_for(redis.url, batch_window_ms=200))
+        return await tasks(redis.url, ids)
+
+    done = asyncio.run(scenario())
+    assert all(task.state == TaskState.SUCCEEDED for task in done)
+    sizes = histogram(redis, "batch_size")
+    assert sizes["count"] == 2 and sizes["sum"] == 3, sizes  # the long alone, the shorts together
 
 
 def test_the_window_holds_no_lone_task_and_a_burst_only_that_long(

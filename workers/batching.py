@@ -7,7 +7,10 @@
   and never longer than that window after the worker read it. A lone task, or one client's
   request after request, is never held: batching costs it one empty read.
 - **Group** (`group`): only tasks of one model whose engine key (`batch_key`: the options
-  that must match) is equal share a call; a task without a key runs alone, as before.
+  that must match) is equal, and whose lengths are of one class (`length_class`: a call
+  returns when its longest clip is done, so an 11 s clip never waits for a 4-minute one),
+  share a call; a task without a key runs alone, as before. Groups holding interactive work
+  run first (`urgent_first`).
 - **Fit** (`plan`): a batch is split so that each call's extra memory (`item_mib` a clip)
   fits what the memory cap and the device reservation leave.
 - **Run** (`run_batch`, on the engine thread): each clip is decoded alone (a clip that
@@ -21,6 +24,7 @@ segments, result, usage and backlog) stays the consumer's, per task (workers/con
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
@@ -97,17 +101,26 @@ class Gatherer:
         return taken, waited  # a read may bring more than asked (up to `count` a lane)
 
 
-def batch_key(engine: BatchTranscriptionEngine, model: str,
-              params: dict[str, Any]) -> Hashable | None:
-    """What tasks must share to share a call; None: this one runs alone (speakers, options
-    that do not parse: the single path says why)."""
+def length_class(audio_seconds: float | None) -> int:
+    """Clips of one class are at most about twice as long as each other: 0 up to 2 s, then
+    one class per doubling (unknown lengths together)."""
+    if not audio_seconds or audio_seconds < 2.0:
+        return 0
+    return int(math.log2(audio_seconds))
+
+
+def batch_key(engine: BatchTranscriptionEngine, model: str, params: dict[str, Any],
+              audio_seconds: float | None = None) -> Hashable | None:
+    """What tasks must share to share a call (the options the engine names, and the length
+    class); None: this one runs alone (speakers, options that do not parse: the single path
+    says why)."""
     if params.get("diarization") is not None or params.get("clips_packed"):
         return None
     try:
         key = engine.batch_key(TranscriptionOptions.from_params(params))
     except ValueError:
         return None
-    return None if key is None else (model, key)
+    return None if key is None else (model, length_class(audio_seconds), key)
 
 
 def group(items: list[T], key: Callable[[T], Hashable | None],
@@ -128,6 +141,12 @@ def group(items: list[T], key: Callable[[T], Hashable | None],
             groups[found] = [item]
             order.append(groups[found])
     return order
+
+
+def urgent_first(groups: list[list[T]], urgent: Callable[[T], bool]) -> list[list[T]]:
+    """`groups` with those holding an `urgent` item (interactive work) first, each side in
+    its order."""
+    return sorted(groups, key=lambda members: not any(urgent(item) for item in members))
 
 
 def plan(size: int, item_mib: float, headroom_mib: float | None) -> list[int]:

@@ -244,10 +244,11 @@ class Consumer:
                 await self.store.ack(delivery)
             else:
                 found.append((task, delivery))
-        for members in batching.group(
-                found, lambda member: batching.batch_key(engine, member[0].model,
-                                                         member[0].params),
-                self.settings.batch_max_size):
+        groups = batching.group(
+            found, lambda member: batching.batch_key(engine, member[0].model, member[0].params,
+                                                     member[0].audio_seconds),
+            self.settings.batch_max_size)
+        for members in batching.urgent_first(groups, lambda member: member[1].lane != BATCH):
             if self.stopping.is_set():  # asked to stop (or exit): the rest stay pending
                 return
             # gathered batch entries that cannot share a call run one group after another:
