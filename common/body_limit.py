@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -43,10 +43,10 @@ class BodyTimeout(BodyRefused):
 
 #: (the request's scope, HTTP status, message, code) -> the (HTTP status, JSON body) that
 #: answer a refusal
-ErrorReply = Callable[[Scope, int, str, str], tuple[int, dict[str, Any]]]
+ErrorReply = Callable[[Scope, int, str, str], Awaitable[tuple[int, dict[str, Any]]]]
 
 
-def default_error_reply(scope: Scope, status_code: int, message: str,
+async def default_error_reply(scope: Scope, status_code: int, message: str,
                         code: str) -> tuple[int, dict[str, Any]]:
     if scope["path"].startswith("/v1/"):
         return status_code, {"error": {"message": message, "type": "invalid_request_error",
@@ -118,7 +118,7 @@ class BodyLimitMiddleware:
                 await self._reject(scope, send, refusal)
 
     async def _reject(self, scope: Scope, send: Send, refusal: BodyRefused) -> None:
-        status, body = self.error_reply(scope, refusal.status_code, refusal.message(self),
+        status, body = await self.error_reply(scope, refusal.status_code, refusal.message(self),
                                         refusal.code)
         payload = json.dumps(body).encode()
         await send({"type": "http.response.start", "status": status,

@@ -190,6 +190,12 @@ def webhook_counters() -> str:
     return f"{PREFIX}webhooks:stats"
 
 
+def refusal(token: str) -> str:
+    """String with a TTL (the retention): why a Sage submit was refused, under the random
+    part of its refusal id (gateway/errors.py, SAGE_SUBMIT_ROUTES)."""
+    return f"{PREFIX}refusal:{token}"
+
+
 def client_secret(digest: str) -> str:
     """String with a TTL (its lifetime): an ephemeral realtime key's owner and session, JSON,
     under the SHA-256 of the key (the key itself is never stored)."""

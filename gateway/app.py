@@ -14,6 +14,7 @@ from common import logs
 from common.settings import Settings, get_settings
 from common.store import TaskStore
 from common.store.events import EventHub
+from common.store.refusals import Refusals
 from common.store.running_polls import RunningPolls
 from common.store.webhooks import WebhookStore
 from gateway import errors
@@ -74,6 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         calls = SyncCalls(settings, store, hub)
         app.state.settings = settings
         app.state.store = store
+        app.state.refusals = Refusals(store.redis, store.retention)
         app.state.polls = RunningPolls(store.poll, hub, pace=settings.poll_pace_seconds)
         app.state.transcription = TranscriptionServing(calls)
         app.state.speech = SpeechServing(calls)

@@ -14,11 +14,9 @@ unexpected exception (500) take the same path.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import logging
 import re
+import secrets
 from enum import StrEnum
 from typing import Any, Literal
 from urllib.parse import parse_qs
@@ -31,6 +29,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import Scope
 
 from common.store import StoreError
+from common.store.refusals import Refusals
 
 log = logging.getLogger("gateway")
 
@@ -43,18 +42,20 @@ _STATUS_PATH = re.compile(r"/api/(?:[^/]+-)?status")
 #: Sage's client raises on any non-2xx submit and never reads its body, so its user would see
 #: only "ERROR:400". A Sage submit that asks for it (REFUSAL_PARAM=task in its URL, as
 #: deploy/sage/llm_api_map.csv does) is therefore answered HTTP 200 when refused, with a task
-#: FAILED from the start: its `taskid` is a refusal id (REFUSED_PREFIX + the reason, encoded)
-#: that the status routes answer FAILED with the same reason, from the id alone: nothing is
-#: written to the store and nothing is enqueued (it works while Redis is down, too).
-#: `http_status` and `code` say what the call would have answered otherwise. Without the
-#: parameter, and on the REST and OpenAI routes, a refusal keeps its 4xx/5xx.
+#: FAILED from the start: its `taskid` is a refusal id (REFUSAL_ID), which the status routes
+#: answer FAILED with the same reason. Nothing is enqueued and no task is written; the reason
+#: is kept for the retention under the id's random part (common/store/refusals.py, best
+#: effort: while Redis is down the poll says what the id itself holds, the HTTP status and
+#: code). `http_status` and `code` say what the call would have answered otherwise. Without
+#: the parameter, and on the REST and OpenAI routes, a refusal keeps its 4xx/5xx.
 SAGE_SUBMIT_ROUTES = frozenset({"/api/submit", "/api/{backend}-submit"})
 REFUSAL_PARAM = "refusal"
 #: no task id has a "." (they are URL-safe base64), so a refusal id is never a task's
 REFUSED_PREFIX = "refused."
-#: the longest encoded refusal `sage_refused` writes (1000 characters of message, each up to
-#: six when JSON escapes it, in base64) with room to spare; a longer one is no refusal
-MAX_REFUSAL_ID = 12_000
+#: a refusal id: REFUSED_PREFIX, the HTTP status the refusal would have had, its code and a
+#: random token (at most 61 characters: SPEC's ids are at most 64)
+REFUSAL_ID = re.compile(r"refused\.([45]\d\d)\.([a-z_]{1,32})\.([A-Za-z0-9_-]{16})")
+_CODE = re.compile(r"[a-z_]{1,32}")
 #: `Retry-After` of a 503 while the task store is unreachable: a Sentinel failover takes a
 #: few seconds, and a client that comes back sooner only gets another 503
 STORE_RETRY_AFTER_SECONDS = 1
@@ -163,34 +164,41 @@ async def refused(request: Request, exc: RequestError) -> JSONResponse:
     if route in SAGE_STATUS_ROUTES:
         return JSONResponse(sage_body(exc))  # HTTP 200 for Sage: see SAGE_STATUS_ROUTES
     if route in SAGE_SUBMIT_ROUTES and _wants_task(request.scope):
-        return JSONResponse(sage_refused(exc))  # HTTP 200 for Sage: see SAGE_SUBMIT_ROUTES
+        # HTTP 200 for Sage: see SAGE_SUBMIT_ROUTES
+        return JSONResponse(await sage_refused(exc, refusals_of(request.app)))
     return reply(request, exc)
 
 
-def sage_refused(exc: RequestError) -> dict[str, Any]:
-    """A refused Sage submit as a task FAILED from the start (SAGE_SUBMIT_ROUTES)."""
-    facts = {"error": exc.message[:1000], "code": exc.code, "http_status": exc.status_code}
-    encoded = base64.urlsafe_b64encode(json.dumps(facts, separators=(",", ":")).encode())
-    task_id = REFUSED_PREFIX + encoded.decode().rstrip("=")
+def refusals_of(app: Any) -> Refusals | None:
+    """Where the app keeps refusals' reasons (None before its lifespan has started)."""
+    return getattr(getattr(app, "state", None), "refusals", None)
+
+
+async def sage_refused(exc: RequestError, refusals: Refusals | None) -> dict[str, Any]:
+    """A refused Sage submit as a task FAILED from the start (SAGE_SUBMIT_ROUTES): a new
+    refusal id, its reason kept in `refusals`."""
+    code = exc.code if _CODE.fullmatch(exc.code or "") else "refused"
+    status = exc.status_code if 400 <= exc.status_code <= 599 else 400
+    token = secrets.token_urlsafe(12)
+    task_id = f"{REFUSED_PREFIX}{status}.{code}.{token}"
+    if refusals is not None:
+        await refusals.remember(token, exc.message)
     retry = (exc.headers or {}).get("retry-after")
     return {"task_id": task_id, "taskid": task_id, **sage_body(exc), "code": exc.code,
             "http_status": exc.status_code, **({"retry_after": retry} if retry else {})}
 
 
-def refusal_of(task_id: str) -> dict[str, Any] | None:
+async def refusal_of(task_id: str, refusals: Refusals | None) -> dict[str, Any] | None:
     """The status reply of a refusal id (`sage_refused`); None for any other id."""
-    if not task_id.startswith(REFUSED_PREFIX):
+    found = REFUSAL_ID.fullmatch(task_id)
+    if found is None:
         return None
-    encoded = task_id.removeprefix(REFUSED_PREFIX)
-    if len(encoded) > MAX_REFUSAL_ID:
-        return None
-    try:
-        facts = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
-        error = str(facts["error"])
-    except (binascii.Error, ValueError, KeyError, TypeError, RecursionError):
-        return None
+    status, code, token = found.groups()
+    error = await refusals.recall(token) if refusals is not None else None
+    if error is None:  # expired, or never kept (Redis was down): what the id says
+        error = f"the submit was refused ({code}, HTTP {status}); its reason is no longer kept"
     return {"task_id": task_id, "taskid": task_id, "status": "FAILED", "error": error,
-            "code": facts.get("code"), "http_status": facts.get("http_status")}
+            "code": code, "http_status": int(status)}
 
 
 def _wants_task(scope: Scope) -> bool:
@@ -235,8 +243,8 @@ def is_openai(path: str) -> bool:
     return path.startswith("/v1/")
 
 
-def refusal_reply(scope: Scope, status_code: int, message: str,
-                  code: str) -> tuple[int, dict[str, Any]]:
+async def refusal_reply(scope: Scope, status_code: int, message: str,
+                        code: str) -> tuple[int, dict[str, Any]]:
     """A request body the size and time limits refused (common/body_limit.py answers it
     outside the app, before routing): (HTTP status, body) in the caller's dialect."""
     exc = RequestError(status_code, message, param="file", code=code)
@@ -245,7 +253,7 @@ def refusal_reply(scope: Scope, status_code: int, message: str,
     if _STATUS_PATH.fullmatch(scope["path"]):  # still HTTP 200: see SAGE_STATUS_ROUTES
         return 200, sage_body(exc)
     if _wants_task(scope):
-        return 200, sage_refused(exc)
+        return 200, await sage_refused(exc, refusals_of(scope.get("app")))
     return status_code, sage_body(exc)
 
 

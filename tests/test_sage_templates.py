@@ -3,6 +3,7 @@ to valid JSON (Jinja2 without autoescape, as Sage renders them)."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 import shutil
@@ -106,14 +107,28 @@ def test_a_refused_sage_submit_shows_its_reason_through_the_templates(
         body = reply.json()
         assert body["status"] == "FAILED" and 400 <= body["http_status"] < 500, (what, body)
         assert body["error"] and body["taskid"].startswith("refused."), (what, body)
+        assert len(body["taskid"]) <= 64 and body["taskid"] == body["task_id"]  # SPEC §3
         shown = render("asr_status_response.json.j2", body)
         assert shown["status"] == "FAILED" and shown["error"] == body["error"], what
         polled = http.get(status_url, params={"taskid": body["taskid"]}, timeout=30)
         assert polled.status_code == 200, (what, polled.text)
         assert render("asr_status_response.json.j2", polled.json()) == shown, what
     assert queue_counts(stack["redis"]) == before  # nothing enqueued, no record written
-    garbage_reason = attempts["garbage upload"]().json()["error"]
+    refusal = attempts["garbage upload"]().json()
+    garbage_reason = refusal["error"]
     assert "audio" in garbage_reason.lower(), garbage_reason
+    assert refusal["taskid"] != attempts["garbage upload"]().json()["taskid"]  # unique
+    # a refusal listing every language code is long; its id is not
+    long = http.post(submit_url, files={"file": JFK.read_bytes()}, data={"language": "xx"},
+                     timeout=60).json()
+    assert len(long["error"]) > 200 and len(long["taskid"]) <= 64, long
+    polled = http.get(status_url, params={"taskid": long["taskid"]}, timeout=30).json()
+    assert polled["status"] == "FAILED" and polled["error"] == long["error"]
+    # an id nobody was given says only what it holds: no message of the caller's making
+    made_up = "refused.400.invalid_audio.AAAAAAAAAAAAAAAA"
+    polled = http.get(status_url, params={"taskid": made_up}, timeout=30).json()
+    assert polled["status"] == "FAILED" and polled["code"] == "invalid_audio"
+    assert "no longer kept" in polled["error"], polled
     audio_url_reason = attempts["audio_url refused"]().json()["error"]
     assert "audio_url" in audio_url_reason, audio_url_reason
 
@@ -129,12 +144,22 @@ def test_a_refused_sage_submit_shows_its_reason_through_the_templates(
 
 
 def test_a_body_refused_before_routing_is_a_failed_task_for_sage() -> None:
-    """The body limits answer outside the app (common/body_limit.py): the same rule."""
+    """The body limits answer outside the app (common/body_limit.py): the same rule; with
+    no store to keep the reason (Redis down) the poll says what the id holds."""
     sage = {"type": "http", "path": "/api/xtts-submit", "query_string": b"refusal=task"}
-    status, body = errors.refusal_reply(sage, 413, "the upload is over 1 MiB", "too_large")
-    assert status == 200 and body["status"] == "FAILED" and body["http_status"] == 413
-    assert errors.refusal_of(body["taskid"])["error"] == "the upload is over 1 MiB"
-    assert render("tts_status_response.json.j2", body)["error"] == "the upload is over 1 MiB"
-    for scope in ({**sage, "query_string": b""}, {**sage, "path": "/v1/audio/speech"}):
-        assert errors.refusal_reply(scope, 413, "over", "too_large")[0] == 413
-    assert errors.refusal_of("refused.not-base64-json!") is None
+
+    async def scenario() -> None:
+        status, body = await errors.refusal_reply(sage, 413, "the upload is over 1 MiB",
+                                                  "too_large")
+        assert status == 200 and body["status"] == "FAILED" and body["http_status"] == 413
+        assert render("tts_status_response.json.j2", body)["error"] == "the upload is over 1 MiB"
+        polled = await errors.refusal_of(body["taskid"], None)
+        assert polled is not None and polled["code"] == "too_large"
+        assert polled["http_status"] == 413 and "HTTP 413" in polled["error"]
+        for scope in ({**sage, "query_string": b""}, {**sage, "path": "/v1/audio/speech"}):
+            assert (await errors.refusal_reply(scope, 413, "over", "too_large"))[0] == 413
+        for not_one in ("refused.not-base64-json!", "refused.200.ok.AAAAAAAAAAAAAAAA",
+                        "refused.400.invalid_audio.AAAA"):
+            assert await errors.refusal_of(not_one, None) is None
+
+    asyncio.run(scenario())

@@ -2,7 +2,7 @@
 
 Sage stops polling only on SUCCEEDED, FAILED or UNKNOWN, so a cancelled task is reported
 as FAILED (with `state: CANCELLED`) and a store outage as PENDING with a `detail`. A refused
-submit is HTTP 200 too, a task FAILED from the start whose id carries the reason
+submit is HTTP 200 too, a task FAILED from the start whose id leads to the reason
 (gateway.errors.SAGE_SUBMIT_ROUTES), since Sage's client reads no body of a non-2xx reply.
 """
 
@@ -22,7 +22,7 @@ from common.settings import Settings
 from common.store import StoreError, TaskStore
 from common.store.running_polls import RunningPolls
 from common.store.voices import VoiceStore
-from gateway.errors import STORE_NOTE, RequestError, refusal_of
+from gateway.errors import STORE_NOTE, RequestError, refusal_of, refusals_of
 from gateway.policy.admission import Outlook, estimate_at
 from gateway.policy.signing import output_url
 from gateway.serving.voices import use_custom_voice
@@ -70,7 +70,8 @@ async def status(request: Request, owner: str, settings: Settings,
     fmt = params.get("format")
     if not task_id:
         raise RequestError(400, "missing task_id", param="task_id")
-    if (refused := refusal_of(task_id)) is not None:  # a refused submit's (SAGE_SUBMIT_ROUTES)
+    if (refused := await refusal_of(task_id, refusals_of(request.app))) is not None:
+        # a refused submit's (SAGE_SUBMIT_ROUTES)
         return _reply(refused)
     try:
         poll = await polls.read(task_id)
