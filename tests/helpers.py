@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -108,3 +109,13 @@ def openmp_policies(worker_log: Path) -> set[str]:
     prefix = "OpenMP wait policy: "
     return {json.loads(line)["msg"].removeprefix(prefix)
             for line in worker_log.read_text().splitlines() if prefix in line}
+
+
+#: TCP_INFO's state of an open connection (linux/tcp.h)
+TCP_ESTABLISHED = 1
+
+
+def tcp_state(sock: socket.socket) -> int:
+    """The kernel's TCP state of `sock` (TCP_ESTABLISHED while the peer holds it open; a
+    peer's abort makes it TCP_CLOSE, 7), without reading from it."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]

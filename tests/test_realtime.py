@@ -36,7 +36,7 @@ from gateway.realtime.protocol import max_message_bytes
 from harness import procs
 from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
-from tests.helpers import JFK, JFK_TEXT, wait_task, wer
+from tests.helpers import JFK, JFK_TEXT, TCP_ESTABLISHED, tcp_state, wait_task, wer
 
 KEY = "live-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -557,19 +557,7 @@ def test_a_client_that_reads_nothing_is_dropped_and_frees_its_session(
     """A client that sends and never reads fills the socket's buffers, so the server's sends
     wait: past SPEECH_SEND_TIMEOUT_SECONDS (2 s here) it is dropped, and the gateway's two
     session slots serve two new clients (without the drop it held one for ever)."""
-    port = int(limited.split(":")[2].split("/")[0])
-    stalled = socket.socket()
-    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: no growth
-    stalled.connect(("127.0.0.1", port))
-    stalled.sendall(f"GET /v1/realtime?intent=transcription HTTP/1.1\r\nHost: x\r\n"
-                    "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
-                    f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\n"
-                    f"Authorization: Bearer {KEY}\r\n\r\n".encode())
-    stalled.settimeout(10)
-    answer = b""
-    while b"\r\n\r\n" not in answer:  # (uvicorn drops bytes sent along with the upgrade)
-        answer += stalled.recv(1024)
-    assert answer.startswith(b"HTTP/1.1 101"), answer
+    stalled = raw_session(limited)
     # each update is answered with a session.updated echoing its 1,999-character prompt
     update = json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
         "input": {"transcription": {"prompt": "p" * 1999}}}}}).encode()
@@ -602,6 +590,51 @@ def test_a_client_that_reads_nothing_is_dropped_and_frees_its_session(
 
     try:
         wait_until(lambda: asyncio.run(two_sessions()), 20, "both session slots free", 1.0)
+        # and its socket goes too: asyncio's close waits for a drain that never comes
+        wait_until(lambda: tcp_state(stalled) != TCP_ESTABLISHED, 30,
+                   "the dropped session's connection to be aborted", 0.5)
+    finally:
+        stalled.close()
+
+
+def raw_session(url: str) -> socket.socket:
+    """A live session on a plain socket that reads nothing after the upgrade (a small
+    receive buffer, set before connecting so the kernel cannot grow it)."""
+    stalled = socket.socket()
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    stalled.connect(("127.0.0.1", int(url.split(":")[2].split("/")[0])))
+    stalled.sendall(f"GET /v1/realtime?intent=transcription HTTP/1.1\r\nHost: x\r\n"
+                    "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+                    f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\n"
+                    f"Authorization: Bearer {KEY}\r\n\r\n".encode())
+    stalled.settimeout(10)
+    answer = b""
+    while b"\r\n\r\n" not in answer:  # (uvicorn drops bytes sent along with the upgrade)
+        answer += stalled.recv(1024)
+    assert answer.startswith(b"HTTP/1.1 101"), answer
+    return stalled
+
+
+def test_a_ping_flood_from_a_client_that_reads_nothing_is_held_back(
+        live: dict[str, Any], limited: str) -> None:
+    """uvicorn answers every ping with a pong by itself: a client that sends pings and reads
+    nothing must soon find the server no longer reading (before, every pong was buffered in
+    the gateway: +390 MB for 419 MB of pings), and its connection then goes."""
+    stalled = raw_session(limited)
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+    burst = (bytes([0x89, 0x80 | 125]) + bytes(4) + bytes(125)) * 512  # masked pings, 66 KB
+    stalled.settimeout(3)
+    sent, deadline = 0, time.monotonic() + 20
+    try:
+        while sent < 64 * 2**20 and time.monotonic() < deadline:
+            stalled.sendall(burst)
+            sent += len(burst)
+    except (TimeoutError, ConnectionError):
+        pass
+    try:
+        assert sent < 16 * 2**20, f"the server read {sent / 2**20:.0f} MB of pings"
+        wait_until(lambda: tcp_state(stalled) != TCP_ESTABLISHED, 30,
+                   "the flooding connection to be aborted", 0.5)
     finally:
         stalled.close()
 

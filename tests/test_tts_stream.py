@@ -37,7 +37,7 @@ from common.store import Task, TaskStore
 from common.store.chunks import StaleAttempt
 from harness import procs
 from harness.http_client import http
-from tests.helpers import queue_counts
+from tests.helpers import TCP_ESTABLISHED, queue_counts, tcp_state
 
 # The tiny checkpoint fixture (skips without .venvs/xtts; builds models/tiny/xtts if missing).
 from tests.test_engine_xtts import XTTS_PYTHON, tiny_model  # noqa: F401
@@ -349,6 +349,9 @@ def test_clients_that_hang_up_or_read_nothing_leave_no_waiter_behind(
                               input="Hi.")[0].status_code == 200
 
             procs.wait_until(served, 20, "the unread stream's waiter to be freed", 1.0)
+            # and its socket goes too: asyncio's close waits for a drain that never comes
+            procs.wait_until(lambda: tcp_state(silent) != TCP_ESTABLISHED, 30,
+                             "the dropped stream's connection to be aborted", 0.5)
         finally:
             silent.close()
     finally:

@@ -51,7 +51,8 @@ ACCEPTED_SETTLE_SECONDS = 0.05
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
     """Extra uvicorn.Config options of every server process: the HTTP protocol that closes
-    connections whose request line and headers do not arrive in time, and the largest
+    connections whose request line and headers do not arrive in time, the WebSocket protocol
+    that bounds what a client can make it buffer (gateway/process/bounded_ws.py), and the largest
     WebSocket message a live session can use (gateway/realtime/protocol.py). The loop is
     asyncio's even where uvloop is installed: the protocol's timers and a retiring server's
     drain (`_stop_accepting`) are written against its selector loop."""
@@ -60,6 +61,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     # a live session's keep-alive is the WebSocket's own ping (the realtime protocol has no
     # comment event, and pings are below it), sent by uvicorn every keep-alive interval
     return {"http": "gateway.process.slow_clients:SlowClientProtocol", "loop": "asyncio",
+            "ws": "gateway.process.bounded_ws:BoundedWebSocketProtocol",
             "ws_max_size": max_message_bytes(settings.realtime_max_buffer_seconds),
             "ws_ping_interval": settings.stream_keepalive_seconds}
 

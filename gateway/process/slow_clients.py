@@ -9,6 +9,11 @@ from the moment the connection opens). When a response went out before its reque
 was read (a 401, a 413), uvicorn keeps reading that body to reuse the connection; that gets
 `body_timeout_seconds`. The body a route reads is bounded by gateway/process/limits.py.
 
+A connection closed with replies still unsent (a streamed reply whose client stopped reading,
+dropped after SPEECH_SEND_TIMEOUT_SECONDS) is aborted ABORT_AFTER_SECONDS later: asyncio's
+close waits for the write buffer to drain, which a client that never reads never lets
+happen, so its socket, buffers and file descriptor stayed for ever.
+
 Sage's plain status polls skip h11 here (gateway/process/fast_poll.py): same app, same
 deadlines, a reply written as bytes.
 
@@ -27,6 +32,7 @@ from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 
 from common.settings import get_settings
 from gateway.process import fast_poll
+from gateway.process.bounded_ws import ABORT_AFTER_SECONDS
 
 
 class SlowClientProtocol(H11Protocol):
@@ -42,11 +48,21 @@ class SlowClientProtocol(H11Protocol):
         self._polling = False
         self._held = bytearray()
         self._close_after_poll = False
+        self._abort_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if self.send_buffer and (sock := transport.get_extra_info("socket")) is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.send_buffer)
+        # uvicorn closes the transport from many places; every close gets the abort timer
+        close = transport.close
+
+        def close_then_abort() -> None:
+            close()
+            if self._abort_timer is None:
+                self._abort_timer = self.loop.call_later(ABORT_AFTER_SECONDS, transport.abort)
+
+        transport.close = close_then_abort  # type: ignore[method-assign]
         self._arm(self.header_timeout)
 
     def data_received(self, data: bytes) -> None:
@@ -80,6 +96,8 @@ class SlowClientProtocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self._abort_timer is not None:
+            self._abort_timer.cancel()
         super().connection_lost(exc)
 
     def shutdown(self) -> None:

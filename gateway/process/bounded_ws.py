@@ -1,0 +1,53 @@
+"""uvicorn's WebSocket protocol (websockets' sans-I/O, what `ws="auto"` picks) with two
+bounds a hostile or stalled client could otherwise lift.
+
+- **Back-pressure on what the protocol answers by itself.** uvicorn pauses reading only
+  while a message waits for the app; a ping is answered with a pong written straight to the
+  transport, so a client that sends pings and reads nothing made the gateway buffer every
+  pong (419 MB of pings: +390 MB of RSS, also on a connection whose key was refused and is
+  only waiting out its close). Reading now pauses while the transport's write buffer is
+  over its high-water mark and resumes when it drains.
+- **A connection the app is done with goes.** asyncio's `transport.close()` completes only
+  once the write buffer has drained, so a client that never reads kept its socket, its
+  buffers and a file descriptor for ever after the session had dropped it (and freed its
+  slot: nothing bounded how many piled up). A connection still open ABORT_AFTER_SECONDS
+  after the app returned is aborted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+#: how long a connection whose app has returned may take to flush and close; uvicorn's own
+#: close handshake waits as long for the client's close frame
+ABORT_AFTER_SECONDS = 10.0
+
+
+class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if not self.read_paused and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    async def receive(self) -> Any:
+        message = await self.queue.get()
+        if self.read_paused and self.queue.empty():
+            self.read_paused = False
+            # the base class resumes here; while writes are held up reading stays paused
+            if self.writable.is_set() and not self.transport.is_closing():
+                self.transport.resume_reading()
+        return message
+
+    async def run_asgi(self) -> None:
+        await super().run_asgi()
+        self.loop.call_later(ABORT_AFTER_SECONDS, self._abort)
+
+    def _abort(self) -> None:
+        if not self.disconnected:
+            self.transport.abort()
