@@ -12,8 +12,10 @@ terminal state.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -25,6 +27,8 @@ import pytest
 import redis
 
 from common import keys
+from common.settings import Settings
+from common.store import connection
 from harness import procs
 from harness.http_client import http
 
@@ -160,6 +164,37 @@ def test_failover_loses_no_accepted_task(tmp_path: Path, speech_clip: Path) -> N
         terminal = [i for i, state in enumerate(states) if state in TERMINAL]
         assert not terminal or terminal[0] == len(states) - 1, (task_id, states)
         assert "FAILED" not in states, (task_id, states)
+
+
+def test_a_sentinel_that_never_answers_costs_a_lookup_a_second(tmp_path: Path) -> None:
+    """The primary is looked up from the sentinels one after another: one that accepts
+    connections and never answers (its host frozen, or gone with the primary) comes first in
+    the list here, and a call through the sentinels still answers within a few seconds (it
+    took 30 s: a 10 s socket timeout, tried three times)."""
+    primary = procs.RedisServer(tmp_path / "primary").start()
+    sentinel = procs.SentinelServer(tmp_path / "sentinel", primary, quorum=1).start()
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # connects complete in the kernel; nothing ever reads or answers
+
+    async def timed_ping() -> float:
+        settings = Settings(_env_file=None, redis_sentinel_master=sentinel.master,  # type: ignore[call-arg]
+                            redis_sentinels=[f"127.0.0.1:{silent.getsockname()[1]}",
+                                             sentinel.address])
+        client = connection.worker_client(settings, "lookup")
+        started = time.monotonic()
+        assert await client.ping()
+        took = time.monotonic() - started
+        await client.aclose()
+        return took
+
+    try:
+        took = asyncio.run(timed_ping())
+    finally:
+        silent.close()
+        sentinel.stop()
+        primary.stop()
+    assert took < 4, f"a call through the sentinels took {took:.1f} s"
 
 
 def _final(base: str, task_id: str) -> dict[str, Any]:

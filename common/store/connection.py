@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import (
     BusyLoadingError,
     ConnectionError,
@@ -45,6 +45,12 @@ RETRY_BACKOFF = (0.05, 0.5)  # base, cap (seconds)
 TRANSIENT: tuple[type[RedisError], ...] = (ConnectionError, TimeoutError, BusyLoadingError,
                                             ReadOnlyError, MasterDownError, TryAgainError)
 _SOCKET = {"socket_connect_timeout": 2.0, "socket_timeout": 10.0}
+#: a sentinel's answers are tiny and its lookups come one sentinel after another (redis-py's
+#: `discover_master`): a sentinel that accepts and never answers (its host frozen, or gone
+#: with the primary it watched) costs each lookup this long, tried once. With the timeouts
+#: and retries above it cost 30 s a lookup, and a failover with it first in the list kept
+#: submits hanging for a minute.
+_SENTINEL_SOCKET = {"socket_connect_timeout": 0.5, "socket_timeout": 1.0}
 #: a read a client is waiting on (a status poll, a task's view) answers within this long,
 #: Redis or not: a paused or partitioned Redis keeps its socket open, and the socket timeout
 #: times the retries, plus each reconnect's handshake, add up to half a minute
@@ -108,7 +114,7 @@ def _client(settings: Settings, client_name: str, *, bounded: bool, **pool: Any)
     if not settings.redis_sentinels:
         url_pool = BlockingConnectionPool if bounded else ConnectionPool
         return Redis.from_pool(url_pool.from_url(settings.redis_url, **options))
-    sentinel_options: dict[str, Any] = {**_SOCKET, "retry": retry_policy()}
+    sentinel_options: dict[str, Any] = {**_SENTINEL_SOCKET, "retry": Retry(NoBackoff(), 0)}
     if settings.redis_sentinel_password:
         sentinel_options["password"] = settings.redis_sentinel_password
     sentinel = Sentinel(sentinel_addresses(settings), sentinel_kwargs=sentinel_options)
