@@ -236,5 +236,32 @@ def test_the_supervisord_example_runs_a_primary_a_replica_and_three_sentinels(
         replica = redis.Redis(port=ports["REDIS_REPLICA_PORT"], socket_timeout=2)
         link = replica.info("replication")
         assert link["role"] == "slave" and link["master_port"] == ports["REDIS_PRIMARY_PORT"]
+
+        # a switchover promotes the replica; then the promoted node is restarted (a crash
+        # and autorestart, a deploy): it must come back as the primary the sentinels named,
+        # not as a replica of its own replica (then nothing could write until someone came)
+        first = next(iter(sentinels.values()))
+        first.execute_command("SENTINEL", "FAILOVER", "speech")
+        procs.wait_until(lambda: replica.info("replication")["role"] == "master"
+                         and all(s.sentinel_get_master_addr_by_name("speech")[1]
+                                 == ports["REDIS_REPLICA_PORT"]
+                                 for s in sentinels.values()), 60, "the switchover", 0.2)
+        ctl = [str(procs.VENVS / "core" / "bin" / "supervisorctl"), "-c",
+               str(procs.ROOT / "deploy" / "sentinel.supervisord.conf")]
+        restart = subprocess.run([*ctl, "restart", "redis-replica"], env=env, cwd=procs.ROOT,
+                                 capture_output=True, text=True, timeout=60)
+        assert "started" in restart.stdout, restart.stdout + restart.stderr
+
+        def writable() -> bool:
+            try:
+                return replica.info("replication")["role"] == "master" and bool(
+                    replica.set("probe", "1"))
+            except redis.RedisError:
+                return False
+
+        procs.wait_until(writable, 20, "the restarted primary to take writes again", 0.2)
+        primary = redis.Redis(port=ports["REDIS_PRIMARY_PORT"], socket_timeout=2)
+        procs.wait_until(lambda: primary.info("replication").get("master_port")
+                         == ports["REDIS_REPLICA_PORT"], 30, "the old primary to follow it", 0.2)
     finally:
         procs.stop(supervisord, timeout=60)
