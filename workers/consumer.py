@@ -52,6 +52,14 @@ JANITOR_INTERVAL_SECONDS = 5.0
 #: restart a minute): past it the computed result is dropped, and the entry, still pending,
 #: is redelivered once Redis is back
 STORE_PATIENCE_SECONDS = 600.0
+#: how long a task whose submit no replica has confirmed yet waits to start (common/store/
+#: tasks.py, UNCONFIRMED): a submit waits SPEECH_REDIS_WAIT_TIMEOUT_MS (500) for its replica,
+#: then confirms or withdraws it; a flag older than this outlived its gateway
+UNCONFIRMED_WAIT_SECONDS = 5.0
+#: how long a terminal write keeps being written again while no replica confirms it (a
+#: switchover: the node that took it may be demoted and lose it; the write is idempotent):
+#: past it the worker moves on, and a write the primary then loses is redelivered
+REPLICA_PATIENCE_SECONDS = 30.0
 #: tries of a write Redis answers with an error (a script's bug, out of memory): retrying
 #: cannot fix a bug, so after these it is logged, counted (store_refusals) and given up
 REFUSAL_TRIES = 3
@@ -198,7 +206,7 @@ class Consumer:
         if deliveries > self.settings.max_deliveries:
             await self._give_up(task, delivery.entry_id, deliveries)
             return None
-        attempt = await self.store.start(task.id, deliveries)
+        attempt = await self._start(task, deliveries)
         if attempt <= 0:  # finished meanwhile, gone, or (-2) its deadline passed: FAILED
             if attempt == -2:
                 log.warning("deadline passed before it started: FAILED deadline_exceeded")
@@ -207,21 +215,35 @@ class Consumer:
         log.info("attempt %d (delivery %d), model %s", attempt, deliveries, task.model)
         return attempt
 
+    async def _start(self, task: Task, deliveries: int) -> int:
+        """`store.start`, waiting while its submit is not confirmed by a replica (the submit
+        may yet withdraw it); past UNCONFIRMED_WAIT_SECONDS the submit's gateway is gone, or
+        the task outlived a failover on the node that holds it: either way it stands."""
+        delay, give_up_at = 0.01, time.monotonic() + UNCONFIRMED_WAIT_SECONDS
+        while (attempt := await self.store.start(task.id, deliveries)) == -3:
+            if time.monotonic() >= give_up_at:
+                return await self.store.start(task.id, deliveries, unconfirmed_too=True)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)
+        return attempt
+
     async def _settle(self, task: Task, attempt: int, delivery: Delivery,
                       outcome: Outcome | TaskError, started: float, batch_size: int = 1) -> None:
         """The terminal state, fenced by `attempt`, then the task's metrics."""
         done = outcome if isinstance(outcome, Outcome) else None
         state = TaskState.SUCCEEDED if done else TaskState.FAILED
         error, code = ("", "") if done else (str(outcome), cast(TaskError, outcome).code.value)
-        try:
-            stored = await self._until_stored(lambda: self.store.finish(
+        def finish(again: bool = False) -> Awaitable[bool]:
+            return self.store.finish(
                 task, state, attempt=attempt, entry_id=delivery.entry_id,
                 result=done.result if done else None, error=error, error_code=code,
-                output=done.output if done else None))
-        except NotReplicated as short:  # on the primary; lost only if it dies before a replica
-            stored = bool(short.result)  # catches up, and then the entry is redelivered
-            log.warning("terminal write not confirmed by a replica: %s", short)
-            await self._count("unreplicated_writes")
+                output=done.output if done else None, again=again)
+
+        try:
+            try:
+                stored = await self._until_stored(finish)
+            except NotReplicated as short:
+                stored = await self._until_replicated(finish, short)
         except StoreRefused:
             return  # logged and counted; the entry stays pending and is redelivered
         log.info("%s%s", state.value if stored else "stale attempt, dropped",
@@ -513,6 +535,26 @@ class Consumer:
                     raise StoreRefused(str(exc)) from exc
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+    async def _until_replicated(self, finish: Callable[[bool], Awaitable[bool]],
+                                short: NotReplicated) -> bool:
+        """Whether the terminal write `finish` (which no replica confirmed: `short`) is
+        stored. It is written again until a replica confirms it, for up to
+        REPLICA_PATIENCE_SECONDS: in a switchover the node that took it may be demoted and
+        lose it, and the new primary takes it again (the write is idempotent for its own
+        attempt). Past that it stays on the primary, lost only if that dies before a replica
+        catches up (then the entry is redelivered)."""
+        stored = bool(short.result)
+        give_up_at = time.monotonic() + REPLICA_PATIENCE_SECONDS
+        while time.monotonic() < give_up_at:
+            await asyncio.sleep(1.0)
+            try:
+                return bool(await self._until_stored(lambda: finish(True)))
+            except NotReplicated as again:
+                stored = stored or bool(again.result)
+        log.warning("terminal write not confirmed by a replica: %s", short)
+        await self._count("unreplicated_writes")
+        return stored
 
     async def _count(self, counter: str) -> None:
         """One more of a worker-side counter on /metrics; Redis may well refuse it too."""

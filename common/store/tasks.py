@@ -154,13 +154,16 @@ return {1, entry, seq}
 
 # KEYS: task, events, backlog, input blob, webhooks due, spoken pieces, the backend's
 #       deadlines (of queued tasks)
-# ARGV: worker, now, deliveries, retention, task id
+# ARGV: worker, now, deliveries, retention, task id, "1" to start it even unconfirmed
 # -> new attempt, 0 if terminal, -1 if missing, -2 if its deadline passed while it was
-# queued (it is FAILED deadline_exceeded here, never run)
+# queued (it is FAILED deadline_exceeded here, never run), -3 if its submit is not yet
+# confirmed by a replica (UNCONFIRMED: the submit may still withdraw it)
 _START = _CLOSE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return -1 end
 if state ~= 'PENDING' and state ~= 'RUNNING' then return 0 end
+if ARGV[6] ~= '1' and redis.call('HEXISTS', KEYS[1], 'unconfirmed') == 1 then return -3 end
+redis.call('HDEL', KEYS[1], 'unconfirmed')
 redis.call('ZREM', KEYS[7], ARGV[5])  -- queued no longer
 local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline') or '')
 if state == 'PENDING' and deadline and tonumber(ARGV[2]) > deadline then
@@ -184,7 +187,8 @@ return attempt
 #       output ("" = none), output file name ("" = none), measured usage ("" = none),
 #       the result's `usage` as JSON ("" = none: a poll's reply splices it unparsed), the
 #       worker that started the attempt ("" = any: a failover that lost a start can hand the
-#       same attempt number to a second worker, and only the worker field tells them apart)
+#       same attempt number to a second worker, and only the worker field tells them apart),
+#       "1" when this writes again a terminal write no replica confirmed
 # -> 1 stored (now, or by an earlier call of this attempt whose reply was lost: the record
 # names its output file), 0 stale attempt or already terminal. Acks only after the state is
 # stored.
@@ -199,14 +203,19 @@ if ARGV[1] ~= '' then
     return 0
   end
 end
+local finisher = ARGV[1] .. '@' .. (ARGV[14] or '')
 if state ~= 'PENDING' and state ~= 'RUNNING' then
   if ARGV[2] ~= '' then redis.call('XACK', KEYS[2], ARGV[3], ARGV[2]) end
-  -- a retried call whose first reply was lost: the record names this attempt's output file
+  -- a retried call whose first reply was lost: the record names this attempt's output file;
+  -- or one its replica did not confirm (ARGV[15]): this attempt and worker as its finisher
   if ARGV[11] ~= '' and redis.call('HGET', KEYS[1], 'output_file') == ARGV[11] then
     return 1
   end
+  if ARGV[15] == '1' and ARGV[1] ~= ''
+     and redis.call('HGET', KEYS[1], 'finished_by') == finisher then return 1 end
   return 0
 end
+if ARGV[1] ~= '' then redis.call('HSET', KEYS[1], 'finished_by', finisher) end
 if ARGV[7] ~= '' then redis.call('HSET', KEYS[1], 'result', ARGV[7], 'usage', ARGV[13]) end
 if ARGV[8] ~= '' then redis.call('HSET', KEYS[1], 'error', ARGV[8], 'error_code', ARGV[9]) end
 if ARGV[10] ~= '' then redis.call('SET', KEYS[5], ARGV[10], 'EX', ARGV[6]) end
@@ -248,6 +257,11 @@ return 1
 #: a terminal write waits up to this many `redis_wait_timeout_ms` for its replica: a worker
 #: has nothing better to do meanwhile, and a replica that reconnects catches up at once
 FINISH_WAITS = 10
+#: a task hash field, there while no replica has confirmed its submit (with
+#: SPEECH_REDIS_WAIT_REPLICAS): no worker starts it meanwhile, so a submit its replica did not
+#: confirm in time can always be withdrawn and refused (503). An idle worker used to start it
+#: within the wait, and the submit was then answered 200 for a task the primary's death lost.
+UNCONFIRMED = "unconfirmed"
 
 
 class TaskStore:
@@ -336,7 +350,10 @@ class TaskStore:
         hashes, usage_args, charged = [keys.task(task.id)] * 2, [""] * 9, ""
         if charge is not None:
             hashes, usage_args, charged = charge.script_args(now)
-        flat = [item for pair in task.new_hash(now, charged).items() for item in pair]
+        fields = task.new_hash(now, charged)
+        if self.replicas.replicas > 0:  # no worker starts it before a replica holds it
+            fields[UNCONFIRMED] = "1"
+        flat = [item for pair in fields.items() for item in pair]
         in_file = self.blobs.in_file(blob)
         if in_file:
             assert blob is not None
@@ -379,6 +396,10 @@ class TaskStore:
                 # a worker took it within the wait: it runs and is charged, so it is accepted
                 queued, value, *number = short.result
             stored = queued == 1
+            if UNCONFIRMED in fields and queued in (0, 1):  # confirmed: the task may start
+                with contextlib.suppress(RedisError):
+                    await self.redis.hdel(keys.task(text(value) if queued == 0 else task.id),
+                                          UNCONFIRMED)
             # a retried call (its first reply lost) finds its own idempotency key: the task
             # was written by the first one
             keep_file = keep_file or stored or (queued == 0 and text(value) == task.id)
@@ -414,14 +435,17 @@ class TaskStore:
             raws = await pipe.execute()
         return [Task.from_hash(raw) if raw else None for raw in raws]
 
-    async def start(self, task_id: str, worker: str, deliveries: int, backend: str) -> int:
+    async def start(self, task_id: str, worker: str, deliveries: int, backend: str,
+                    unconfirmed_too: bool = False) -> int:
         """Mark RUNNING and open a new attempt: its number, 0 if already terminal, -1 if gone,
-        -2 if its deadline passed while queued (then it is FAILED deadline_exceeded)."""
+        -2 if its deadline passed while queued (then it is FAILED deadline_exceeded), -3 if
+        no replica has confirmed its submit yet (unless `unconfirmed_too`)."""
         started = int(await self._start(
             keys=[keys.task(task_id), keys.events(task_id), keys.backlog(backend),
                   keys.input_blob(task_id), keys.webhooks_due(), keys.speech_chunks(task_id),
                   keys.deadlines(backend)],
-            args=[worker, repr(time.time()), deliveries, self.retention, task_id]))
+            args=[worker, repr(time.time()), deliveries, self.retention, task_id,
+                  "1" if unconfirmed_too else ""]))
         if started == -2:
             self.blobs.delete_input_file(task_id)
         return started
@@ -438,9 +462,11 @@ class TaskStore:
         error_code: str = "",
         output: bytes | None = None,
         worker: str = "",
+        again: bool = False,
     ) -> bool:
         """Store the terminal state (fenced by attempt and, unless "", the `worker` that
-        started it) with its output, delete the input,
+        started it) with its output (`again`: this call repeats one no replica confirmed, and
+        counts as stored if that one was), delete the input,
         then ack; False if this write lost (its output is then discarded). NotReplicated
         (its `result`: stored or not) when no replica confirmed it after FINISH_WAITS waits:
         the input file then stays for a redelivery (the sweeper removes it later)."""
@@ -462,7 +488,7 @@ class TaskStore:
                       error_code, b"" if output_file or output is None else output,
                       output_file, usage.measured(task.charge, state, result),
                       json.dumps(result.get("usage") or {}) if result is not None else "",
-                      worker],
+                      worker, "1" if again else ""],
                 tries=FINISH_WAITS))
         except NotReplicated as short:
             if output_file and not short.result:
@@ -475,13 +501,16 @@ class TaskStore:
         return stored
 
     async def cancel(self, task_id: str, backend: str) -> str:
-        """Cancel a PENDING task; returns the task's state afterwards ("" if unknown)."""
-        state = await self._cancel(
+        """Cancel a PENDING task; returns the task's state afterwards ("" if unknown).
+        NotReplicated (a StoreError: the caller's 503) when no replica confirmed it: a
+        cancel the primary's death loses would leave its client told CANCELLED of a task that
+        then runs; a retry is safe."""
+        state = await self.replicas.call(
+            self.redis, self._cancel,
             keys=[keys.task(task_id), keys.queue(backend), keys.events(task_id),
                   keys.input_blob(task_id), keys.backlog(backend), keys.webhooks_due(),
                   keys.speech_chunks(task_id)],
-            args=[repr(time.time()), self.retention],
-        )
+            args=[repr(time.time()), self.retention])
         state = text(state)
         if state == TaskState.CANCELLED:
             self.blobs.delete_input_file(task_id)
@@ -489,8 +518,10 @@ class TaskStore:
 
     async def fail_if_unchanged(self, task: Task, error: str, error_code: str) -> bool:
         """FAIL `task` only if it is still in the state and attempt it was read with: the
-        check is inside the Lua call, so a task a worker starts meanwhile is never failed."""
-        failed = bool(await self._fail_if_unchanged(
+        check is inside the Lua call, so a task a worker starts meanwhile is never failed.
+        NotReplicated when no replica confirmed it (the sweeper's next pass looks again)."""
+        failed = bool(await self.replicas.call(
+            self.redis, self._fail_if_unchanged,
             keys=[keys.task(task.id), keys.queue(task.backend, task.lane), keys.events(task.id),
                   keys.input_blob(task.id), keys.backlog(task.backend), keys.webhooks_due(),
                   keys.speech_chunks(task.id)],

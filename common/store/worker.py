@@ -98,19 +98,21 @@ class WorkerStore:
     async def input_blob(self, task_id: str) -> bytes | None:
         return await self._tasks.blobs.input(task_id)
 
-    async def start(self, task_id: str, deliveries: int) -> int:
+    async def start(self, task_id: str, deliveries: int, unconfirmed_too: bool = False) -> int:
         """Mark RUNNING by this consumer and open a new attempt: its number, 0 if the task is
-        already terminal, -1 if it is gone."""
-        return await self._tasks.start(task_id, self.consumer, deliveries, self.backend)
+        already terminal, -1 if it is gone, -2 if its deadline passed, -3 if its submit is
+        not confirmed yet (unless `unconfirmed_too`)."""
+        return await self._tasks.start(task_id, self.consumer, deliveries, self.backend,
+                                       unconfirmed_too)
 
     async def finish(self, task: Task, state: TaskState, *, attempt: int | None, entry_id: str,
                      result: dict[str, Any] | None = None, error: str = "", error_code: str = "",
-                     output: bytes | None = None) -> bool:
+                     output: bytes | None = None, again: bool = False) -> bool:
         """The terminal state, fenced by `attempt` (None: unfenced) and this consumer, then
-        the ack; False when this write lost."""
+        the ack; False when this write lost (`again`: TaskStore.finish)."""
         return await self._tasks.finish(task, state, attempt=attempt, entry_id=entry_id,
                                         result=result, error=error, error_code=error_code,
-                                        output=output, worker=self.consumer)
+                                        output=output, worker=self.consumer, again=again)
 
     async def top_up(self, task_id: str, attempt: int, audio_seconds: float,
                      ) -> TopUpRefused | None:

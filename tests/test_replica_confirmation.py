@@ -1,0 +1,115 @@
+"""Writes a client is told of wait for a replica (SPEECH_REDIS_WAIT_REPLICAS), also when a
+worker is quick: on a lone Redis with one replica required, nothing is ever confirmed, which
+is what a replica that has fallen behind looks like to the primary (a failover would lose
+every such write).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from common import keys
+from common.schemas import TaskState
+from common.store import Task, TaskStore
+from common.store.replicas import NotReplicated, ReplicaWait
+from harness import procs
+from tests.helpers import JFK, submit_file
+
+UNCONFIRMED = ReplicaWait(replicas=1, timeout_ms=50)
+
+
+def test_a_submit_no_replica_confirmed_is_refused_even_with_an_idle_worker(
+        tmp_path: Path) -> None:
+    """An idle worker reads a new entry within milliseconds, long before the submit's WAIT
+    gives up: it must not start the task, so the submit can withdraw it and answer 503 (it
+    answered 200 for a task only the primary held)."""
+    redis = procs.RedisServer(tmp_path / "redis").start()
+    settings = {"redis_wait_replicas": "1", "redis_wait_timeout_ms": "300"}
+    worker = procs.worker(redis.url, tmp_path, **settings).start()
+    gateway = procs.gateway(redis.url, tmp_path, **settings).start()
+    try:
+        replies = [submit_file(gateway.url, JFK) for _ in range(3)]
+        time.sleep(1.0)  # what a worker would have started by now
+        client = redis.client()
+        records = [client.hgetall(key) for key in client.keys(keys.task("*"))]
+    finally:
+        gateway.stop()
+        worker.stop()
+        redis.stop()
+    assert [reply.status_code for reply in replies] == [503] * 3, [r.text for r in replies]
+    assert all(reply.headers.get("retry-after") for reply in replies)
+    assert len(records) == 3
+    for record in records:  # withdrawn, never started
+        assert record[b"state"] == b"CANCELLED" and record[b"attempt"] == b"0", record
+
+
+def test_cancel_and_the_sweepers_fail_wait_for_a_replica(tmp_path: Path) -> None:
+    """A cancel answered before a replica holds it could be lost with the primary, and the
+    task run after its client was told CANCELLED: unconfirmed, it is the caller's 503."""
+    server = procs.RedisServer(tmp_path / "redis").start()
+
+    async def scenario() -> None:
+        client = Redis.from_url(server.url)
+        plain, waiting = TaskStore(client, 600), TaskStore(client, 600, replicas=UNCONFIRMED)
+        for task_id in ("c1", "f1"):
+            await plain.submit(Task(id=task_id, backend="faster-whisper", model="tiny.en",
+                                    state=TaskState.PENDING), b"\0" * 64)
+        with pytest.raises(NotReplicated):
+            await waiting.cancel("c1", "faster-whisper")
+        queued = await plain.get("f1")
+        assert queued is not None
+        with pytest.raises(NotReplicated):
+            await waiting.fail_if_unchanged(queued, "no worker", "no_worker")
+        await client.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()
+
+
+def test_a_terminal_write_can_be_written_again_until_a_replica_holds_it(
+        tmp_path: Path) -> None:
+    """A worker whose terminal write no replica confirmed writes it again (workers/consumer
+    `_until_replicated`): the write is idempotent for its own attempt, and lands again where
+    a switchover's new primary lost it."""
+    server = procs.RedisServer(tmp_path / "redis").start()
+
+    async def scenario() -> None:
+        client = Redis.from_url(server.url)
+        plain, waiting = TaskStore(client, 600), TaskStore(client, 600, replicas=UNCONFIRMED)
+        task = Task(id="t1", backend="faster-whisper", model="tiny.en", state=TaskState.PENDING)
+        await plain.submit(task, b"\0" * 64)
+        attempt = await plain.start("t1", "w1", 1, "faster-whisper")
+        before = await client.hgetall(keys.task("t1"))  # what a lagging replica holds
+
+        async def finish(again: bool) -> bool:
+            try:
+                return await waiting.finish(task, TaskState.SUCCEEDED, attempt=attempt,
+                                            entry_id="", result={"text": "hi"}, worker="w1",
+                                            again=again)
+            except NotReplicated as short:
+                return bool(short.result)
+
+        assert await finish(False)
+        assert not await finish(False)  # a second finisher of one attempt is not this one
+        assert await finish(True)  # written again: still this attempt's write
+        await client.delete(keys.task("t1"))  # the switchover's new primary lost it
+        await client.hset(keys.task("t1"), mapping=before)
+        assert await finish(True)
+        done = await plain.get("t1")
+        assert done is not None and done.state == TaskState.SUCCEEDED
+        # another worker with the same attempt number is still refused
+        assert not await plain.finish(task, TaskState.SUCCEEDED, attempt=attempt,
+                                      entry_id="", result={}, worker="w2")
+        await client.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()
