@@ -73,7 +73,7 @@ def stack(request: pytest.FixtureRequest,
     try:
         gateway.start()
         worker.start()
-        yield {"url": gateway.url, "worker": worker, "redis": server.client(),
+        yield {"url": gateway.url, "worker": worker, "redis": server.client(), "server": server,
                "redis_url": server.url, "workdir": workdir, "models": models, "voices": voices,
                "pause": pause}
     finally:
@@ -284,6 +284,38 @@ def test_a_task_failing_mid_stream_ends_sse_with_an_error_event(
     # charged for what was delivered (issue 30): the characters of the pieces it spoke
     charge = json.loads(client.hget(keys.task(task_id), "charge"))
     assert charge["amount"] == sum(len(s) for s in SENTENCES[:failed["pieces"]]) > 0, charge
+
+
+def test_a_redis_restart_mid_stream_is_waited_out(stack: dict[str, Any]) -> None:
+    """Redis goes away for 2 s while the engine is between two pieces and the stream sends
+    keep-alives every half second: each read of the stored pieces meets the outage and waits
+    it out, and the stream ends with its done event (it was cut with no final event)."""
+    gateway = procs.gateway(stack["redis_url"], stack["workdir"], models=stack["models"],
+                            voices=stack["voices"], stream_keepalive_seconds="0.5").start()
+    client, pause = stack["redis"], stack["pause"]
+    body = b""
+    try:
+        pause.arm()
+        with http.stream("POST", f"{gateway.url}/v1/audio/speech", timeout=TIMEOUT,
+                          json={**SPEECH, "input": SHORT, "response_format": "pcm",
+                                "stream_format": "sse"}) as reply:
+            assert reply.status_code == 200
+            chunks = reply.iter_bytes()
+            while b"speech.audio.delta" not in body:
+                body += next(chunks)
+            pause.wait(client)
+            stack["server"].restart(down_seconds=2.0)
+            pause.release()
+            body += b"".join(chunks)
+        wav = stored_wav(reply)
+    finally:
+        pause.release()
+        gateway.stop()
+    events = sse_events(body)
+    assert [event["type"] for event in events][-1] == "speech.audio.done", events[-1]
+    pcm = b"".join(base64.b64decode(event["audio"]) for event in events
+                   if event["type"] == "speech.audio.delta")
+    assert pcm == wav_pcm(wav)[0]
 
 
 def test_a_whole_file_call_failing_mid_task_keeps_no_charge(stack: dict[str, Any]) -> None:

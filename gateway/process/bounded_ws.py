@@ -16,6 +16,10 @@ bounds a hostile or stalled client could otherwise lift.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import socket
+import struct
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -23,6 +27,17 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 #: how long a connection whose app has returned may take to flush and close; uvicorn's own
 #: close handshake waits as long for the client's close frame
 ABORT_AFTER_SECONDS = 10.0
+
+
+def abort(transport: asyncio.BaseTransport) -> None:
+    """Drop the connection now, with a reset: a plain close (asyncio's abort too) leaves
+    the kernel sending what it still buffers to a client that reads nothing, its socket
+    held for minutes; a zero linger discards it."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):  # already gone
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -50,4 +65,4 @@ class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def _abort(self) -> None:
         if not self.disconnected:
-            self.transport.abort()
+            abort(self.transport)

@@ -32,7 +32,7 @@ from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 
 from common.settings import get_settings
 from gateway.process import fast_poll
-from gateway.process.bounded_ws import ABORT_AFTER_SECONDS
+from gateway.process.bounded_ws import ABORT_AFTER_SECONDS, abort
 
 
 class SlowClientProtocol(H11Protocol):
@@ -60,7 +60,7 @@ class SlowClientProtocol(H11Protocol):
         def close_then_abort() -> None:
             close()
             if self._abort_timer is None:
-                self._abort_timer = self.loop.call_later(ABORT_AFTER_SECONDS, transport.abort)
+                self._abort_timer = self.loop.call_later(ABORT_AFTER_SECONDS, abort, transport)
 
         transport.close = close_then_abort  # type: ignore[method-assign]
         self._arm(self.header_timeout)

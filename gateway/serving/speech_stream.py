@@ -26,9 +26,9 @@ from fastapi.responses import Response
 
 from common.audio import AudioError, wav_pcm
 from common.schemas import SpeechChunk, TaskState
-from common.store import Task, TaskStore
+from common.store import StoreError, Task, TaskStore
 from common.stream_audio import StreamEncoder
-from gateway.errors import RequestError
+from gateway.errors import RequestError, store_unavailable
 from gateway.serving.calls import (
     KEEPALIVE,
     Call,
@@ -56,7 +56,7 @@ async def spoken(store: TaskStore, call: Call) -> Spoken:
     try:
         while True:
             if event["type"] in ("chunk", "tick", "done"):
-                while chunks := await store.speech.read(call.task_id, next_index):
+                while chunks := await _read(store, call.task_id, next_index):
                     for chunk in chunks:
                         next_index, sent = chunk.index + 1, sent + len(chunk.pcm)
                         yield chunk
@@ -78,6 +78,25 @@ async def spoken(store: TaskStore, call: Call) -> Spoken:
             event = await anext(call.events)
     finally:
         await call.events.aclose()
+
+
+#: how long a stream's read of the stored pieces is retried while Redis is away (a Sentinel
+#: failover takes seconds); past it the stream ends with the store's error (an `sse` stream's
+#: last event, an `audio` transfer cut short), never silently
+STORE_PATIENCE_SECONDS = 15.0
+
+
+async def _read(store: TaskStore, task_id: str, start: int) -> list[SpeechChunk]:
+    """`store.speech.read`, retried through a failover; a RequestError (503) past
+    STORE_PATIENCE_SECONDS."""
+    give_up_at = time.monotonic() + STORE_PATIENCE_SECONDS
+    while True:
+        try:
+            return await store.speech.read(task_id, start)
+        except StoreError as exc:
+            if time.monotonic() >= give_up_at:
+                raise store_unavailable(exc) from None
+            await asyncio.sleep(0.5)
 
 
 async def _wav_tail(store: TaskStore, task: Task, sent: int) -> tuple[bytes, int] | None:
@@ -214,7 +233,9 @@ async def _sse(pieces: Spoken, first: SpeechChunk | None, encoder: Encoding,
                     "total_tokens": characters}})
             else:
                 yield sse_error(task_failed(item))
-    except RequestError as exc:  # timed out, or the finished task's audio is missing
+    except RequestError as exc:  # timed out, the store gone too long, the audio missing
         yield sse_error(exc)
+    except StoreError as exc:  # the finished task's audio could not be read
+        yield sse_error(store_unavailable(exc))
     except AudioError as exc:  # a piece the encoder could not take
         yield sse_error(RequestError(500, str(exc)))
