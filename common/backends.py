@@ -49,7 +49,11 @@ KINDS: dict[str, Kind] = {
     kind.name: kind
     for kind in (
         Kind("asr", "/transcribe", "asr_submit_request.json.j2", "asr_status_response.json.j2",
-             openai_names=("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe")),
+             # every transcription model the openai SDK names (its AudioModel and realtime
+             # AudioTranscription literals): a client's default must not refuse its session
+             openai_names=("whisper-1", "gpt-4o-transcribe", "gpt-4o-mini-transcribe",
+                           "gpt-4o-mini-transcribe-2025-12-15", "gpt-4o-transcribe-diarize",
+                           "gpt-transcribe", "gpt-live-transcribe", "gpt-realtime-whisper")),
         Kind("tts", "/synthesize", "tts_submit_request.json.j2", "tts_status_response.json.j2",
              openai_names=("tts-1", "tts-1-hd", "gpt-4o-mini-tts"), audio_output=True,
              usage_unit="characters"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -115,7 +116,17 @@ def test_current_openai_model_and_voice_names(client: openai.OpenAI) -> None:
                         models={"faster-whisper": {"tiny.en": "bundled"},
                                 "xtts": {"v2": "/nonexistent"}})
     asr = resolve_public_model(settings, "whisper-1", "asr")
-    assert resolve_public_model(settings, "gpt-4o-mini-transcribe", "asr") == asr
+    # every transcription model the SDK itself names, the realtime session's included (a
+    # session.update naming one that was refused kept its format and turn detection too)
+    from openai.types import AudioModel
+    from openai.types.realtime.audio_transcription import AudioTranscription
+
+    realtime = typing.get_args(AudioTranscription.model_fields["model"].annotation)
+    sdk_names = set(typing.get_args(AudioModel)) | {
+        name for option in realtime for name in typing.get_args(option)}
+    assert {"gpt-realtime-whisper", "gpt-live-transcribe"} <= sdk_names
+    for name in sdk_names:
+        assert resolve_public_model(settings, name, "asr") == asr, name
     tts = resolve_public_model(settings, "tts-1", "tts")
     assert resolve_public_model(settings, "gpt-4o-mini-tts", "tts") == tts
     assert settings.voice("marin") and settings.voice("cedar")
