@@ -32,7 +32,7 @@ from common.audio import decode_audio
 from common.settings import Settings
 from gateway.auth import digest
 from gateway.realtime.buffer import InputBuffer, decode_pcm16
-from gateway.realtime.protocol import max_message_bytes
+from gateway.realtime.protocol import ProtocolError, max_message_bytes
 from harness import procs
 from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
@@ -305,6 +305,27 @@ def test_raw_client_with_manual_commits_at_16_khz(live: dict[str, Any]) -> None:
         await client.socket.close()
         check_turn_events(client, vad=False)
         assert wer(JFK_TEXT, joined_transcript(client)) <= 0.10
+
+    asyncio.run(run())
+
+
+def test_a_manual_commit_during_detected_speech_commits_that_speech(
+        live: dict[str, Any]) -> None:
+    """Server VAD has seen speech start (its item named in speech_started) and the client
+    commits before it stops: the committed item is the one that started, not a new one."""
+    async def run() -> None:
+        client = await connect(live)
+        await configure(client, ONE_TURN_VAD)
+        await stream(client, pcm(JFK)[:4 * 24000 * 2])  # 4 s: speech under way, no pause
+        await client.wait(lambda: client.of("input_audio_buffer.speech_started"), 30)
+        await client.send(type="input_audio_buffer.commit", event_id="commit-1")
+        await client.wait(lambda: client.of("input_audio_buffer.committed")
+                          and client.all_answered(), 60)
+        await client.socket.close()
+        started = client.of("input_audio_buffer.speech_started")
+        committed = client.of("input_audio_buffer.committed")
+        assert len(started) == len(committed) == 1
+        assert committed[0]["item_id"] == started[0]["item_id"]
 
     asyncio.run(run())
 
@@ -637,6 +658,19 @@ def test_a_ping_flood_from_a_client_that_reads_nothing_is_held_back(
                    "the flooding connection to be aborted", 0.5)
     finally:
         stalled.close()
+
+
+def test_a_refused_append_leaves_nothing_in_the_next_turn() -> None:
+    """An append past a full buffer (no server VAD) is refused before the resampler sees it:
+    the committed turn is exactly what was accepted (the resampler's state used to carry the
+    refused chunk's last ~24 ms into it)."""
+    buffer = InputBuffer(24000, None, 16000)  # 1 s
+    rng = np.random.default_rng(0)
+    buffer.append(rng.uniform(-0.5, 0.5, 21600).astype(np.float32), None)  # 0.9 s
+    with pytest.raises(ProtocolError):
+        buffer.append(rng.uniform(-0.5, 0.5, 12000).astype(np.float32), None)  # 0.5 s
+    turn = buffer.commit()
+    assert turn is not None and abs(len(turn.audio) - 14400) <= 1, len(turn.audio)
 
 
 def test_a_flood_of_one_sample_appends_is_held_compactly() -> None:

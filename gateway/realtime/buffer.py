@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,12 +132,15 @@ class InputBuffer:
     def append(self, samples: np.ndarray, event_id: str | None) -> list[Change]:
         """Add audio at the input rate; with server VAD, the speech starts and stops it holds.
         Runs the VAD, so the session calls it off the event loop."""
-        if self._resampler is not None:
-            samples = self._resampler.resample_chunk(samples)
-        if self._detector is None and self.buffered + len(samples) > self.max_samples:
+        # refused before the resampler sees it: its state would carry the refused chunk's
+        # last samples into the next turn, and the work would be spent for nothing
+        arriving = math.ceil(len(samples) * SAMPLE_RATE / self.rate)
+        if self._detector is None and self.buffered + arriving > self.max_samples:
             raise ProtocolError("input_audio_buffer_full", f"the input audio buffer holds at "
                                 f"most {self.max_samples / SAMPLE_RATE:.0f} s: commit or clear "
                                 "it first", "audio", event_id)
+        if self._resampler is not None:
+            samples = self._resampler.resample_chunk(samples)
         self._add(samples)
         return self._scan() if self._detector is not None else []
 

@@ -254,12 +254,14 @@ class Session:
     async def _commit(self, event: ClientEvent) -> None:
         held = self.buffer.buffered / SAMPLE_RATE * 1000
         turn = self.buffer.commit()
-        self._speech_item = None
+        # a commit during detected speech commits that speech's item (its speech_started
+        # named it), not a new one the client never saw start
+        item, self._speech_item = self._speech_item or new_id("item"), None
         if turn is None:
             raise ProtocolError("input_audio_buffer_commit_empty", "buffer too small: a commit "
                                 f"needs at least {MIN_COMMIT_MS} ms of audio, the buffer holds "
                                 f"{held:.2f} ms", None, event.event_id)
-        await self._committed(new_id("item"), turn)
+        await self._committed(item, turn)
 
     # --- turns ---------------------------------------------------------------------------------
 
