@@ -11,13 +11,15 @@ import sys
 from pathlib import Path
 
 from common import logs
+from common.settings import get_settings
 from gateway.process.launcher import Launcher, bind, serve
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__.split("\n")[0])
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    settings = get_settings()
+    parser.add_argument("--host", default=settings.host, help="default: SPEECH_HOST")
+    parser.add_argument("--port", type=int, default=settings.port, help="default: SPEECH_PORT")
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--state-file", type=Path)
     parser.add_argument("--log-level", default="warning", help="uvicorn's log level")

@@ -239,3 +239,28 @@ def test_a_retiring_server_answers_the_connections_it_just_accepted() -> None:
     replies = asyncio.run(_retire_with_connections_just_accepted(8))
     assert all(reply.startswith(b"HTTP/1.1 200") for reply in replies), replies
     assert all(b"connection: close" in reply.lower() for reply in replies), replies
+
+
+def test_python_m_gateway_listens_where_the_settings_say(tmp_path: Path) -> None:
+    """SPEECH_HOST and SPEECH_PORT are `python -m gateway`'s defaults (it listened on
+    127.0.0.1:8000 whatever they said)."""
+    redis = procs.RedisServer(tmp_path / "redis").start()
+    port = procs.free_port()
+    env = procs.service_env(redis.url, host="127.0.0.1", port=str(port))
+    server = procs.spawn([str(procs.CORE_PYTHON), "-m", "gateway", "--single"], env=env,
+                         cwd=ROOT, stdout=(tmp_path / "gateway.log").open("ab"),
+                         stderr=subprocess.STDOUT)
+    try:
+        reply = wait_until(lambda: _health(f"http://127.0.0.1:{port}"), 60,
+                           "the gateway on SPEECH_PORT", 0.2)
+        assert reply.status_code == 200
+    finally:
+        procs.stop(server)
+        redis.stop()
+
+
+def _health(base: str) -> httpx.Response | None:
+    try:
+        return http.get(f"{base}/health", timeout=5)
+    except httpx.HTTPError:
+        return None

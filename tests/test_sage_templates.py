@@ -97,8 +97,9 @@ def test_a_refused_sage_submit_shows_its_reason_through_the_templates(
                                              timeout=60),
         "path outside the roots": lambda: http.post(submit_url, timeout=60, json=render(
             "asr_submit_request.json.j2", {"audio_path": str(outside)})),
-        "audio_url refused": lambda: http.post(submit_url, timeout=60, json={
-            "audio_url": "http://files.example/jfk.flac"}),
+        # through the template, as Sage passes media
+        "audio_url refused": lambda: http.post(submit_url, timeout=60, json=render(
+            "asr_submit_request.json.j2", {"audio_url": "http://files.example/jfk.flac"})),
     }
     before = queue_counts(stack["redis"])
     for what, attempt in attempts.items():
