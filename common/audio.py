@@ -89,7 +89,10 @@ def _identified(container: av.container.InputContainer) -> bool:
 
 
 def _reason(exc: Exception) -> str:
-    return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    # FFmpeg's own words ("Invalid data found when processing input"), not its error number
+    # and the name of a file the caller never had ("[Errno 1094995529] …: '<none>'")
+    text = getattr(exc, "strerror", None) or str(exc)
+    return text.splitlines()[0][:200] if text else type(exc).__name__
 
 
 def probe_audio(source: SourceType) -> AudioInfo:

@@ -133,7 +133,7 @@ def resolve_public_model(settings: Settings, name: str, kind: str) -> tuple[str,
     ]
     if len(matches) == 1:
         return matches[0]
-    raise UnknownModel(f"unknown model {_shown(name)!r}; see /v1/models for valid names")
+    raise UnknownModel(f"unknown model {_shown(name)!r}")  # callers say where the list is
 
 
 def _shown(value: str) -> str:
