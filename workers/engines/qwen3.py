@@ -50,8 +50,11 @@ class Qwen3Engine(hf_common.HfAsrEngine):
         return self._result(raw, language, len(audio) / self.sample_rate, on_segment)
 
     def batch_key(self, options: TranscriptionOptions) -> Hashable | None:
-        # the processor takes one language for a batch (None: detect), prompts per clip
-        return None if options.task != "transcribe" else model_language(options.language)
+        # the processor takes one language for a batch (None: detect, the OpenAI default,
+        # which must batch too: a bare None would mean "runs alone"), prompts per clip
+        if options.task != "transcribe":
+            return None
+        return ("language", model_language(options.language))
 
     def transcribe_batch(self, handle: hf_common.HfHandle, audios: list[np.ndarray],
                          options: list[TranscriptionOptions],
