@@ -150,6 +150,26 @@ def test_a_batch_that_would_not_fit_the_memory_cap_is_split(redis: procs.RedisSe
     assert histogram(redis, "batch_size")["sum"] == 4.0
 
 
+def test_a_first_batch_under_a_cap_probes_what_a_clip_costs(
+        redis: procs.RedisServer) -> None:
+    """Nothing measured yet (SPEECH_BATCH_ITEM_MIB 0, a fresh worker) and a memory cap: the
+    first call takes two clips, not the whole batch (eight took 915 MiB under a 330 MiB cap)."""
+    import psutil
+
+    settings = settings_for(redis.url, memory_cap_mib=int(psutil.Process().memory_info().rss
+                                                          / 2**20 + 2500))
+
+    async def scenario() -> tuple[Worker, list[Task]]:
+        ids = [await submit(redis.url, clips()[i]) for i in (0, 1, 2, 6, 7, 8)]
+        worker = await drain(settings)
+        return worker, await tasks(redis.url, ids)
+
+    worker, done = asyncio.run(scenario())
+    assert all(t.state == TaskState.SUCCEEDED for t in done), done
+    assert worker.host.last_batch_calls[0] == 2, worker.host.last_batch_calls
+    assert histogram(redis, "batch_size")["sum"] == 6.0
+
+
 def test_a_batch_whose_load_breaks_fails_every_task_once(redis: procs.RedisServer,
                                                          tmp_path: Path) -> None:
     """A half-built load ends the process: each task of the batch that asked for it is

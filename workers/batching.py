@@ -11,8 +11,9 @@
   returns when its longest clip is done, so an 11 s clip never waits for a 4-minute one),
   share a call; a task without a key runs alone, as before. Groups holding interactive work
   run first (`urgent_first`).
-- **Fit** (`plan`): a batch is split so that each call's extra memory (`item_mib` a clip)
-  fits what the memory cap and the device reservation leave.
+- **Fit** (`next_call`): a batch is split so that each call's extra memory (`item_mib` a
+  clip) fits what the memory cap and the device reservation leave then; until a clip's
+  cost is measured, a bounded process makes calls of PROBE_CALL clips.
 - **Run** (`run_batch`, on the engine thread): each clip is decoded alone (a clip that
   fails to decode fails alone), the rest go to the engine's batch call, and each clip gets
   its own outcome. A batch call that fails as a whole is retried clip by clip, so one bad
@@ -149,13 +150,19 @@ def urgent_first(groups: list[list[T]], urgent: Callable[[T], bool]) -> list[lis
     return sorted(groups, key=lambda members: not any(urgent(item) for item in members))
 
 
-def plan(size: int, item_mib: float, headroom_mib: float | None) -> list[int]:
-    """The batch's calls: sizes adding up to `size`, each one's clips (`item_mib` each)
-    within `headroom_mib` (None: no bound); at least one clip a call."""
-    if headroom_mib is None or item_mib <= 0:
-        return [size]
-    fit = max(1, int(headroom_mib // item_mib))
-    return [min(fit, size - start) for start in range(0, size, fit)]
+#: clips of a call while nothing says what a clip costs and memory is bounded: a small call
+#: measures it (the first batch after a start took all 8 clips under a cap with room for 2)
+PROBE_CALL = 2
+
+
+def next_call(left: int, item_mib: float, headroom_mib: float | None) -> int:
+    """How many of the `left` clips the next call takes: as many as fit `headroom_mib`
+    (None: no bound) at `item_mib` each (0: not measured yet, PROBE_CALL); at least one."""
+    if headroom_mib is None:
+        return left
+    if item_mib <= 0:
+        return min(left, PROBE_CALL)
+    return max(1, min(left, int(headroom_mib // item_mib)))
 
 
 @dataclass(slots=True)

@@ -140,14 +140,16 @@ class EngineHost:
 
         async def run(handle: Any) -> list[Outcome | TaskError]:
             results: list[Outcome | TaskError] = []
-            sizes = batching.plan(len(items), self.batch_item_mib,
-                                  await self._call(self._batch_headroom))
+            sizes: list[int] = []
+            while len(results) < len(items):  # each call sized by what the last one measured
+                size = batching.next_call(len(items) - len(results), self.batch_item_mib,
+                                          await self._call(self._batch_headroom))
+                sizes.append(size)
+                chunk = items[len(results):len(results) + size]
+                results += await self._call(self._run_batch, engine, handle, model, chunk)
             if len(sizes) > 1:
                 log.info("a batch of %d split to fit memory: calls of %s", len(items), sizes)
             self.last_batch_calls = sizes
-            for size in sizes:
-                chunk = items[len(results):len(results) + size]
-                results += await self._call(self._run_batch, engine, handle, model, chunk)
             return results
 
         return await self._engine_call(model, on_load, run,
