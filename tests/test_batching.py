@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -377,6 +378,38 @@ def test_a_worker_killed_mid_batch_loses_nothing(redis: procs.RedisServer,
     counters = {k.decode(): int(v) for k, v in client.hgetall(keys.counters(BACKEND)).items()}
     assert counters["tasks_SUCCEEDED"] == 4 and "tasks_FAILED" not in counters
     assert pending_count(client) == 0 and client.xlen(keys.dead_letter(BACKEND)) == 0
+
+
+def test_a_stopping_worker_gives_its_gathered_tasks_to_the_others(
+        redis: procs.RedisServer, tmp_path: Path) -> None:
+    """A worker gathered four tasks that cannot share a call (each its own beam size) and is
+    stopped while the first runs: it finishes that one and gives the other three back, and a
+    second worker runs them at once (they waited out the 60 s visibility timeout)."""
+    settings = {"preload": "true", "idle_unload_seconds": "-1", "cpu_threads": "2",
+                "visibility_timeout_seconds": "60"}
+    first = procs.worker(redis.url, tmp_path, consumer="first", **settings).start()
+    second = procs.worker(redis.url, tmp_path, consumer="second", **settings)
+    long_clip = (TEST_AUDIO / "multilingual.mp3").read_bytes()  # ~60 s: seconds of work
+    try:
+        ids = [asyncio.run(submit(redis.url, long_clip, beam_size=beam)) for beam in (1, 2, 3, 4)]
+
+        def holding_all() -> bool:
+            running = [t for t in asyncio.run(tasks(redis.url, ids)) if t.state.value == "RUNNING"]
+            return bool(running) and pending_count(redis.client()) == 4
+
+        wait_until(holding_all, 60, "the first worker holding all four", 0.05)
+        second.start()
+        os.kill(first.pid, signal.SIGTERM)
+        stopped = time.monotonic()
+        wait_until(lambda: all(t.state.terminal for t in asyncio.run(tasks(redis.url, ids))),
+                   45, "every task finished before the visibility timeout", 0.2)
+        took = time.monotonic() - stopped
+    finally:
+        second.stop()
+        first.stop()
+    done = asyncio.run(tasks(redis.url, ids))
+    assert all(t.state == TaskState.SUCCEEDED for t in done), done
+    assert sorted(t.worker for t in done) == ["first", "second", "second", "second"], took
 
 
 async def _submit_all(redis_url: str, audios: list[bytes]) -> list[str]:

@@ -130,6 +130,8 @@ class Consumer:
                         deliveries = await self.store.claim_abandoned(
                             self.settings.visibility_timeout_seconds)
                         self.taking = bool(deliveries)
+                        if deliveries:  # there may be more: the next turn looks again
+                            next_janitor = 0.0
                     if not deliveries:
                         deliveries = await self.store.read(block_ms=None if self.burst else 1000)
                         self.taking = bool(deliveries)
@@ -154,14 +156,23 @@ class Consumer:
         """Every entry taken is leased from here until it is settled (acked): while it waits
         behind the others, while it runs, and during its terminal write."""
         lease = asyncio.create_task(self._keep_lease(deliveries))
+        left: list[Delivery] = []
         try:
             if self.gatherer is not None and len(deliveries) > 1:
-                await self._handle_together(deliveries)
+                left = await self._handle_together(deliveries)
             else:
                 for delivery in deliveries:
                     await self._handle(delivery)
         finally:
             lease.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lease  # stopped: a last extension would undo the release below
+        if left:  # a stop with gathered entries not started: the other workers take them now
+            with contextlib.suppress(RedisError):
+                released = await self.store.release(
+                    left, 2 * self.settings.visibility_timeout_seconds)
+                log.info("stopping: %d gathered entries given back to the other workers",
+                         released)
 
     async def _gather(self, first: list[Delivery]) -> list[Delivery]:
         """The batch window (workers/batching.Gatherer); its wait goes into the metrics."""
@@ -255,8 +266,9 @@ class Consumer:
 
     # --- tasks that share engine calls (workers/batching.py) ------------------------------
 
-    async def _handle_together(self, deliveries: list[Delivery]) -> None:
-        """Gathered entries: each group that can share a call runs as one batch."""
+    async def _handle_together(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """Gathered entries: each group that can share a call runs as one batch. Those of
+        the groups a stop leaves unstarted are returned."""
         engine = self.batch_engine
         assert engine is not None
         found: list[tuple[Task, Delivery]] = []
@@ -270,9 +282,10 @@ class Consumer:
             found, lambda member: batching.batch_key(engine, member[0].model, member[0].params,
                                                      member[0].audio_seconds),
             self.settings.batch_max_size)
-        for members in batching.urgent_first(groups, lambda member: member[1].lane != BATCH):
-            if self.stopping.is_set():  # asked to stop (or exit): the rest stay pending
-                return
+        ordered = batching.urgent_first(groups, lambda member: member[1].lane != BATCH)
+        for index, members in enumerate(ordered):
+            if self.stopping.is_set():  # asked to stop (or exit): the rest go to the others
+                return [delivery for group in ordered[index:] for _, delivery in group]
             # gathered batch entries that cannot share a call run one group after another:
             # interactive work that arrived meanwhile goes first, as it would had each been
             # read alone (docs/fairness.md)
@@ -284,6 +297,7 @@ class Consumer:
                     await self._handle_task(*members[0])
             else:
                 await self._run_together(members)
+        return []
 
     async def _interactive_first(self) -> None:
         try:

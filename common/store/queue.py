@@ -27,6 +27,21 @@ return 1
 """
 
 
+# KEYS: queue | ARGV: group, consumer, idle ms, entries... -> entries given back. Each entry
+# still pending to this consumer is left pending, but idle for `idle ms`: another worker's
+# XAUTOCLAIM takes it at once, its delivery count unchanged (JUSTID does not count one).
+_RELEASE = """
+local released = 0
+for i = 4, #ARGV do
+  local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if #pending == 1 and pending[1][2] == ARGV[2] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'IDLE', ARGV[3], 'JUSTID')
+    released = released + 1
+  end
+end
+return released
+"""
+
 # KEYS: queue | ARGV: group, consumer -> 1 the consumer is out of the group (deleted, or it
 # was not in it), 0 entries are pending to it (deleting it would drop them from the pending
 # list: they would never be delivered again) or there is no stream. A consumer deleted
@@ -70,6 +85,7 @@ class Queue:
         #: interactive entries taken since the last batch one (a new worker owes batch one)
         self.interactive_run = self.promotion_every
         self._extend = redis.register_script(_EXTEND_LEASE)
+        self._release = redis.register_script(_RELEASE)
         self._forget = redis.register_script(FORGET_CONSUMER)
 
     async def read(self, *, after: str | None = None, lane: str = keys.BATCH,
@@ -157,6 +173,18 @@ class Queue:
         return Lease(int(await self._extend(keys=[self.streams[delivery.lane]],
                                             args=[keys.WORKER_GROUP, self.consumer,
                                                   delivery.entry_id])))
+
+    async def release(self, deliveries: list[Delivery], idle_seconds: float) -> int:
+        """Give entries this worker took but will not run back to the others (a stop): each
+        stays pending, idle for `idle_seconds`, so the next XAUTOCLAIM takes it."""
+        released = 0
+        for lane in keys.LANES:
+            ids = [d.entry_id for d in deliveries if d.lane == lane]
+            if ids:
+                released += int(await self._release(
+                    keys=[self.streams[lane]],
+                    args=[keys.WORKER_GROUP, self.consumer, int(idle_seconds * 1000), *ids]))
+        return released
 
     async def deliveries(self, delivery: Delivery) -> tuple[int, bool]:
         """How many times the entry was delivered, and whether it is still ours (False once

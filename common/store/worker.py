@@ -79,6 +79,10 @@ class WorkerStore:
     async def claim_abandoned(self, min_idle_seconds: float) -> list[Delivery]:
         return await self._queue.claim_abandoned(min_idle_seconds)
 
+    async def release(self, deliveries: list[Delivery], idle_seconds: float) -> int:
+        """Entries taken but not to be run here, back to the other workers (Queue.release)."""
+        return await self._queue.release(deliveries, idle_seconds)
+
     async def deliveries(self, delivery: Delivery) -> tuple[int, bool]:
         return await self._queue.deliveries(delivery)
 
