@@ -139,15 +139,26 @@ def test_a_batch_that_would_not_fit_the_memory_cap_is_split(redis: procs.RedisSe
     settings = settings_for(redis.url, batch_item_mib=1000,
                             memory_cap_mib=int(rss_mib + 2500))
 
-    async def scenario() -> tuple[Worker, list[Task]]:
+    async def scenario() -> tuple[Worker, list[Task], list[list[TaskState]]]:
         # four clips of one length class (8-16 s): they may share a call
         ids = [await submit(redis.url, clips()[i]) for i in (0, 1, 2, 6)]
-        worker = await drain(settings)
-        return worker, await tasks(redis.url, ids)
+        client = Redis.from_url(settings.redis_url)
+        worker = Worker(settings, FasterWhisperEngine(settings), client, handle_signals=False,
+                        exit=lambda code: None, burst=True)
+        running = asyncio.create_task(worker.run())
+        seen: list[list[TaskState]] = []
+        while not running.done():  # the states while the calls run
+            seen.append([t.state for t in await tasks(redis.url, ids)])
+            await asyncio.wait({running}, timeout=0.01)
+        await client.aclose()
+        return worker, await tasks(redis.url, ids), seen
 
-    worker, done = asyncio.run(scenario())
+    worker, done, seen = asyncio.run(scenario())
     assert all(t.state == TaskState.SUCCEEDED for t in done), done
     assert worker.host.last_batch_calls == [2, 2]
+    # the first call's tasks are finished while the second call still runs
+    first_done = [states for states in seen if states[:2] == [TaskState.SUCCEEDED] * 2]
+    assert first_done and TaskState.RUNNING in first_done[0][2:], first_done[:1]
     assert histogram(redis, "batch_size")["sum"] == 4.0
 
 

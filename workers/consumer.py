@@ -331,19 +331,36 @@ class Consumer:
         self.current_task, self.load_seconds, self.device_wait_seconds = (
             opened[0][0].id, None, None)
         self.current_batch, self.load_observed = len(opened), False
+        self.observations["batch_size"] = len(opened)
+        writes: dict[int, asyncio.Task[None]] = {}
+
+        def settle(index: int, result: Outcome | TaskError) -> None:
+            """Each task's terminal write as soon as its result is known (a batch split to
+            fit memory: the first call's tasks do not wait for the last call), written while
+            the engine goes on."""
+            if index not in writes:
+                task, delivery, attempt = opened[index]
+                writes[index] = asyncio.create_task(self._settle_as(
+                    task, attempt, delivery, result, started, len(opened)))
+
         try:  # current until the last terminal write is done, as in _handle_task
-            results = await self._share_call(
-                model, [(task, attempt) for task, _, attempt in opened])
-            self.observations["batch_size"] = len(opened)
-            for (task, delivery, attempt), result in zip(opened, results, strict=True):
-                with logs.task_context(task.id):
-                    await self._settle(task, attempt, delivery, result, started, len(opened))
+            await self._share_call(model, [(task, attempt) for task, _, attempt in opened],
+                                   settle)
+            for index in range(len(opened)):
+                settle(index, TaskError("no result"))
+            await asyncio.gather(*writes.values())
         finally:
             self.current_task, self.current_batch = None, 0
 
-    async def _share_call(self, model: str,
-                          tasks: list[tuple[Task, int]]) -> list[Outcome | TaskError]:
-        results: list[Outcome | TaskError | None] = [None] * len(tasks)
+    async def _settle_as(self, task: Task, attempt: int, delivery: Delivery,
+                         result: Outcome | TaskError, started: float, batch_size: int) -> None:
+        with logs.task_context(task.id):
+            await self._settle(task, attempt, delivery, result, started, batch_size)
+
+    async def _share_call(self, model: str, tasks: list[tuple[Task, int]],
+                          settle: Callable[[int, Outcome | TaskError], None]) -> None:
+        """One engine call (or a few, to fit memory) for `tasks`; each task's outcome or
+        error goes to `settle` (its index) as soon as it is known."""
         items: list[batching.BatchItem] = []
         where: list[int] = []
         try:
@@ -355,18 +372,19 @@ class Consumer:
                                                     self._top_up(task, attempt)))
                     where.append(index)
                 except TaskError as exc:
-                    results[index] = exc
+                    settle(index, exc)
             members = [tasks[i][0] for i in where]
-            outcomes = await self.host.execute_batch(
-                model, items, on_load=functools.partial(self._loaded_together, members),
-                audio_seconds=max((task.audio_seconds or 0.0 for task in members), default=0.0)
-            ) if items else []
+            if items:
+                await self.host.execute_batch(
+                    model, items, on_load=functools.partial(self._loaded_together, members),
+                    audio_seconds=max((task.audio_seconds or 0.0 for task in members),
+                                      default=0.0),
+                    on_call=lambda start, outcomes: [
+                        settle(where[start + offset], outcome)
+                        for offset, outcome in enumerate(outcomes)])
         except TaskError as exc:  # the breaker, the load or the cap: every task's
-            outcomes = [exc] * len(where)
-            results = [exc if result is None else result for result in results]
-        for index, outcome in zip(where, outcomes, strict=True):
-            results[index] = outcome
-        return [result if result is not None else TaskError("no result") for result in results]
+            for index in where:
+                settle(index, exc)
 
     # --- one task's parts -----------------------------------------------------------------
 

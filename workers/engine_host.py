@@ -127,11 +127,15 @@ class EngineHost:
 
     async def execute_batch(self, model: str, items: list[batching.BatchItem],
                             on_load: OnLoad | None = None,
-                            audio_seconds: float | None = None) -> list[Outcome | TaskError]:
+                            audio_seconds: float | None = None,
+                            on_call: Callable[[int, list[Outcome | TaskError]], object]
+                            | None = None) -> list[Outcome | TaskError]:
         """`execute` for tasks that share calls (workers/batching.py): each one's outcome
         or error. The batch is split into calls that fit the memory cap and the device
-        reservation; a TaskError raised here (a load, the cap) is every task's.
-        `audio_seconds`: the longest clip's length (the calls' memory class)."""
+        reservation; `on_call` gets each call's outcomes (and the index of its first item)
+        as soon as it returns. A TaskError raised here (a load, the cap) is every task's
+        whose call had not returned. `audio_seconds`: the longest clip's length (the calls'
+        memory class)."""
         engine = batching.batch_engine(self.engine, self.settings)
         assert engine is not None
         items = [dataclasses.replace(item, on_decoded=self._on_decoded(model, False,
@@ -145,8 +149,11 @@ class EngineHost:
                 size = batching.next_call(len(items) - len(results), self.batch_item_mib,
                                           await self._call(self._batch_headroom))
                 sizes.append(size)
-                chunk = items[len(results):len(results) + size]
-                results += await self._call(self._run_batch, engine, handle, model, chunk)
+                start, chunk = len(results), items[len(results):len(results) + size]
+                outcomes = await self._call(self._run_batch, engine, handle, model, chunk)
+                results += outcomes
+                if on_call is not None:
+                    on_call(start, outcomes)
             if len(sizes) > 1:
                 log.info("a batch of %d split to fit memory: calls of %s", len(items), sizes)
             self.last_batch_calls = sizes
