@@ -129,7 +129,8 @@ def test_a_peak_past_its_reservation_is_refused_and_recorded(redis: procs.RedisS
     # the next load reserves the recorded peak, and serves
     second = asyncio.run(submit(redis.url, "tiny.en"))
     asyncio.run(run_worker(settings))
-    assert asyncio.run(task_of(redis.url, second)).state == TaskState.SUCCEEDED
+    served = asyncio.run(task_of(redis.url, second))
+    assert served.state == TaskState.SUCCEEDED, served.error
     assert asyncio.run(_devices(redis.url))[0].holders == {}  # released as it left
 
 

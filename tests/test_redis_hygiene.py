@@ -180,10 +180,11 @@ def test_a_submit_waits_for_a_replica(redis: procs.RedisServer,
 
 def test_a_submit_short_of_replicas_keeps_the_input_of_a_task_that_lives(
         tmp_path: Path, redis: procs.RedisServer, replica: procs.RedisServer) -> None:
-    """Refused to its client for want of a replica, a task may still live: one with an
-    idempotency key stays queued for the retry that will find it, and one a worker took
-    within the wait runs (and is charged), so its submit is accepted. Either way its input
-    (a file in SPEECH_BLOB_DIR here) stays with it."""
+    """Refused to its client for want of a replica, a task with an idempotency key stays
+    queued for the retry that will find it, its input (a file in SPEECH_BLOB_DIR here) with
+    it. One without a key is withdrawn: a worker that reads it within the wait is not let
+    start it (UNCONFIRMED), so the refusal always stands. Its input file stays until the
+    sweeper's (the withdrawal is not confirmed either: a failover could bring it back)."""
     settings = Settings(redis_url=redis.url, redis_wait_replicas=1, redis_wait_timeout_ms=1500,
                         blob_dir=tmp_path / "blobs", blob_dir_min_kib=0)
     blob = b"audio" * 100
@@ -197,12 +198,14 @@ def test_a_submit_short_of_replicas_keeps_the_input_of_a_task_that_lives(
             await store.submit(kept, blob, idempotency_key="retry-me")
         taken = _task()
 
-        async def take_it() -> None:  # a worker's start, while the submit waits for WAIT
+        async def take_it() -> int:  # a worker's start, while the submit waits for WAIT
             while await worker.get(taken.id) is None:
                 await asyncio.sleep(0.01)
-            assert await worker.start(taken.id, "w-1", 1, BACKEND) > 0
+            return await worker.start(taken.id, "w-1", 1, BACKEND)
 
-        await asyncio.gather(store.submit(taken, blob), take_it())  # accepted: no raise
+        submitted, started = await asyncio.gather(store.submit(taken, blob), take_it(),
+                                                  return_exceptions=True)
+        assert isinstance(submitted, NotReplicated) and started == -3, (submitted, started)
         found = await store.get(kept.id), await store.get(taken.id)
         await store.close()
         await worker.close()
@@ -210,9 +213,9 @@ def test_a_submit_short_of_replicas_keeps_the_input_of_a_task_that_lives(
 
     kept, taken = asyncio.run(scenario())
     assert kept is not None and kept.state == TaskState.PENDING
-    assert taken is not None and taken.state == TaskState.RUNNING
-    for task in (kept, taken):
-        assert (tmp_path / "blobs" / f"{task.id}.input").read_bytes() == blob
+    assert (tmp_path / "blobs" / f"{kept.id}.input").read_bytes() == blob
+    assert taken is not None and taken.state == TaskState.CANCELLED and taken.attempt == 0
+    assert (tmp_path / "blobs" / f"{taken.id}.input").read_bytes() == blob
 
 
 def test_a_finish_sent_again_keeps_the_output_it_stored(tmp_path: Path,

@@ -95,6 +95,9 @@ def test_a_caller_that_hangs_up_is_released_at_once(load: dict) -> None:
         assert wait_done(load["url"], task_id, timeout=120)["status"] == "SUCCEEDED"
 
 
+# a load test: beside another file's engines a status poll can wait past its 2 s bound for
+# a pool connection and answer PENDING with its store note (correct, but not what it checks)
+@pytest.mark.alone
 def test_150_concurrent_calls_with_half_hanging_up(load: dict) -> None:
     if load["worker"].proc is None or load["worker"].proc.poll() is not None:
         load["worker"].start()

@@ -59,7 +59,7 @@ UNCONFIRMED_WAIT_SECONDS = 5.0
 #: how long a terminal write keeps being written again while no replica confirms it (a
 #: switchover: the node that took it may be demoted and lose it; the write is idempotent):
 #: past it the worker moves on, and a write the primary then loses is redelivered
-REPLICA_PATIENCE_SECONDS = 30.0
+REPLICA_PATIENCE_SECONDS = 15.0
 #: tries of a write Redis answers with an error (a script's bug, out of memory): retrying
 #: cannot fix a bug, so after these it is logged, counted (store_refusals) and given up
 REFUSAL_TRIES = 3
@@ -244,6 +244,7 @@ class Consumer:
         done = outcome if isinstance(outcome, Outcome) else None
         state = TaskState.SUCCEEDED if done else TaskState.FAILED
         error, code = ("", "") if done else (str(outcome), cast(TaskError, outcome).code.value)
+
         def finish(again: bool = False) -> Awaitable[bool]:
             return self.store.finish(
                 task, state, attempt=attempt, entry_id=delivery.entry_id,
@@ -344,11 +345,13 @@ class Consumer:
                     task, attempt, delivery, result, started, len(opened)))
 
         try:  # current until the last terminal write is done, as in _handle_task
-            await self._share_call(model, [(task, attempt) for task, _, attempt in opened],
-                                   settle)
-            for index in range(len(opened)):
-                settle(index, TaskError("no result"))
-            await asyncio.gather(*writes.values())
+            try:
+                await self._share_call(model, [(task, attempt) for task, _, attempt in opened],
+                                       settle)
+                for index in range(len(opened)):
+                    settle(index, TaskError("no result"))
+            finally:  # (what was settled is written, whatever broke the rest)
+                await asyncio.gather(*writes.values())
         finally:
             self.current_task, self.current_batch = None, 0
 
@@ -374,14 +377,17 @@ class Consumer:
                 except TaskError as exc:
                     settle(index, exc)
             members = [tasks[i][0] for i in where]
+
+            def call_done(start: int, outcomes: list[Outcome | TaskError]) -> None:
+                for offset, outcome in enumerate(outcomes):
+                    settle(where[start + offset], outcome)
+
             if items:
                 await self.host.execute_batch(
                     model, items, on_load=functools.partial(self._loaded_together, members),
                     audio_seconds=max((task.audio_seconds or 0.0 for task in members),
                                       default=0.0),
-                    on_call=lambda start, outcomes: [
-                        settle(where[start + offset], outcome)
-                        for offset, outcome in enumerate(outcomes)])
+                    on_call=call_done)
         except TaskError as exc:  # the breaker, the load or the cap: every task's
             for index in where:
                 settle(index, exc)
