@@ -636,6 +636,38 @@ def raw_session(url: str) -> socket.socket:
     return stalled
 
 
+def test_a_text_message_that_is_not_utf8_closes_1007_without_a_traceback(
+        tmp_path: Path) -> None:
+    """A client's bad frame is not the server's error: closed 1007, one log line (uvicorn
+    logged a traceback at ERROR for each, so any client could fill the log)."""
+    server = procs.RedisServer(tmp_path / "redis").start()
+    gateway = procs.gateway(server.url, tmp_path).start()
+    try:
+        port = int(gateway.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(f"GET /v1/realtime?intent=transcription HTTP/1.1\r\nHost: x\r\n"
+                         "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+                         "Sec-WebSocket-Version: 13\r\n"
+                         f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}"
+                         "\r\n\r\n".encode())
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += sock.recv(1024)
+            assert answer.startswith(b"HTTP/1.1 101"), answer
+            for _ in range(3):
+                sock.sendall(bytes([0x81, 0x83]) + bytes(4) + b"\xff\xfe\xfd")
+            received = b""  # session.created, then the close frame, then the end
+            while chunk := sock.recv(65536):
+                received += chunk
+        assert bytes([0x88, 0x02]) + (1007).to_bytes(2, "big") in received, received[-200:]
+        time.sleep(0.5)
+        log = gateway.log()
+    finally:
+        gateway.stop()
+        server.stop()
+    assert "Traceback" not in log and "UnicodeDecodeError" not in log, log[-2000:]
+
+
 def test_a_ping_flood_from_a_client_that_reads_nothing_is_held_back(
         live: dict[str, Any], limited: str) -> None:
     """uvicorn answers every ping with a pong by itself: a client that sends pings and reads

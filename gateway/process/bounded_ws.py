@@ -12,6 +12,9 @@ bounds a hostile or stalled client could otherwise lift.
   buffers and a file descriptor for ever after the session had dropped it (and freed its
   slot: nothing bounded how many piled up). A connection still open ABORT_AFTER_SECONDS
   after the app returned is aborted.
+
+And a text message that is not UTF-8 is closed 1007 as before, logged in one line: uvicorn
+logged each with an ERROR traceback, so any client could fill the log.
 """
 
 from __future__ import annotations
@@ -58,6 +61,19 @@ class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
             if self.writable.is_set() and not self.transport.is_closing():
                 self.transport.resume_reading()
         return message
+
+    def send_receive_event_to_app(self) -> None:
+        if self.curr_msg_data_type == "text" and not self.close_sent:
+            data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+            try:
+                data.decode()
+            except UnicodeDecodeError:
+                self.frames = []
+                self.logger.info("a WebSocket text message that is not UTF-8: closed 1007")
+                self.conn.send_close(1007)
+                self.handle_parser_exception()
+                return
+        super().send_receive_event_to_app()
 
     async def run_asgi(self) -> None:
         await super().run_asgi()
