@@ -10,8 +10,9 @@ bounds a hostile or stalled client could otherwise lift.
 - **A connection the app is done with goes.** asyncio's `transport.close()` completes only
   once the write buffer has drained, so a client that never reads kept its socket, its
   buffers and a file descriptor for ever after the session had dropped it (and freed its
-  slot: nothing bounded how many piled up). A connection still open ABORT_AFTER_SECONDS
-  after the app returned is aborted.
+  slot: nothing bounded how many piled up). A connection still open after the app returned
+  is aborted once ABORT_AFTER_SECONDS pass in which the client took none of what is left
+  (`StuckAbort`: a slow client that reads keeps it).
 
 And a text message that is not UTF-8 is closed 1007 as before, logged in one line: uvicorn
 logged each with an ERROR traceback, so any client could fill the log.
@@ -27,8 +28,8 @@ from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
-#: how long a connection whose app has returned may take to flush and close; uvicorn's own
-#: close handshake waits as long for the client's close frame
+#: how long a closing connection may go without the client taking any of what is left to
+#: send; uvicorn's own close handshake waits as long for the client's close frame
 ABORT_AFTER_SECONDS = 10.0
 
 
@@ -43,7 +44,31 @@ def abort(transport: asyncio.BaseTransport) -> None:
     transport.abort()
 
 
+class StuckAbort:
+    """Aborts a closing `transport` once ABORT_AFTER_SECONDS pass in which its unsent bytes
+    did not shrink (a slow client that still reads keeps its connection: a large download
+    over a slow link ends whole)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, transport: asyncio.Transport) -> None:
+        self.loop, self.transport = loop, transport
+        self._left = transport.get_write_buffer_size()
+        self._timer = loop.call_later(ABORT_AFTER_SECONDS, self._check)
+
+    def _check(self) -> None:
+        left = self.transport.get_write_buffer_size()
+        if 0 < left < self._left:
+            self._left = left
+            self._timer = self.loop.call_later(ABORT_AFTER_SECONDS, self._check)
+            return
+        abort(self.transport)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
 class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
+    _stuck: StuckAbort | None = None
+
     def pause_writing(self) -> None:
         super().pause_writing()
         self.transport.pause_reading()
@@ -77,8 +102,10 @@ class BoundedWebSocketProtocol(WebSocketsSansIOProtocol):
 
     async def run_asgi(self) -> None:
         await super().run_asgi()
-        self.loop.call_later(ABORT_AFTER_SECONDS, self._abort)
-
-    def _abort(self) -> None:
         if not self.disconnected:
-            abort(self.transport)
+            self._stuck = StuckAbort(self.loop, self.transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._stuck is not None:
+            self._stuck.cancel()
+        super().connection_lost(exc)

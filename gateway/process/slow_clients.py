@@ -10,9 +10,10 @@ was read (a 401, a 413), uvicorn keeps reading that body to reuse the connection
 `body_timeout_seconds`. The body a route reads is bounded by gateway/process/limits.py.
 
 A connection closed with replies still unsent (a streamed reply whose client stopped reading,
-dropped after SPEECH_SEND_TIMEOUT_SECONDS) is aborted ABORT_AFTER_SECONDS later: asyncio's
-close waits for the write buffer to drain, which a client that never reads never lets
-happen, so its socket, buffers and file descriptor stayed for ever.
+dropped after SPEECH_SEND_TIMEOUT_SECONDS) is aborted once ABORT_AFTER_SECONDS pass in which
+the client took none of it (bounded_ws.StuckAbort): asyncio's close waits for the write
+buffer to drain, which a client that never reads never lets happen, so its socket, buffers
+and file descriptor stayed for ever.
 
 Sage's plain status polls skip h11 here (gateway/process/fast_poll.py): same app, same
 deadlines, a reply written as bytes.
@@ -32,7 +33,7 @@ from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 
 from common.settings import get_settings
 from gateway.process import fast_poll
-from gateway.process.bounded_ws import ABORT_AFTER_SECONDS, abort
+from gateway.process.bounded_ws import StuckAbort
 
 
 class SlowClientProtocol(H11Protocol):
@@ -48,7 +49,7 @@ class SlowClientProtocol(H11Protocol):
         self._polling = False
         self._held = bytearray()
         self._close_after_poll = False
-        self._abort_timer: asyncio.TimerHandle | None = None
+        self._stuck: StuckAbort | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -59,8 +60,8 @@ class SlowClientProtocol(H11Protocol):
 
         def close_then_abort() -> None:
             close()
-            if self._abort_timer is None:
-                self._abort_timer = self.loop.call_later(ABORT_AFTER_SECONDS, abort, transport)
+            if self._stuck is None:
+                self._stuck = StuckAbort(self.loop, transport)
 
         transport.close = close_then_abort  # type: ignore[method-assign]
         self._arm(self.header_timeout)
@@ -96,8 +97,8 @@ class SlowClientProtocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        if self._abort_timer is not None:
-            self._abort_timer.cancel()
+        if self._stuck is not None:
+            self._stuck.cancel()
         super().connection_lost(exc)
 
     def shutdown(self) -> None:
