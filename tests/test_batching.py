@@ -27,6 +27,7 @@ from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
 from tests.helpers import JFK_TEXT, pending_count, wer
 from tests.inprocess import worker_settings
+from workers import batching
 from workers.engines.faster_whisper import FasterWhisperEngine
 from workers.runtime import Worker
 
@@ -458,3 +459,13 @@ def test_the_sweep_for_company_is_one_round_trip_over_both_lanes(
     assert (empty_calls, calls) == (1, 1)
     assert lanes == [keys.INTERACTIVE, keys.INTERACTIVE, keys.BATCH, keys.BATCH]
     assert owners == lanes  # each delivery is its own task's entry
+
+
+def test_a_calls_size_follows_what_a_clip_was_measured_to_cost() -> None:
+    """Not measured yet: a probe of two; measured as nothing (a call that fitted in memory
+    already held): the whole batch, not probes of two for ever; measured: what fits."""
+    assert batching.next_call(8, None, 1000.0) == batching.PROBE_CALL
+    assert batching.next_call(8, 0.0, 1000.0) == 8
+    assert batching.next_call(8, 100.0, 250.0) == 2
+    assert batching.next_call(8, 100.0, 50.0) == 1
+    assert batching.next_call(8, None, None) == 8

@@ -50,21 +50,28 @@ def test_a_submit_no_replica_confirmed_is_refused_even_with_an_idle_worker(
 
 def test_cancel_and_the_sweepers_fail_wait_for_a_replica(tmp_path: Path) -> None:
     """A cancel answered before a replica holds it could be lost with the primary, and the
-    task run after its client was told CANCELLED: unconfirmed, it is the caller's 503."""
+    task run after its client was told CANCELLED: unconfirmed, it is the caller's 503. A
+    cancel that changed nothing (a running task) has nothing to confirm; the sweeper's FAILED
+    waits too, and stands unconfirmed (it tells no client itself)."""
     server = procs.RedisServer(tmp_path / "redis").start()
 
     async def scenario() -> None:
         client = Redis.from_url(server.url)
         plain, waiting = TaskStore(client, 600), TaskStore(client, 600, replicas=UNCONFIRMED)
-        for task_id in ("c1", "f1"):
+        for task_id in ("c1", "f1", "r1"):
             await plain.submit(Task(id=task_id, backend="faster-whisper", model="tiny.en",
                                     state=TaskState.PENDING), b"\0" * 64)
         with pytest.raises(NotReplicated):
             await waiting.cancel("c1", "faster-whisper")
+        await plain.start("r1", "w1", 1, "faster-whisper")
+        assert await waiting.cancel("r1", "faster-whisper") == "RUNNING"  # nothing written
         queued = await plain.get("f1")
         assert queued is not None
-        with pytest.raises(NotReplicated):
-            await waiting.fail_if_unchanged(queued, "no worker", "no_worker")
+        started = time.monotonic()
+        assert await waiting.fail_if_unchanged(queued, "no worker", "no_worker")
+        assert time.monotonic() - started >= 0.04  # it waited for the replica
+        failed = await plain.get("f1")
+        assert failed is not None and failed.state == TaskState.FAILED
         await client.aclose()
 
     try:

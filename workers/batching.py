@@ -155,13 +155,16 @@ def urgent_first(groups: list[list[T]], urgent: Callable[[T], bool]) -> list[lis
 PROBE_CALL = 2
 
 
-def next_call(left: int, item_mib: float, headroom_mib: float | None) -> int:
+def next_call(left: int, item_mib: float | None, headroom_mib: float | None) -> int:
     """How many of the `left` clips the next call takes: as many as fit `headroom_mib`
-    (None: no bound) at `item_mib` each (0: not measured yet, PROBE_CALL); at least one."""
+    (None: no bound) at `item_mib` each (None: not measured yet, PROBE_CALL; 0: measured
+    as nothing, all of them); at least one."""
     if headroom_mib is None:
         return left
-    if item_mib <= 0:
+    if item_mib is None:
         return min(left, PROBE_CALL)
+    if item_mib <= 0:
+        return left
     return max(1, min(left, int(headroom_mib // item_mib)))
 
 

@@ -59,7 +59,7 @@ UNCONFIRMED_WAIT_SECONDS = 5.0
 #: how long a terminal write keeps being written again while no replica confirms it (a
 #: switchover: the node that took it may be demoted and lose it; the write is idempotent):
 #: past it the worker moves on, and a write the primary then loses is redelivered
-REPLICA_PATIENCE_SECONDS = 15.0
+REPLICA_PATIENCE_SECONDS = 5.0
 #: tries of a write Redis answers with an error (a script's bug, out of memory): retrying
 #: cannot fix a bug, so after these it is logged, counted (store_refusals) and given up
 REFUSAL_TRIES = 3
@@ -165,8 +165,7 @@ class Consumer:
                     await self._handle(delivery)
         finally:
             lease.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await lease  # stopped: a last extension would undo the release below
+            await asyncio.wait({lease})  # stopped: a last extension would undo the release
         if left:  # a stop with gathered entries not started: the other workers take them now
             with contextlib.suppress(RedisError):
                 released = await self.store.release(
@@ -351,7 +350,9 @@ class Consumer:
                 for index in range(len(opened)):
                     settle(index, TaskError("no result"))
             finally:  # (what was settled is written, whatever broke the rest)
-                await asyncio.gather(*writes.values())
+                for written in await asyncio.gather(*writes.values(), return_exceptions=True):
+                    if isinstance(written, Exception):
+                        raise written
         finally:
             self.current_task, self.current_batch = None, 0
 

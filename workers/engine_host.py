@@ -69,7 +69,8 @@ class EngineHost:
         self.lock = asyncio.Lock()  # one engine call at a time: queue and direct HTTP
         self.running_calls = 0  # engine calls in progress (queue or direct HTTP): "busy"
         self.on_load = on_load  # for calls that bring none (direct HTTP, preload)
-        self.learned_item_mib = 0.0  # a batch's clip, as the last batch call measured it
+        #: MiB a batch's clip adds, the most a batch call measured (None: none measured yet)
+        self.learned_item_mib: float | None = None
         self.last_batch_calls: list[int] = []  # the sizes of the last batch's engine calls
         # the device memory broker: a reservation before every load, back after every unload
         self.holding = DeviceHolding(budget, self.slot, self._call, engine.uses_torch,
@@ -242,13 +243,19 @@ class EngineHost:
             allowed_roots=tuple(self.settings.allowed_roots))
         if learn:
             grown = memory.peak_mib(self.engine.uses_torch, self.device) - before
-            self.learned_item_mib = max(0.0, grown) / len(items)
+            # the most measured: a call that fitted in memory already held (the CUDA
+            # cache, what glibc kept) measures ~0, which says nothing of the next one
+            self.learned_item_mib = max(self.learned_item_mib or 0.0,
+                                        max(0.0, grown) / len(items))
         return results
 
     @property
-    def batch_item_mib(self) -> float:
-        """MiB a clip adds to a batch call: the setting, or the last batch's measure."""
-        return max(self.settings.batch_item_mib, self.learned_item_mib)
+    def batch_item_mib(self) -> float | None:
+        """MiB a clip adds to a batch call: the setting, or the most a batch call measured;
+        None while neither is known."""
+        if self.settings.batch_item_mib > 0:
+            return max(self.settings.batch_item_mib, self.learned_item_mib or 0.0)
+        return self.learned_item_mib
 
     async def _acquire(self, model: str, on_load: OnLoad, diarize: bool = False) -> Any:
         loads_before, diarizer_loads_before = self.slot.loads, self.slot.diarizer_loads

@@ -505,12 +505,17 @@ class TaskStore:
         NotReplicated (a StoreError: the caller's 503) when no replica confirmed it: a
         cancel the primary's death loses would leave its client told CANCELLED of a task that
         then runs; a retry is safe."""
-        state = await self.replicas.call(
-            self.redis, self._cancel,
-            keys=[keys.task(task_id), keys.queue(backend), keys.events(task_id),
-                  keys.input_blob(task_id), keys.backlog(backend), keys.webhooks_due(),
-                  keys.speech_chunks(task_id)],
-            args=[repr(time.time()), self.retention])
+        try:
+            state = await self.replicas.call(
+                self.redis, self._cancel,
+                keys=[keys.task(task_id), keys.queue(backend), keys.events(task_id),
+                      keys.input_blob(task_id), keys.backlog(backend), keys.webhooks_due(),
+                      keys.speech_chunks(task_id)],
+                args=[repr(time.time()), self.retention])
+        except NotReplicated as short:
+            if text(short.result) == TaskState.CANCELLED:
+                raise
+            state = short.result  # nothing was written: nothing to confirm
         state = text(state)
         if state == TaskState.CANCELLED:
             self.blobs.delete_input_file(task_id)
@@ -519,14 +524,18 @@ class TaskStore:
     async def fail_if_unchanged(self, task: Task, error: str, error_code: str) -> bool:
         """FAIL `task` only if it is still in the state and attempt it was read with: the
         check is inside the Lua call, so a task a worker starts meanwhile is never failed.
-        NotReplicated when no replica confirmed it (the sweeper's next pass looks again)."""
-        failed = bool(await self.replicas.call(
-            self.redis, self._fail_if_unchanged,
-            keys=[keys.task(task.id), keys.queue(task.backend, task.lane), keys.events(task.id),
-                  keys.input_blob(task.id), keys.backlog(task.backend), keys.webhooks_due(),
-                  keys.speech_chunks(task.id)],
-            args=[task.state.value, task.attempt, task.entry_id, keys.WORKER_GROUP,
-                  repr(time.time()), self.retention, one_line(error), error_code]))
+        It waits for a replica like any terminal write; unconfirmed, it stands on the primary
+        (the sweeper tells no client itself) and its input file stays for the sweeper."""
+        try:
+            failed = bool(await self.replicas.call(
+                self.redis, self._fail_if_unchanged,
+                keys=[keys.task(task.id), keys.queue(task.backend, task.lane),
+                      keys.events(task.id), keys.input_blob(task.id), keys.backlog(task.backend),
+                      keys.webhooks_due(), keys.speech_chunks(task.id)],
+                args=[task.state.value, task.attempt, task.entry_id, keys.WORKER_GROUP,
+                      repr(time.time()), self.retention, one_line(error), error_code]))
+        except NotReplicated as short:
+            return bool(short.result)
         if failed:
             self.blobs.delete_input_file(task.id)
         return failed
