@@ -70,11 +70,16 @@ async def tasks(redis_url: str, task_ids: list[str]) -> list[Task]:
     return [task for task in found if task is not None]
 
 
+def burst_worker(settings: Settings, client: Redis) -> Worker:
+    """An in-process worker that stops once the queue is empty."""
+    return Worker(settings, FasterWhisperEngine(settings), client, handle_signals=False,
+                  exit=lambda code: None, burst=True)
+
+
 async def drain(settings: Settings) -> Worker:
     """One in-process worker in burst mode, until the queue is empty."""
     client = Redis.from_url(settings.redis_url)
-    worker = Worker(settings, FasterWhisperEngine(settings), client, handle_signals=False,
-                    exit=lambda code: None, burst=True)
+    worker = burst_worker(settings, client)
     await worker.run()
     await client.aclose()
     return worker
@@ -144,8 +149,7 @@ def test_a_batch_that_would_not_fit_the_memory_cap_is_split(redis: procs.RedisSe
         # four clips of one length class (8-16 s): they may share a call
         ids = [await submit(redis.url, clips()[i]) for i in (0, 1, 2, 6)]
         client = Redis.from_url(settings.redis_url)
-        worker = Worker(settings, FasterWhisperEngine(settings), client, handle_signals=False,
-                        exit=lambda code: None, burst=True)
+        worker = burst_worker(settings, client)
         running = asyncio.create_task(worker.run())
         seen: list[list[TaskState]] = []
         while not running.done():  # the states while the calls run
@@ -241,8 +245,7 @@ def test_interactive_work_goes_before_gathered_batch_tasks_that_run_one_by_one(
             await TaskStore(client, 600).submit(task, clips()[0])
             batch.append(task.id)
         settings = settings_for(redis.url)
-        worker = Worker(settings, FasterWhisperEngine(settings), client, handle_signals=False,
-                        exit=lambda code: None, burst=True)
+        worker = burst_worker(settings, client)
         running = asyncio.create_task(worker.run())
         while (await tasks(redis.url, batch[:1]))[0].state == TaskState.PENDING:
             await asyncio.wait({running}, timeout=0.02)
@@ -279,8 +282,7 @@ def test_interactive_work_gathered_into_a_forming_batch_runs_before_the_batch_la
             await TaskStore(client, 600).submit(task, clip)
             batch.append(task.id)
         settings = settings_for(redis.url, batch_window_ms=3000)
-        worker = Worker(settings, FasterWhisperEngine(settings), client, handle_signals=False,
-                        exit=lambda code: None, burst=True)
+        worker = burst_worker(settings, client)
         running = asyncio.create_task(worker.run())
         await asyncio.wait({running}, timeout=1.0)  # swept, waiting for company
         assert not running.done()

@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 
 from common import keys
 from common.schemas import SpeechChunk
+from common.store import fence
 
 #: pieces one read returns at most (a reader asks again for the rest)
 READ_COUNT = 16
@@ -26,11 +27,8 @@ READ_COUNT = 16
 # -> pieces stored after the call (index + 1 when this one is stored, also when this attempt
 #    already had stored it: a retry after a lost reply), -1 when the attempt is stale or the
 #    task is not RUNNING, -2 when another attempt stored that piece.
-_APPEND = """
-local f = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'worker')
-if f[1] ~= 'RUNNING' or f[2] ~= ARGV[1] or (ARGV[7] and ARGV[7] ~= '' and f[3] ~= ARGV[7]) then
-  return -1
-end
+_APPEND = fence.LUA + """
+if not runs(KEYS[1], ARGV[1], ARGV[7]) then return -1 end
 local stored = redis.call('XLEN', KEYS[2])
 local index = tonumber(ARGV[2])
 if stored == index + 1 then

@@ -13,15 +13,15 @@ from typing import Any
 from redis.asyncio import Redis
 
 from common import keys
+from common.store import fence
 
 # KEYS: task, events | ARGV: attempt, the segment's end (seconds), the event (JSON), the worker
 #       that started the attempt ("" = any)
-_PUBLISH = """
-local f = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'delivered', 'worker')
-if f[1] == 'RUNNING' and f[2] == ARGV[1] and (not ARGV[4] or ARGV[4] == '' or f[4] == ARGV[4])
-then
+_PUBLISH = fence.LUA + """
+if runs(KEYS[1], ARGV[1], ARGV[4]) then
   local done = tonumber(ARGV[2])
-  if done > (tonumber(f[3] or '') or 0) then redis.call('HSET', KEYS[1], 'delivered', done) end
+  local delivered = tonumber(redis.call('HGET', KEYS[1], 'delivered') or '') or 0
+  if done > delivered then redis.call('HSET', KEYS[1], 'delivered', done) end
 end
 return redis.call('PUBLISH', KEYS[2], ARGV[3])
 """

@@ -20,7 +20,7 @@ from common import keys
 from common.blobs import BlobDir
 from common.schemas import TERMINAL_STATES, TaskState
 from common.settings import Settings
-from common.store import admission, usage
+from common.store import admission, fence, usage
 from common.store.blobs import BlobStore
 from common.store.breakers import BreakerStore
 from common.store.chunks import SpeechChunks
@@ -194,15 +194,10 @@ return attempt
 # stored.
 # The output is written here, inside the fence, so a stale attempt cannot replace the
 # winner's audio; the input is deleted here, since no attempt can need it any more.
-_FINISH = _CLOSE + """
+_FINISH = _CLOSE + fence.LUA + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 0 end
-if ARGV[1] ~= '' then
-  local runner = redis.call('HMGET', KEYS[1], 'attempt', 'worker')
-  if runner[1] ~= ARGV[1] or (ARGV[14] and ARGV[14] ~= '' and runner[2] ~= ARGV[14]) then
-    return 0
-  end
-end
+if ARGV[1] ~= '' and not holds(KEYS[1], ARGV[1], ARGV[14]) then return 0 end
 local finisher = ARGV[1] .. '@' .. (ARGV[14] or '')
 if state ~= 'PENDING' and state ~= 'RUNNING' then
   if ARGV[2] ~= '' then redis.call('XACK', KEYS[2], ARGV[3], ARGV[2]) end

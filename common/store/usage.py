@@ -26,6 +26,7 @@ from redis.asyncio import Redis
 
 from common import keys
 from common.api_keys import QUOTA_PERIODS, KeyQuotas
+from common.store import fence
 
 #: a period's hash outlives the period by this much (a task finishing just after midnight
 #: still finds the hash its charge went to, and gateways' clocks may differ a little)
@@ -109,11 +110,11 @@ return nil
 # than its charge), or {3, which limit (1-4), used, limit} when the rest would pass it.
 # A container can understate its length to the submit's probe (workers/consumer.py): the part
 # the submit did not charge is charged here, against the quotas the submit recorded.
-TOP_UP = LUA + """
-local current = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'charge', 'worker')
-if current[1] ~= 'RUNNING' or current[2] ~= ARGV[2] or not current[3] or current[3] == ''
-   or (ARGV[3] and ARGV[3] ~= '' and current[4] ~= ARGV[3]) then return nil end
-local charge = cjson.decode(current[3])
+TOP_UP = LUA + fence.LUA + """
+if not runs(KEYS[1], ARGV[2], ARGV[3]) then return nil end
+local raw = redis.call('HGET', KEYS[1], 'charge')
+if not raw or raw == '' then return nil end
+local charge = cjson.decode(raw)
 local more = tonumber(ARGV[1]) - charge.amount
 if more <= 0 then return nil end
 local limits = charge.limits or {}
