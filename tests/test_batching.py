@@ -167,6 +167,68 @@ def test_a_batch_that_would_not_fit_the_memory_cap_is_split(redis: procs.RedisSe
     assert histogram(redis, "batch_size")["sum"] == 4.0
 
 
+def test_a_split_batchs_later_call_keeps_its_tasks_queued_and_cancellable(
+        redis: procs.RedisServer) -> None:
+    """Calls of two under the cap: the second call's tasks are not started while the first
+    runs (PENDING, no attempt), so a cancel then stops one, and the call takes the rest."""
+    import psutil
+
+    rss_mib = psutil.Process().memory_info().rss / 2**20
+    settings = settings_for(redis.url, batch_item_mib=1000,
+                            memory_cap_mib=int(rss_mib + 2500))
+
+    async def scenario() -> tuple[Worker, list[Task], float, TaskState | None]:
+        ids = [await submit(redis.url, clips()[i]) for i in (0, 1, 2, 6)]
+        client = Redis.from_url(settings.redis_url)
+        worker = burst_worker(settings, client)
+        running = asyncio.create_task(worker.run())
+        cancelled_at, cancelled = 0.0, None
+        while not running.done():
+            states = [t.state for t in await tasks(redis.url, ids)]
+            if not cancelled_at and states[:2] == [TaskState.RUNNING] * 2:
+                cancelled_at = time.time()  # the first call is starting
+                cancelled = await TaskStore(client, 600).cancel(ids[3], BACKEND)
+            await asyncio.wait({running}, timeout=0.01)
+        await client.aclose()
+        return worker, await tasks(redis.url, ids), cancelled_at, cancelled
+
+    worker, done, cancelled_at, cancelled = asyncio.run(scenario())
+    assert cancelled == TaskState.CANCELLED
+    assert [t.state for t in done] == [TaskState.SUCCEEDED] * 3 + [TaskState.CANCELLED], done
+    assert done[3].attempt == 0 and done[3].started_at is None and done[3].result is None
+    assert worker.host.last_batch_calls == [2, 1]
+    assert done[2].started_at is not None and done[2].started_at > cancelled_at
+    assert histogram(redis, "batch_size") == {**histogram(redis, "batch_size"),
+                                              "count": 2.0, "sum": 3.0}
+    assert pending_count(redis.client()) == 0
+
+
+def test_tasks_that_share_no_call_are_not_gathered_from_the_other_workers(
+        redis: procs.RedisServer) -> None:
+    """Diarized tasks run alone: a worker that reads one leaves the rest in the queue, so a
+    second worker started while the first runs takes some (the sweep took them all)."""
+    names = ("first", "second")
+
+    async def scenario() -> list[Task]:
+        ids = [await submit(redis.url, clips()[i], diarization={}) for i in (3, 4, 5, 9)]
+        clients = [Redis.from_url(redis.url) for _ in names]
+        workers = [burst_worker(settings_for(redis.url, consumer=name), client)
+                   for name, client in zip(names, clients, strict=True)]
+        first = asyncio.create_task(workers[0].run())
+        while (await tasks(redis.url, ids[:1]))[0].state == TaskState.PENDING:
+            await asyncio.sleep(0.01)
+        await asyncio.gather(first, workers[1].run())
+        for client in clients:
+            await client.aclose()
+        return await tasks(redis.url, ids)
+
+    done = asyncio.run(scenario())
+    assert all(t.state == TaskState.SUCCEEDED and t.result.get("speakers") is not None
+               for t in done), done
+    assert {t.worker for t in done} == set(names), [t.worker for t in done]
+    assert pending_count(redis.client()) == 0
+
+
 def test_a_first_batch_under_a_cap_probes_what_a_clip_costs(
         redis: procs.RedisServer) -> None:
     """Nothing measured yet (SPEECH_BATCH_ITEM_MIB 0, a fresh worker) and a memory cap: the

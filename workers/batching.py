@@ -1,6 +1,7 @@
 """Cross-request batching: the rule, written once for every engine that has a batch call.
 
-- **Gather** (`Gatherer`): after the first new entry, the queue is swept (no waiting) for
+- **Gather** (`Gatherer`): after a first new entry that could share a call (the consumer
+  checks; one that cannot sweeps nothing), the queue is swept (no waiting) for
   more, up to `SPEECH_BATCH_MAX_SIZE`. Only when company is seen (the sweep found some, or
   the previous batch had several tasks: a burst is under way) does it wait for more, until
   `SPEECH_BATCH_WINDOW_MS` after the first task arrived (its entry id is its add time),

@@ -174,8 +174,18 @@ class Consumer:
                          released)
 
     async def _gather(self, first: list[Delivery]) -> list[Delivery]:
-        """The batch window (workers/batching.Gatherer); its wait goes into the metrics."""
-        assert self.gatherer is not None
+        """The batch window (workers/batching.Gatherer); its wait goes into the metrics.
+        Entries that could share no call (speakers, options that do not parse) gather
+        nothing: a burst of them would all go to this worker, one after another, while
+        another worker idles."""
+        assert self.gatherer is not None and self.batch_engine is not None
+        for delivery in first:
+            task = await self.store.get(delivery.task_id) if delivery.task_id else None
+            if task is not None and batching.batch_key(
+                    self.batch_engine, task.model, task.params, task.audio_seconds) is not None:
+                break
+        else:
+            return first
         taken, waited = await self.gatherer.gather(first, self.store.sweep)
         self.observations = {"batch_window_wait_seconds": waited, "batch_size": 1}
         return taken
@@ -238,8 +248,10 @@ class Consumer:
         return attempt
 
     async def _settle(self, task: Task, attempt: int, delivery: Delivery,
-                      outcome: Outcome | TaskError, started: float, batch_size: int = 1) -> None:
-        """The terminal state, fenced by `attempt`, then the task's metrics."""
+                      outcome: Outcome | TaskError, started: float, batch_size: int = 1,
+                      observations: dict[str, float] | None = None,
+                      after_load: bool = False) -> None:
+        """The terminal state, fenced by `attempt`, then the task's metrics (`_record`)."""
         done = outcome if isinstance(outcome, Outcome) else None
         state = TaskState.SUCCEEDED if done else TaskState.FAILED
         error, code = ("", "") if done else (str(outcome), cast(TaskError, outcome).code.value)
@@ -262,7 +274,7 @@ class Consumer:
         self.tasks_done += 1
         if stored:
             await self._record(task, state, started, batch_size,
-                               done.result if done else None)
+                               done.result if done else None, observations, after_load)
 
     # --- tasks that share engine calls (workers/batching.py) ------------------------------
 
@@ -295,8 +307,9 @@ class Consumer:
                 self.observations["batch_size"] = 1
                 with logs.task_context(members[0][0].id):
                     await self._handle_task(*members[0])
-            else:
-                await self._run_together(members)
+            elif unstarted := await self._run_together(members):
+                return unstarted + [delivery for group in ordered[index + 1:]
+                                    for _, delivery in group]
         return []
 
     async def _interactive_first(self) -> None:
@@ -312,102 +325,133 @@ class Consumer:
             finally:
                 self.observations = saved
 
-    async def _run_together(self, members: list[tuple[Task, Delivery]]) -> None:
-        """Each task opens its own attempt (a task cancelled or past its deadline while the
-        batch formed is not started, so never runs) and gets its own fenced terminal write;
-        only the engine call is shared (the leases are the read's: `run`)."""
-        opened: list[tuple[Task, Delivery, int]] = []
-        for task, delivery in members:
-            with logs.task_context(task.id):
-                attempt = await self._open(task, delivery)
-            if attempt is not None:
-                opened.append((task, delivery, attempt))
-        if not opened:
-            return
-        model = opened[0][0].model
-        log.info("batch of %d (%s), model %s", len(opened),
-                 ", ".join(task.id for task, _, _ in opened), model)
-        started = time.time()
-        self.current_task, self.load_seconds, self.device_wait_seconds = (
-            opened[0][0].id, None, None)
-        self.current_batch, self.load_observed = len(opened), False
-        self.observations["batch_size"] = len(opened)
+    async def _run_together(self, members: list[tuple[Task, Delivery]]) -> list[Delivery]:
+        """Tasks that may share engine calls. Each opens its own attempt only as its call
+        begins (one cancelled or past its deadline before then never runs; a batch split
+        to fit memory keeps its later calls' tasks queued meanwhile) and gets its own fenced
+        terminal write; only the engine call is shared (the leases are the read's: `run`).
+        Returns the entries a stop left unstarted."""
+        model = members[0][0].model
+        began = time.time()
+        opened: dict[int, int] = {}  # index -> attempt
+        unstarted: dict[int, Delivery] = {}  # left by a stop
+        calls: dict[int, tuple[float, int]] = {}  # index -> (when its call began, its size)
+        observed: dict[int, dict[str, float]] = {}  # a call's observations, with one task
         writes: dict[int, asyncio.Task[None]] = {}
 
         def settle(index: int, result: Outcome | TaskError) -> None:
-            """Each task's terminal write as soon as its result is known (a batch split to
-            fit memory: the first call's tasks do not wait for the last call), written while
-            the engine goes on."""
-            if index not in writes:
-                task, delivery, attempt = opened[index]
+            """Each task's terminal write as soon as its result is known (a split batch's
+            first call does not wait for its last), written while the engine goes on."""
+            if index in opened and index not in writes:
+                task, delivery = members[index]
+                started, size = calls.get(index, (began, 1))
                 writes[index] = asyncio.create_task(self._settle_as(
-                    task, attempt, delivery, result, started, len(opened)))
+                    task, opened[index], delivery, result, started, size,
+                    observed.pop(index, {}), started > began))
 
-        try:  # current until the last terminal write is done, as in _handle_task
-            try:
-                await self._share_call(model, [(task, attempt) for task, _, attempt in opened],
-                                       settle)
-                for index in range(len(opened)):
-                    settle(index, TaskError("no result"))
-            finally:  # (what was settled is written, whatever broke the rest)
-                for written in await asyncio.gather(*writes.values(), return_exceptions=True):
-                    if isinstance(written, Exception):
-                        raise written
-        finally:
-            self.current_task, self.current_batch = None, 0
+        async def open_one(index: int) -> bool:
+            task, delivery = members[index]
+            if self.stopping.is_set():  # asked to stop: the other workers take it now
+                unstarted[index] = delivery
+                return False
+            with logs.task_context(task.id):
+                attempt = await self._open(task, delivery)
+            if attempt is not None:
+                opened[index] = attempt
+            return attempt is not None
 
-    async def _settle_as(self, task: Task, attempt: int, delivery: Delivery,
-                         result: Outcome | TaskError, started: float, batch_size: int) -> None:
-        with logs.task_context(task.id):
-            await self._settle(task, attempt, delivery, result, started, batch_size)
-
-    async def _share_call(self, model: str, tasks: list[tuple[Task, int]],
-                          settle: Callable[[int, Outcome | TaskError], None]) -> None:
-        """One engine call (or a few, to fit memory) for `tasks`; each task's outcome or
-        error goes to `settle` (its index) as soon as it is known."""
-        items: list[batching.BatchItem] = []
-        where: list[int] = []
-        try:
-            await self._admit(model)
-            for index, (task, attempt) in enumerate(tasks):
+        async def prepare(indices: list[int]) -> list[tuple[int, batching.BatchItem]]:
+            ready: list[tuple[int, batching.BatchItem]] = []
+            for index in indices:
+                task = members[index][0]
                 try:
-                    items.append(batching.BatchItem(task.params,
-                                                    *await self._input(task, attempt),
-                                                    self._top_up(task, attempt)))
-                    where.append(index)
+                    if not await open_one(index):
+                        continue
+                    ready.append((index, batching.BatchItem(
+                        task.params, *await self._input(task, opened[index]),
+                        self._top_up(task, opened[index]))))
                 except TaskError as exc:
                     settle(index, exc)
-            members = [tasks[i][0] for i in where]
+                except RedisError as exc:  # still pending: redelivered (visibility timeout)
+                    log.warning("redis unavailable starting %s (%s); left for later",
+                                task.id, exc)
+                    opened.pop(index, None)
+            if ready:
+                log.info("batch of %d (%s), model %s", len(ready),
+                         ", ".join(members[index][0].id for index, _ in ready), model)
+                self.current_task, self.current_batch = members[ready[0][0]][0].id, len(ready)
+                start = began if not calls else time.time()
+                calls.update((index, (start, len(ready))) for index, _ in ready)
+                observed[ready[0][0]] = {**self.observations, "batch_size": len(ready)}
+                self.observations = {}
+            return ready
 
-            def call_done(start: int, outcomes: list[Outcome | TaskError]) -> None:
-                for offset, outcome in enumerate(outcomes):
-                    settle(where[start + offset], outcome)
+        async def loaded(report: LoadReport) -> None:
+            """A half-built load ends the process: every task of the batch is stored FAILED
+            first (opened for it), so none is redelivered to crash the next worker."""
+            if not report.ok and report.allocated:
+                for index in range(len(members)):
+                    if index not in opened and await open_one(index):
+                        with contextlib.suppress(RedisError):
+                            await self.breakers.fail_loading_task(members[index][0],
+                                                                  report.error)
+            await self._loaded(members[0][0], report)
 
-            if items:
+        def call_done(indices: list[int], outcomes: list[Outcome | TaskError]) -> None:
+            for index, outcome in zip(indices, outcomes, strict=True):
+                settle(index, outcome)
+
+        self.current_task, self.load_seconds, self.device_wait_seconds = (
+            members[0][0].id, None, None)
+        self.load_observed = False
+        try:  # current until the last terminal write is done, as in _handle_task
+            try:
+                await self._admit(model)
                 await self.host.execute_batch(
-                    model, items, on_load=functools.partial(self._loaded_together, members),
-                    audio_seconds=max((task.audio_seconds or 0.0 for task in members),
+                    model, len(members), prepare, on_load=loaded,
+                    audio_seconds=max((task.audio_seconds or 0.0 for task, _ in members),
                                       default=0.0),
                     on_call=call_done)
-        except TaskError as exc:  # the breaker, the load or the cap: every task's
-            for index in where:
-                settle(index, exc)
+            except TaskError as exc:  # the breaker, the load or the cap: every task's
+                for index in range(len(members)):  # (opened for it, as alone)
+                    if index in opened or await open_one(index):
+                        settle(index, exc)
+            for index in opened:
+                settle(index, TaskError("no result"))
+            await asyncio.gather(*writes.values(), return_exceptions=True)
+            for written in writes.values():  # (what was settled is written, whatever broke)
+                if (error := written.exception()) is not None:
+                    raise error
+        finally:
+            self.current_task, self.current_batch = None, 0
+        return list(unstarted.values())
+
+    async def _settle_as(self, task: Task, attempt: int, delivery: Delivery,
+                         result: Outcome | TaskError, started: float, batch_size: int,
+                         observations: dict[str, float], after_load: bool) -> None:
+        with logs.task_context(task.id):
+            await self._settle(task, attempt, delivery, result, started, batch_size,
+                               observations, after_load)
 
     # --- one task's parts -----------------------------------------------------------------
 
     async def _record(self, task: Task, state: TaskState, started: float,
-                      batch_size: int = 1, result: dict[str, Any] | None = None) -> None:
-        """Metrics for one finished task (with the batch's, once); never allowed to fail
-        the task. Its processing rate counts its share of a shared call's time, and the
-        audio it decoded where that is more than its submit measured (a file can understate
-        its length to the probe: the rate every predicted wait divides by must not)."""
+                      batch_size: int = 1, result: dict[str, Any] | None = None,
+                      call: dict[str, float] | None = None, after_load: bool = False) -> None:
+        """Metrics for one finished task, with `call`'s (a batch call's; None: those kept
+        for the next task) once; never allowed to fail the task. `after_load`: it started
+        after its model's load (a later call of a batch). Its processing rate counts its
+        share of a shared call's time, and the audio it decoded where that is more than its
+        submit measured (a file can understate its length to the probe: the rate every
+        predicted wait divides by must not)."""
         finished = time.time()
-        inference = (finished - started - (self.load_seconds or 0.0)
-                     - (self.device_wait_seconds or 0.0))
+        inference = finished - started - (0.0 if after_load else (
+            (self.load_seconds or 0.0) + (self.device_wait_seconds or 0.0)))
+        if call is None:
+            call, self.observations = self.observations, {}
         observations = {"queue_wait_seconds": started - task.created_at,
                         "end_to_end_seconds": finished - task.created_at,
-                        "inference_seconds": inference, **self.observations}
-        self.observations = {}
+                        "inference_seconds": inference, **call}
         if not self.load_observed:  # a load a batch shared is observed once
             self.load_observed = True
             if self.load_seconds is not None:
@@ -599,15 +643,6 @@ class Consumer:
         """One more of a worker-side counter on /metrics; Redis may well refuse it too."""
         with contextlib.suppress(RedisError):
             await self.store.record((counter,))
-
-    async def _loaded_together(self, tasks: list[Task], report: LoadReport) -> None:
-        """A batch's load: after a half-built one (the process will exit) every task of the
-        batch is stored FAILED first, so none is redelivered to crash the next worker."""
-        if not report.ok and report.allocated:
-            for task in tasks[1:]:
-                with contextlib.suppress(RedisError):
-                    await self.breakers.fail_loading_task(task, report.error)
-        await self._loaded(tasks[0], report)
 
     async def _loaded(self, task: Task, report: LoadReport) -> None:
         """The host's report of the model `task` asked for: a load's time goes into the

@@ -46,6 +46,8 @@ from workers.models import (
 
 log = logging.getLogger("worker")
 T = TypeVar("T")
+#: makes the tasks of these indices ready to run (opens their attempts): those that are
+Prepare = Callable[[list[int]], Awaitable[list[tuple[int, batching.BatchItem]]]]
 
 
 async def _no_report(report: LoadReport) -> None:
@@ -126,42 +128,45 @@ class EngineHost:
         return await self._engine_call(model, on_load, run,
                                        self._peak_class(diarize, audio_seconds))
 
-    async def execute_batch(self, model: str, items: list[batching.BatchItem],
+    async def execute_batch(self, model: str, count: int, prepare: Prepare,
                             on_load: OnLoad | None = None,
                             audio_seconds: float | None = None,
-                            on_call: Callable[[int, list[Outcome | TaskError]], object]
-                            | None = None) -> list[Outcome | TaskError]:
-        """`execute` for tasks that share calls (workers/batching.py): each one's outcome
-        or error. The batch is split into calls that fit the memory cap and the device
-        reservation; `on_call` gets each call's outcomes (and the index of its first item)
-        as soon as it returns. A TaskError raised here (a load, the cap) is every task's
-        whose call had not returned. `audio_seconds`: the longest clip's length (the calls'
-        memory class)."""
+                            on_call: Callable[[list[int], list[Outcome | TaskError]], object]
+                            | None = None) -> None:
+        """`execute` for `count` tasks that share calls (workers/batching.py). The batch is
+        split into calls that fit the memory cap and the device reservation, and each
+        call's tasks are `prepare`d (their attempts opened) only as that call begins: one
+        that waits for a later call is still queued (a cancel or its deadline still stops
+        it). `on_call` gets each call's outcomes (with their indices) as soon as it returns.
+        A TaskError raised here (a load, the cap) is every task's whose call had not
+        returned. `audio_seconds`: the longest clip's length (the calls' memory class)."""
         engine = batching.batch_engine(self.engine, self.settings)
         assert engine is not None
-        items = [dataclasses.replace(item, on_decoded=self._on_decoded(model, False,
-                                                                       item.on_decoded))
-                 for item in items]
 
-        async def run(handle: Any) -> list[Outcome | TaskError]:
-            results: list[Outcome | TaskError] = []
-            sizes: list[int] = []
-            while len(results) < len(items):  # each call sized by what the last one measured
-                size = batching.next_call(len(items) - len(results), self.batch_item_mib,
+        async def run(handle: Any) -> list[int]:
+            left, sizes = list(range(count)), []
+            while left:  # each call sized by what the last one measured
+                size = batching.next_call(len(left), self.batch_item_mib,
                                           await self._call(self._batch_headroom))
-                sizes.append(size)
-                start, chunk = len(results), items[len(results):len(results) + size]
-                outcomes = await self._call(self._run_batch, engine, handle, model, chunk)
-                results += outcomes
+                chosen: list[tuple[int, batching.BatchItem]] = []
+                while left and len(chosen) < size:  # (a task cancelled meanwhile: the next)
+                    taken, left = left[:size - len(chosen)], left[size - len(chosen):]
+                    chosen += await prepare(taken)
+                if not chosen:
+                    continue
+                sizes.append(len(chosen))
+                items = [dataclasses.replace(
+                    item, on_decoded=self._on_decoded(model, False, item.on_decoded))
+                    for _, item in chosen]
+                outcomes = await self._call(self._run_batch, engine, handle, model, items)
                 if on_call is not None:
-                    on_call(start, outcomes)
+                    on_call([index for index, _ in chosen], outcomes)
             if len(sizes) > 1:
-                log.info("a batch of %d split to fit memory: calls of %s", len(items), sizes)
+                log.info("a batch of %d split to fit memory: calls of %s", sum(sizes), sizes)
             self.last_batch_calls = sizes
-            return results
+            return sizes
 
-        return await self._engine_call(model, on_load, run,
-                                       self._peak_class(False, audio_seconds))
+        await self._engine_call(model, on_load, run, self._peak_class(False, audio_seconds))
 
     def _on_decoded(self, model: str, diarize: bool, told: OnDecoded | None) -> OnDecoded:
         """What the engine thread calls with a task's decoded length: `told` (the caller's:
