@@ -120,3 +120,36 @@ def test_a_terminal_write_can_be_written_again_until_a_replica_holds_it(
         asyncio.run(scenario())
     finally:
         server.stop()
+
+
+def test_a_webhook_is_sent_only_once_a_replica_holds_the_write_it_reports(
+        tmp_path: Path) -> None:
+    """A deliverer's claim waits for a replica (which then also holds the terminal write that
+    made the delivery due): unconfirmed, nothing is claimed (a failover could lose the write
+    and the task run again to another outcome), and the delivery is due again a moment later."""
+    from common.store.webhooks import UNCONFIRMED_RETRY_SECONDS, WebhookStore
+
+    server = procs.RedisServer(tmp_path / "redis").start()
+
+    async def scenario() -> None:
+        client = Redis.from_url(server.url)
+        store = TaskStore(client, 600)
+        task = Task(id="h1", backend="faster-whisper", model="tiny.en",
+                    state=TaskState.PENDING, callback_url="http://127.0.0.1:9/hook")
+        await store.submit(task, b"\0" * 64)
+        attempt = await store.start("h1", "w1", 1, "faster-whisper")
+        assert await store.finish(task, TaskState.SUCCEEDED, attempt=attempt, entry_id="",
+                                  result={"text": "done"}, worker="w1")
+        before = time.time()
+        assert await WebhookStore(client, UNCONFIRMED).claim(10, 60.0) == []
+        due = await client.zscore(keys.webhooks_due(), "h1")
+        assert due is not None and due / 1000 <= before + UNCONFIRMED_RETRY_SECONDS + 1.0
+        await asyncio.sleep(UNCONFIRMED_RETRY_SECONDS + 0.1)
+        claims = await WebhookStore(client).claim(10, 60.0)  # no replica asked for
+        assert [claim.task_id for claim in claims] == ["h1"]
+        await client.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()

@@ -6,6 +6,12 @@ A finished task with a `callback_url` enters the due set inside its terminal wri
 so a gateway that dies mid-attempt only delays the delivery; each attempt's record is
 fenced by the score it claimed, so a claim that lapsed (or a redelivery asked meanwhile)
 is not undone by a late answer.
+
+With SPEECH_REDIS_WAIT_REPLICAS, a claim counts only once a replica holds it: replication is
+in order, so the replica then holds the terminal write that made the delivery due as well.
+Unconfirmed, nothing is sent (a failover could lose that write, and the task then run again
+to another outcome: its receiver would hear of two); the entries are due again a moment
+later.
 """
 
 from __future__ import annotations
@@ -19,11 +25,14 @@ from redis.asyncio import Redis
 
 from common import keys
 from common.store.record import Task
+from common.store.replicas import NotReplicated, ReplicaWait
 from common.store.tasks import TaskStore
 from common.store.values import text
 
 #: attempts kept per task (the newest): a redeliver loop cannot grow a task's log for ever
 MAX_ATTEMPTS_KEPT = 100
+#: a claim no replica confirmed is due again this much later
+UNCONFIRMED_RETRY_SECONDS = 1.0
 OUTCOMES = ("delivered", "failed", "gave_up")
 
 # KEYS: due | ARGV: now (ms), lease (ms), most -> {task id, claimed score, ...}
@@ -131,8 +140,9 @@ class Attempt:
 
 
 class WebhookStore:
-    def __init__(self, redis: Redis) -> None:
+    def __init__(self, redis: Redis, replicas: ReplicaWait | None = None) -> None:
         self.redis = redis
+        self.replicas = replicas or ReplicaWait()
         self._claim = redis.register_script(_CLAIM)
         self._record = redis.register_script(_RECORD)
         self._drop = redis.register_script(_DROP)
@@ -141,13 +151,21 @@ class WebhookStore:
 
     @classmethod
     def of(cls, store: TaskStore) -> WebhookStore:
-        """The webhook side of `store`, on its connection pool."""
-        return cls(store.redis)
+        """The webhook side of `store`, on its connection pool (and its replicas' rule)."""
+        return cls(store.redis, store.replicas)
 
     async def claim(self, most: int, lease_seconds: float) -> list[Claim]:
-        """Up to `most` due deliveries, each held for `lease_seconds`."""
-        flat = await self._claim(keys=[keys.webhooks_due()],
-                                 args=[_ms(time.time()), _ms(lease_seconds), most])
+        """Up to `most` due deliveries, each held for `lease_seconds`; none while no replica
+        confirms the claim (see the module's docstring)."""
+        try:
+            flat = await self.replicas.call(self.redis, self._claim, keys=[keys.webhooks_due()],
+                                            args=[_ms(time.time()), _ms(lease_seconds), most])
+        except NotReplicated as short:
+            flat = short.result
+            for i in range(0, len(flat), 2):
+                await self.defer(Claim(text(flat[i]), int(flat[i + 1])),
+                                 time.time() + UNCONFIRMED_RETRY_SECONDS)
+            return []
         return [Claim(text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
 
     async def owed(self, task_id: str) -> Owed | None:
