@@ -268,6 +268,11 @@ class Settings(BaseSettings):
     #: docs/voices.md has the measurements behind the default
     voice_match_threshold: float = Field(default=0.75, ge=-1, le=1)
     max_voices_per_key: int = Field(default=20, ge=0)
+    #: consents one key may hold (each keeps its recording until withdrawn)
+    max_consents_per_key: int = Field(default=20, ge=0)
+    #: every cloned voice needs a consent: a client's own reference clip (`speaker_wav`, an
+    #: upload or a path) is refused, leaving the configured voices and consented custom ones
+    require_voice_consent: bool = False
     #: the voiceprint backend's model that checks a sample against its consent
     voice_match_model: str = "resemblyzer"
 

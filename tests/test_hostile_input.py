@@ -324,3 +324,30 @@ def test_language_tables_match_the_engines() -> None:
     assert set(WHISPER_LANGUAGES) == set(_LANGUAGE_CODES)
     assert set(QWEN3_LANGUAGES) == set(LANGUAGE_NAMES) | set(_ALIASES)
     assert all(info.languages for info in BACKENDS.values() if KINDS[info.kind].languages)
+
+
+def test_with_consent_required_a_clients_own_reference_clip_is_refused(
+        tmp_path: Path, speech_clip: Path) -> None:
+    """SPEECH_REQUIRE_VOICE_CONSENT: a `speaker_wav` (a path or an upload) would clone a voice
+    nobody consented to: 403 consent_required, nothing queued; a configured voice speaks."""
+    server = procs.RedisServer(tmp_path / "redis", appendonly=False).start()
+    gateway = procs.gateway(server.url, tmp_path, allowed_roots=[str(TEST_AUDIO)],
+                            models={"xtts": {"tiny": "unused"}}, request_timeout_seconds="0.3",
+                            require_voice_consent="true").start()
+    env = {"url": gateway.url, "redis": server.client(), "clip": speech_clip.read_bytes()}
+    sage, speech = (next(r for r in TTS_ROUTES if r.name == name)
+                    for name in ("sage tts json", "openai speech"))
+    try:
+        replies = [check(env, sage, {**sage.base, "speaker_wav": JFK_PATH}),
+                   http.post(f"{gateway.url}/api/xtts-submit", data={"text": "Hello there."},
+                             files={"speaker_wav": ("me.wav", env["clip"], "audio/wav")},
+                             timeout=30)]
+        for reply in replies:
+            assert reply.status_code == 403, reply.text
+            assert "consent" in reply.json()["error"], reply.text
+        spoken = check(env, speech, speech.base)
+        assert spoken.status_code == 504  # queued (no worker here): a configured voice
+        assert queued(env["redis"])[-1] == 1  # its task, the only one
+    finally:
+        gateway.stop()
+        server.stop()

@@ -70,3 +70,25 @@ def test_a_voice_needs_its_consent_when_stored_and_when_used(redis: procs.RedisS
         await client.aclose()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("in_blobs", [False, True])
+def test_deleting_a_consents_id_as_a_voice_touches_nothing(
+        redis: procs.RedisServer, tmp_path: Path, in_blobs: bool) -> None:
+    """Consents and voices share the audio keyspace: `DELETE /v1/audio/voices/{a consent's
+    id}` is a 404 and leaves the consent's recording (it deleted it, so no voice could be
+    made under the consent again)."""
+    consent = "cons_" + "12" * 12
+
+    async def scenario() -> None:
+        client = Redis.from_url(redis.url)
+        store = VoiceStore(client, BlobDir(tmp_path / "voices", 0) if in_blobs else None)
+        assert await store.create(CONSENTS, OWNER, {"id": consent}, b"consent audio") == 1
+        assert await store.delete(VOICES, OWNER, consent) is False
+        assert await store.get(CONSENTS, OWNER, consent) == {"id": consent}
+        assert await store.audio(OWNER, consent) == b"consent audio"
+        assert await store.delete(CONSENTS, OWNER, consent) is True
+        assert await store.audio(OWNER, consent) is None
+        await client.aclose()
+
+    asyncio.run(scenario())

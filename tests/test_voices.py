@@ -44,7 +44,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     settings = {"models": models, "default_models": {"xtts": "tiny"}}
     services = [
         procs.gateway(server.url, workdir, api_keys=[digest(KEY), digest(OTHER)],
-                      max_voices_per_key="2", **settings),
+                      max_voices_per_key="2", max_consents_per_key="2", **settings),
         procs.worker(server.url, workdir, models=models, idle_unload_seconds="-1"),
         procs.worker(server.url, workdir, backend="voiceprint", python=voiceprint_python,
                      models=models, idle_unload_seconds="-1"),
@@ -155,7 +155,8 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
 
 def test_limits_of_samples_and_voices_per_key(stack: dict[str, Any]) -> None:
     """A sample over 30 s, or a consent recording over 60 s, is refused; past
-    SPEECH_MAX_VOICES_PER_KEY (2 here) a voice is refused, until one is deleted."""
+    SPEECH_MAX_VOICES_PER_KEY (2 here) a voice is refused, until one is deleted, and past
+    SPEECH_MAX_CONSENTS_PER_KEY (2) a consent."""
     sdk = client(stack)
     with clip(stack, "consent").open("rb") as recording:
         consent = sdk.audio.voice_consents.create(name="me", language="en", recording=recording)
@@ -168,6 +169,15 @@ def test_limits_of_samples_and_voices_per_key(stack: dict[str, Any]) -> None:
     with pytest.raises(openai.BadRequestError) as rambling:
         sdk.audio.voice_consents.create(name="me", language="en", recording=("r.wav", longer))
     assert rambling.value.param == "recording" and "60 s" in str(rambling.value.message)
+    # past SPEECH_MAX_CONSENTS_PER_KEY (2 here) a consent is refused before its check runs
+    with clip(stack, "consent").open("rb") as recording:
+        second = sdk.audio.voice_consents.create(name="again", language="en",
+                                                 recording=recording)
+    with clip(stack, "consent").open("rb") as recording, \
+            pytest.raises(openai.BadRequestError) as crowded:
+        sdk.audio.voice_consents.create(name="third", language="en", recording=recording)
+    assert crowded.value.code == "too_many_consents", crowded.value.body
+    assert sdk.audio.voice_consents.delete(second.id).deleted
     made = []
     for name in ("one", "two"):
         with clip(stack, "sample").open("rb") as audio:

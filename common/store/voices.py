@@ -40,6 +40,16 @@ redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 return 1
 """
 
+# KEYS: record, index, audio key | ARGV: id -> 1 removed, 0 there was no such record (its
+# audio left alone: consents and voices share the audio keyspace, and a voice's delete must
+# not take a consent's recording of the same id)
+_DELETE = """
+if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('DEL', KEYS[3])
+return 1
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class Kind:
@@ -62,6 +72,7 @@ class VoiceStore:
         self.redis = redis
         self.blob_dir = blob_dir
         self._create = redis.register_script(_CREATE)
+        self._delete = redis.register_script(_DELETE)
 
     @classmethod
     def of(cls, store: TaskStore) -> VoiceStore:
@@ -118,11 +129,10 @@ class VoiceStore:
         return int(await self.redis.zcard(kind.index(owner)))
 
     async def delete(self, kind: Kind, owner: str, object_id: str) -> bool:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(kind.record(owner, object_id))
-            pipe.zrem(kind.index(owner), object_id)
-            pipe.delete(keys.voice_audio(owner, object_id))
-            removed, *_ = await pipe.execute()
+        """Remove the object and its audio; False (nothing touched) if it is not `kind`'s."""
+        removed = await self._delete(keys=[kind.record(owner, object_id), kind.index(owner),
+                                           keys.voice_audio(owner, object_id)],
+                                     args=[object_id])
         if removed and self.blob_dir is not None:  # only an id the store made names a file
             self.blob_dir.delete(self._path(owner, object_id))
         return bool(removed)

@@ -78,6 +78,9 @@ class VoiceServing:
             raise RequestError(400, f"no consent phrase for language {language[:20]!r}; "
                                     f"configured: {', '.join(self.settings.consent_phrases)}",
                                param="language", code="unsupported_language")
+        most = self.settings.max_consents_per_key
+        if await guard_store(self.voices.count(CONSENTS, owner)) >= most:
+            raise _too_many(CONSENTS, most)
         audio, info = await _audio(params, "recording")
         if info.duration > MAX_CONSENT_SECONDS:
             raise RequestError(400, f"the recording lasts {info.duration:.1f} s; a consent "
@@ -95,7 +98,8 @@ class VoiceServing:
                   "language": language, "created_at": int(time.time()),
                   "check": {"phrase": phrase, "transcript": transcript,
                             "word_error": round(error, 3), "seconds": round(info.duration, 3)}}
-        await guard_store(self.voices.create(CONSENTS, owner, record, audio))
+        if not await guard_store(self.voices.create(CONSENTS, owner, record, audio, most)):
+            raise _too_many(CONSENTS, most)
         return _public(record, CONSENT_FIELDS)
 
     async def retrieve_consent(self, owner: str, consent_id: str) -> dict[str, Any]:
@@ -110,13 +114,18 @@ class VoiceServing:
         return _public(record, CONSENT_FIELDS)
 
     async def delete_consent(self, owner: str, consent_id: str) -> dict[str, Any]:
-        """The consent, and every voice made under it: withdrawn consent speaks no more."""
-        await self._get(CONSENTS, owner, consent_id)
+        """The consent, then every voice made under it: withdrawn consent speaks no more. The
+        consent goes first: a voice whose check ends meanwhile is then refused (its store
+        needs the consent), or stored before and found here. A retry after a failure part
+        way sweeps what is left (a 404 only when there was nothing to remove)."""
+        removed = await guard_store(self.voices.delete(CONSENTS, owner, consent_id))
         page = await guard_store(self.voices.list(VOICES, owner, None, 10_000))
         for voice in page.items:
             if voice.get("consent") == consent_id:
-                await guard_store(self.voices.delete(VOICES, owner, voice["id"]))
-        await guard_store(self.voices.delete(CONSENTS, owner, consent_id))
+                swept = await guard_store(self.voices.delete(VOICES, owner, voice["id"]))
+                removed = removed or swept
+        if not removed:
+            raise _not_found(CONSENTS, consent_id)
         return {"id": consent_id, "object": "audio.voice_consent", "deleted": True}
 
     async def list(self, kind: Kind, owner: str, after: str | None,
@@ -142,11 +151,10 @@ class VoiceServing:
         if not consent_id:
             raise RequestError(400, "missing 'consent': the id of the speaker's consent "
                                     "recording (POST /v1/audio/voice_consents)", param="consent")
-        consent = await self._get(CONSENTS, owner, consent_id)
+        consent = await self._get(CONSENTS, owner, consent_id, param="consent")
         most = self.settings.max_voices_per_key
         if await guard_store(self.voices.count(VOICES, owner)) >= most:
-            raise RequestError(400, f"this key has {most} voices already, the most it may "
-                                    "keep: delete one first", code="too_many_voices")
+            raise _too_many(VOICES, most)
         sample, info = await _audio(params, "audio_sample")
         if info.duration > MAX_SAMPLE_SECONDS:
             raise RequestError(400, f"the sample lasts {info.duration:.1f} s; at most "
@@ -156,7 +164,7 @@ class VoiceServing:
                                     f"backend needs at least {shortest} s", param="audio_sample")
         recording = await guard_store(self.voices.audio(owner, consent_id))
         if recording is None:
-            raise _not_found(CONSENTS, consent_id)
+            raise _not_found(CONSENTS, consent_id, "consent")
         score = await self._match(request, owner, sample, recording, info)
         threshold = self.settings.voice_match_threshold
         if score < threshold:
@@ -172,10 +180,9 @@ class VoiceServing:
         stored = await guard_store(self.voices.create(VOICES, owner, record, sample, most,
                                                       consent=consent_id))
         if stored == -1:  # withdrawn while the voice was checked: no voice without it
-            raise _not_found(CONSENTS, consent_id)
+            raise _not_found(CONSENTS, consent_id, "consent")
         if stored == 0:
-            raise RequestError(400, f"this key has {most} voices already, the most it may "
-                                    "keep: delete one first", code="too_many_voices")
+            raise _too_many(VOICES, most)
         return _public(record, VOICE_FIELDS)
 
     async def retrieve_voice(self, owner: str, voice_id: str) -> dict[str, Any]:
@@ -233,10 +240,11 @@ class VoiceServing:
             raise task_failed(finished)
         return finished.result
 
-    async def _get(self, kind: Kind, owner: str, object_id: str) -> dict[str, Any]:
+    async def _get(self, kind: Kind, owner: str, object_id: str,
+                   param: str | None = None) -> dict[str, Any]:
         record = await guard_store(self.voices.get(kind, owner, object_id))
         if record is None:
-            raise _not_found(kind, object_id)
+            raise _not_found(kind, object_id, param)
         return record
 
 
@@ -299,7 +307,15 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
-def _not_found(kind: Kind, object_id: str) -> RequestError:
-    what, param = ("consent", "consent_id") if kind is CONSENTS else ("voice", "voice_id")
-    return RequestError(404, f"no {what} {object_id[:80]!r} for this key", param=param,
+def _too_many(kind: Kind, most: int) -> RequestError:
+    what = "consents" if kind is CONSENTS else "voices"
+    return RequestError(400, f"this key has {most} {what} already, the most it may keep: "
+                             "delete one first", code=f"too_many_{what}")
+
+
+def _not_found(kind: Kind, object_id: str, param: str | None = None) -> RequestError:
+    """404 for an id of `kind` the caller has not; `param`: the field that named it (the
+    path's id by default)."""
+    what, path = ("consent", "consent_id") if kind is CONSENTS else ("voice", "voice_id")
+    return RequestError(404, f"no {what} {object_id[:80]!r} for this key", param=param or path,
                         code=f"{what}_not_found")

@@ -49,6 +49,11 @@ async def tts_input(params: Params, settings: Settings, backend: str,
     raw_path = None if upload is not None else params.get("speaker_wav")
     if voice and (upload is not None or raw_path):
         raise RequestError(400, "give either 'voice' or 'speaker_wav', not both", param="voice")
+    if settings.require_voice_consent and (upload is not None or raw_path):
+        raise RequestError(403, "this service clones only voices with a recorded consent: "
+                                "make one (POST /v1/audio/voice_consents, then "
+                                "/v1/audio/voices) and name it in 'voice', or use a "
+                                "configured voice", param="speaker_wav", code="consent_required")
     if upload is not None:
         blob = read_upload(upload, settings.max_upload_bytes, "speaker_wav")
         return options, AudioInput(blob, None, await _probe(blob, settings, backend))
