@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
 from common import keys
@@ -164,3 +165,33 @@ def test_workers_reach_redis_only_through_the_store() -> None:
                 assert all(alias.name != "common.keys" for alias in node.names), path
             elif isinstance(node, ast.Attribute):
                 assert node.attr not in ("redis", "_redis"), (path, node.lineno)
+
+
+def test_the_processing_rate_counts_the_audio_decoded_not_what_the_file_claimed(
+        redis: procs.RedisServer) -> None:
+    """A container whose timestamps claim 600 s and whose packets hold jfk.flac's 11 s (its
+    probe says 600, the charge and the backlog count that until it runs): the rate every
+    predicted wait divides by folds in the 11 s decoded. With the 600 s it rose ~50 times
+    (a few such files drove every estimate to 0 and no queue ever read as full)."""
+    from tests.audio_fakes import decoded_seconds, lying_matroska
+
+    lying = lying_matroska(JFK, 1, 600.0)
+    assert decoded_seconds(lying) == pytest.approx(11.0, abs=0.5)
+
+    async def scenario() -> str:
+        client = Redis.from_url(redis.url)
+        task = Task(id=new_task_id(), backend=BACKEND, model="tiny.en", state=TaskState.PENDING,
+                    audio_seconds=600.0, work=600.0)
+        await TaskStore(client, 600).submit(task, lying)
+        await client.aclose()
+        return task.id
+
+    task_id = asyncio.run(scenario())
+    left = asyncio.run(run_worker(worker_settings(redis.url, {"tiny.en": "bundled"})))
+    assert left["exits"] == []
+    done = asyncio.run(task_of(redis.url, task_id))
+    assert done.state == TaskState.SUCCEEDED, done
+    assert wer(JFK_TEXT, done.result["text"]) <= 0.2  # type: ignore[index]
+    rate = float(redis.client().hget(keys.rate(BACKEND), "rate:tiny.en"))
+    # tiny.en on these cores: ~5-20 audio-seconds a second; 600 s over its ~1 s is 400+
+    assert rate < 60, rate

@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 import numpy as np
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from common import keys
 from common.audio import decode_audio, encode_wav
@@ -224,5 +226,58 @@ def test_a_resident_model_reserves_the_peak_its_first_long_task_measured(
         # else the check proves nothing
         assert measured[0] > peaks["faster-whisper/tiny.en"] + 10, (measured, peaks)
         assert held[ids[2]][-1] >= measured[0], (held, measured)  # (reserved after its start)
+
+    asyncio.run(scenario())
+
+
+def test_a_release_the_broker_missed_is_retried(redis: procs.RedisServer,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker unloads (an idle unload, a yield) and its release meets a Redis blip: its
+    entry, last marked busy by a process that is alive, would count against the device for
+    ever (another worker's load waited, then failed device_busy). The release is owed, and
+    retried while the worker idles, so the other worker's load is granted."""
+    from common.store.worker import WorkerStore
+    from workers.device_budget import BrokeredBudget
+    from workers.device_holding import DeviceHolding
+    from workers.engines.faster_whisper import FasterWhisperEngine
+    from workers.models import ModelSlot
+
+    settings = worker_settings(redis.url, {"tiny.en": "bundled"}).model_copy(update={
+        "device_lease_seconds": LEASE, "device_poll_seconds": 0.1, "device_wait_seconds": 3.0,
+        "model_memory_mib": {"faster-whisper/tiny.en": 600}})
+
+    async def on_loop(function: Any, *args: Any) -> Any:
+        return function(*args)
+
+    async def scenario() -> None:
+        client = Redis.from_url(redis.url)
+        budgets = [BrokeredBudget(settings, WorkerStore(client, settings, name), "dev", 1000)
+                   for name in ("a", "b")]
+        slot = ModelSlot(FasterWhisperEngine(settings), "cpu", {"tiny.en": "bundled"})
+        holding = DeviceHolding(budgets[0], slot, on_loop, False, "cpu")
+        await holding.reserve("tiny.en")
+        slot.acquire("tiny.en")
+        await holding.settle()  # idle: the model stays, its reservation marked so
+        keeper = asyncio.create_task(holding.keep(asyncio.Lock()))
+        await holding.reserve("tiny.en")  # a task starts: busy
+        real, blips = budgets[0].ledger.release, [0]
+
+        async def blip() -> None:
+            if not blips[0]:
+                blips[0] += 1
+                raise RedisConnectionError("a Redis blip")
+            await real()
+
+        monkeypatch.setattr(budgets[0].ledger, "release", blip)
+        slot.unload()  # (as a failed call or an exit path leaves it: the model gone)
+        await holding.settle()
+        assert blips == [1] and holding.release_owed
+        try:
+            assert await budgets[1].reserve("tiny.en") == 600  # the whole 1000 MiB is free
+        finally:
+            keeper.cancel()
+            await budgets[1].release()
+            await client.aclose()
+        assert not holding.release_owed
 
     asyncio.run(scenario())

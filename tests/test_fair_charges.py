@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -68,11 +69,16 @@ def long_clip(workdir: Path, times: int) -> Path:
     return path
 
 
-def test_a_task_killed_after_its_segments_went_out_keeps_their_charge(env: dict[str, Any]
-                                                                      ) -> None:
+@pytest.mark.parametrize("streamed", [True, False], ids=["streamed", "polled"])
+def test_a_task_killed_after_its_segments_went_out_keeps_what_its_client_received(
+        env: dict[str, Any], streamed: bool) -> None:
+    """Killed after its first segments (past SPEECH_MAX_DELIVERIES): a `stream=true` call's
+    client has them, and they stay charged; a polled (Sage) task's client got nothing, and
+    the whole charge goes back."""
     clip = long_clip(env["workdir"], 6)  # 66 s
+    consumer = f"fair-killed-{streamed}"
     worker = procs.worker(env["redis"].url, env["workdir"], idle_unload_seconds="-1",
-                          max_deliveries="1", consumer="fair-killed",
+                          max_deliveries="1", consumer=consumer,
                           allowed_roots=env["roots"]).start()
     before = used_today(env)
     ends: list[float] = []
@@ -97,19 +103,31 @@ def test_a_task_killed_after_its_segments_went_out_keeps_their_charge(env: dict[
                     task_id_box["id"] = message["channel"].decode().rsplit(":", 1)[-1]
         pubsub.close()
 
+    def stream(events: list[str]) -> None:  # the client reads until the stream ends
+        with clip.open("rb") as handle, httpx.stream(
+                "POST", f"{env['gateway']}/v1/audio/transcriptions", headers=AUTH,
+                data={"model": "whisper-1", "stream": "true"},
+                files={"file": ("long.wav", handle)}, timeout=120) as reply:
+            events.extend(line for line in reply.iter_lines() if line.startswith("data:"))
+
     box: dict[str, str] = {}
     watcher = threading.Thread(target=watch, args=(box,))
     watcher.start()
     subscribed.wait(10)
+    received: list[str] = []
+    client = threading.Thread(target=stream, args=(received,))
     try:
-        with clip.open("rb") as handle:
-            reply = http.post(f"{env['gateway']}/api/faster-whisper-submit", headers=AUTH,
-                               files={"file": ("long.wav", handle)}, timeout=60)
-        assert reply.status_code == 200, reply.text
-        task_id = reply.json()["task_id"]
-        assert used_today(env) == pytest.approx(before + 66, abs=0.1)  # charged at submit
+        if streamed:
+            client.start()
+        else:
+            with clip.open("rb") as handle:
+                reply = http.post(f"{env['gateway']}/api/faster-whisper-submit", headers=AUTH,
+                                   files={"file": ("long.wav", handle)}, timeout=60)
+            assert reply.status_code == 200, reply.text
         watcher.join(120)
         assert ends, "no segment was published"
+        task_id = box["id"]
+        assert used_today(env) == pytest.approx(before + 66, abs=0.1)  # charged at submit
         assert env["client"].hget(keys.task(task_id), "state") == b"RUNNING"
     finally:
         os.kill(worker.pid, signal.SIGKILL)
@@ -117,17 +135,23 @@ def test_a_task_killed_after_its_segments_went_out_keeps_their_charge(env: dict[
         worker.stop()
     # the same consumer comes back, finds its entry past the delivery limit and gives up
     again = procs.worker(env["redis"].url, env["workdir"], idle_unload_seconds="-1",
-                         max_deliveries="1", consumer="fair-killed",
+                         max_deliveries="1", consumer=consumer,
                          allowed_roots=env["roots"]).start()
     try:
         task = wait_task(env["gateway"], task_id, headers=AUTH, timeout=60)
+        if streamed:
+            client.join(60)
     finally:
         again.stop()
     assert task["status"] == "FAILED", task
     delivered = max(ends)
     assert 0 < delivered < 66
-    # usage equals delivered work: the published part stays charged, the rest went back
-    assert used_today(env) - before == pytest.approx(delivered, abs=0.01)
+    if streamed:  # the client read the segments, then the error
+        assert any('"transcript.text.delta"' in line for line in received), received[:3]
+        # usage equals delivered work: the published part stays charged, the rest went back
+        assert used_today(env) - before == pytest.approx(delivered, abs=0.01)
+    else:
+        assert used_today(env) == pytest.approx(before, abs=0.01)
 
 
 def test_a_lying_known_speaker_clip_fails_before_anything_streams_and_costs_nothing(

@@ -441,8 +441,8 @@ class Consumer:
         """Metrics for one finished task, with `call`'s (a batch call's; None: those kept
         for the next task) once; never allowed to fail the task. `after_load`: it started
         after its model's load (a later call of a batch). Its processing rate counts its
-        share of a shared call's time, and the audio it decoded where that is more than its
-        submit measured (a file can understate its length to the probe: the rate every
+        share of a shared call's time, and the audio it decoded, not what its submit
+        measured (a file can misstate its length to the probe, either way: the rate every
         predicted wait divides by must not)."""
         finished = time.time()
         inference = finished - started - (0.0 if after_load else (
@@ -464,10 +464,11 @@ class Consumer:
             await self.store.record((f"tasks_{state.value}",),
                                     {name: max(0.0, value) for name, value in observations.items()})
             work = task.work_units
-            if task.work is None and result is not None:  # work is audio-seconds
-                decoded = (result.get("usage") or {}).get("audio_seconds")
-                if isinstance(decoded, int | float) and decoded > work:
-                    work = float(decoded)
+            decoded = ((result or {}).get("usage") or {}).get("audio_seconds")
+            if self.host.kind != "tts" and isinstance(decoded, int | float) and decoded > 0:
+                # audio-seconds: what was decoded, not what the file claimed to the probe (a
+                # file can overstate its length as well as understate it)
+                work = float(decoded)
             if state == TaskState.SUCCEEDED and work:
                 # the processing rate a predicted wait divides by: work (audio-seconds, or
                 # characters) per second of wall time, less a load
@@ -503,14 +504,17 @@ class Consumer:
         if self.host.kind == "tts" and task.params.get("speaker_wav"):
             source = AllowedFile(task.params["speaker_wav"], roots)
         loop = asyncio.get_running_loop()
+        # a segment counts as delivered (kept charged if the task fails later) only where a
+        # stream sends it out: a whole reply's client gets nothing of a task that fails
+        streamed = bool(task.params.get("streamed"))
 
         def on_segment(segment: Segment) -> None:
             # Runs on the engine thread. Waiting for each publish keeps segments in order;
             # streaming is best effort, so a slow or absent Redis only skips the event.
             event = {"type": "segment", "id": segment.id, "start": segment.start,
                      "end": segment.end, "text": segment.text}
-            future = asyncio.run_coroutine_threadsafe(
-                self.store.publish_segment(task.id, attempt, segment.end, event), loop)
+            future = asyncio.run_coroutine_threadsafe(self.store.publish_segment(
+                task.id, attempt, segment.end if streamed else 0.0, event), loop)
             with contextlib.suppress(Exception):
                 future.result(timeout=1.0)
 

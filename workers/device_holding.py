@@ -37,6 +37,9 @@ class DeviceHolding:
         self._peak_from: float | None = None  # MiB in use before the load being measured
         self.baseline_mib: float | None = None  # MiB in use before the held model loaded
         self._waited: float | None = None  # the last reservation's wait, for its LoadReport
+        #: a release the broker did not take (Redis away): retried until it does, or the
+        #: entry, marked busy and this process alive, would count against the device for ever
+        self.release_owed = False
 
     def take_wait(self) -> float | None:
         """How long the last reservation waited in line (once; None without a broker)."""
@@ -68,6 +71,7 @@ class DeviceHolding:
             self.held, self.reserved_mib = None, 0.0
         self.reserved_mib = await self.budget.reserve(model, peak_class)
         self.held, self.held_class, self._short = model, peak_class, False
+        self.release_owed = False  # the new reservation replaced the entry
         self._measuring = peak_class != PLAIN and not self.budget.last_measured
         self._waited = self.budget.last_wait_seconds
         self._peak_from = await self.call(memory.reset_peak, self.uses_torch,
@@ -149,11 +153,14 @@ class DeviceHolding:
             if self.slot.handle is None:
                 self.held, self.reserved_mib, self._peak_from = None, 0.0, None
                 self.baseline_mib = None
+                self.release_owed = True
                 await self.budget.release()
+                self.release_owed = False
             elif not await self.budget.mark(False):
                 log.warning("the reservation for %s lapsed", self.held)
         except Exception as exc:
-            log.warning("device broker unavailable (%s)", exc)
+            log.warning("device broker unavailable (%s)%s", exc,
+                        "; the release is retried" if self.release_owed else "")
 
     async def keep(self, lock: asyncio.Lock) -> None:
         """Runs for ever (broker on): renew the lease, and yield the model when asked while
@@ -161,6 +168,11 @@ class DeviceHolding:
         while idle is no longer counted, so the model goes."""
         while True:
             await asyncio.sleep(self.budget.poll_seconds)
+            if self.release_owed and self.held is None and not lock.locked():
+                with contextlib.suppress(Exception):
+                    await self.budget.release()
+                    self.release_owed = False
+                    log.info("the owed release of device memory is done")
             if self.held is None or lock.locked():
                 if self.held is not None:
                     with contextlib.suppress(Exception):

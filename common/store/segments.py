@@ -1,8 +1,10 @@
 """An ASR task's segments as they are published: each goes out on the task's channel (what a
-streaming client and a live session read) and moves the task's `delivered` mark to its end,
-so a task that fails after its transcript reached the client stays charged for what it
-delivered (`close_usage` in usage.py). Only the running attempt moves the mark; a
-redelivered task publishes its segments again from 0, and the mark only grows.
+streaming client and a live session read) and, for a task whose client reads them so
+(`streamed`: the worker passes its end, else 0), moves the task's `delivered` mark to its
+end, so a task that fails after its transcript reached the client stays charged for what it
+delivered (`close_usage` in usage.py). Only the running attempt publishes (a stale one's
+segments would reach clients uncharged); a redelivered task publishes its segments again
+from 0, and the mark only grows.
 """
 
 from __future__ import annotations
@@ -18,11 +20,10 @@ from common.store import fence
 # KEYS: task, events | ARGV: attempt, the segment's end (seconds), the event (JSON), the worker
 #       that started the attempt ("" = any)
 _PUBLISH = fence.LUA + """
-if runs(KEYS[1], ARGV[1], ARGV[4]) then
-  local done = tonumber(ARGV[2])
-  local delivered = tonumber(redis.call('HGET', KEYS[1], 'delivered') or '') or 0
-  if done > delivered then redis.call('HSET', KEYS[1], 'delivered', done) end
-end
+if not runs(KEYS[1], ARGV[1], ARGV[4]) then return 0 end
+local done = tonumber(ARGV[2])
+local delivered = tonumber(redis.call('HGET', KEYS[1], 'delivered') or '') or 0
+if done > delivered then redis.call('HSET', KEYS[1], 'delivered', done) end
 return redis.call('PUBLISH', KEYS[2], ARGV[3])
 """
 

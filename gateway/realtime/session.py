@@ -332,7 +332,8 @@ class Session:
         task_id = new_task_id()  # known before the submit, so a close during it withdraws it
         try:
             call = await self.calls.start(backend=target.backend, model=target.model,
-                                          options=target.options, audio=audio,
+                                          options={**target.options, "streamed": True},
+                                          audio=audio,
                                           owner=self.owner, terms=SubmitTerms(lane=INTERACTIVE),
                                           task_id=task_id)
         except asyncio.CancelledError:

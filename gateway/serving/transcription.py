@@ -87,6 +87,8 @@ class TranscriptionServing:
                                          self.calls.store.blobs)
         asked = Asked(task, fmt, granularities, stream,
                       known_speakers=bool((options.get("diarization") or {}).get("names")))
+        if stream:  # its segments reach the client as they are published: each is delivered
+            options["streamed"] = True
 
         call = await self.calls.start(backend=backend, model=model, options=options,
                                       audio=audio, owner=owner, terms=terms)
