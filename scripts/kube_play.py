@@ -104,6 +104,10 @@ def on_host(pod: dict[str, Any], name: str, port: int, redis_port: int) -> None:
         if command[:1] == ["redis-server"]:
             command[command.index("--bind") + 1] = "127.0.0.1"
             command[command.index("--port") + 1] = str(redis_port)
+            if "--requirepass" in command:  # the cluster's password; none on this host
+                at = command.index("--requirepass")
+                del command[at:at + 2]
+            container.pop("env", None)
         if "gateway" in command:
             command[command.index("--host") + 1] = "127.0.0.1"
             command[command.index("--port") + 1] = str(port)

@@ -145,7 +145,9 @@ def test_gateway_redis_and_settings_are_wired() -> None:
     docs = rendered("base")
     gateway = of_kind(docs, "Deployment")["speech-gateway"]
     main = container(gateway)
-    assert main["readinessProbe"]["httpGet"]["path"] == "/ready"
+    # ready whenever it answers: a Redis outage must not empty the Service (Sage polls get
+    # 200 PENDING from the gateway, a connection error from no gateway)
+    assert main["readinessProbe"]["httpGet"]["path"] == "/health"
     assert main["livenessProbe"]["httpGet"]["path"] == "/health"
     assert main["lifecycle"]["preStop"]  # the Service lets go before SIGTERM
     labels = gateway["spec"]["template"]["metadata"]["labels"]
@@ -293,3 +295,30 @@ def test_the_settings_are_settings_and_nothing_mounts_an_unused_directory(overla
         if doc["kind"] in ("Deployment", "StatefulSet"):
             for main in doc["spec"]["template"]["spec"]["containers"]:
                 assert "/app/var" not in [m["mountPath"] for m in main.get("volumeMounts", [])]
+
+
+def test_the_bundled_redis_takes_the_password_its_clients_send() -> None:
+    """The gateway, workers and KEDA send the Secret's SPEECH_REDIS_PASSWORD: the bundled Redis
+    must require that one (a password set there and not here made every client's AUTH an
+    error), and its readiness probe must send it too."""
+    docs = rendered("base")
+    redis = container(of_kind(docs, "StatefulSet")["speech-gateway-redis"])
+    command = redis["command"]
+    assert command[command.index("--requirepass") + 1] == "$(SPEECH_REDIS_PASSWORD)"
+    (password,) = [item for item in redis["env"] if item["name"] == "SPEECH_REDIS_PASSWORD"]
+    ref = password["valueFrom"]["secretKeyRef"]
+    secret = of_kind(docs, "Secret")[ref["name"]]
+    assert ref["key"] in secret["stringData"] and not ref.get("optional")
+    assert "SPEECH_REDIS_PASSWORD" in " ".join(redis["readinessProbe"]["exec"]["command"])
+    for deployment in of_kind(docs, "Deployment").values():  # … which its clients read
+        assert {"secretRef": {"name": ref["name"]}} in container(deployment)["envFrom"]
+
+
+def test_no_patch_file_deletes_among_several_documents() -> None:
+    """kustomize 5.5 (kubectl 1.32's) panics on a `$patch: delete` among the documents of a
+    multi-document patch file (overlays/cpu and no-keda would not render there; the suite's
+    kubectl is newer): a delete is a patch of its own."""
+    for path in (ROOT / "deploy" / "k8s").rglob("*.yaml"):
+        docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+        if len(docs) > 1 and path.name != "kustomization.yaml":
+            assert not any(doc.get("$patch") == "delete" for doc in docs), path

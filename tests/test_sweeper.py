@@ -217,3 +217,26 @@ def test_consumers_leave_the_group_when_stopped_or_long_idle(redis: procs.RedisS
         await client.aclose()
 
     asyncio.run(scenario())
+
+
+def test_every_backend_has_its_consumer_group_without_a_worker(redis: procs.RedisServer,
+                                                                tmp_path: Path) -> None:
+    """With its workers scaled to zero, KEDA's stream scalers read a backend's consumer group
+    to wake one; only a worker made it, so on a fresh or flushed Redis a backend at zero
+    never woke. The gateway makes every enabled backend's group at start and on each pass."""
+    client = redis.client()
+    models = {"faster-whisper": {"tiny.en": "bundled"}, "parakeet": {"tiny": "unused"}}
+    gateway = procs.gateway(redis.url, tmp_path, models=models, max_queue_seconds="4").start()
+
+    def made() -> bool:
+        return all(client.exists(keys.queue(backend, lane)) and any(
+            group["name"] == keys.WORKER_GROUP.encode()
+            for group in client.xinfo_groups(keys.queue(backend, lane)))
+            for backend in models for lane in keys.LANES)
+
+    try:
+        wait_until(made, 10, "the groups at the gateway's start")
+        client.flushall()
+        wait_until(made, 10, "the groups again after a flush")  # a pass is ~1 s here
+    finally:
+        gateway.stop()

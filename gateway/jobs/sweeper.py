@@ -3,7 +3,10 @@
 - a task still PENDING `max_queue_seconds` after it was queued is FAILED (`no_worker`);
 - a backend without a live worker for `no_worker_seconds` has its PENDING tasks, and its
   RUNNING tasks whose worker's heartbeat is gone, FAILED (`no_worker`);
-- stream entries past every retention are trimmed, and orphaned blob files deleted.
+- stream entries past every retention are trimmed, and orphaned blob files deleted;
+- every enabled backend's queue has its consumer group (made by a worker otherwise: with its
+  workers scaled to zero, KEDA's stream scalers read that group to wake them, and a fresh or
+  flushed Redis would have none, so a backend at zero would never wake).
 
 Both walks resume where the previous pass stopped (a cursor per backend) and read a
 bounded number of entries per pass. Every terminal write is fenced inside its Lua call
@@ -13,6 +16,7 @@ write is left alone, and two sweeping replicas never conflict."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -34,6 +38,8 @@ IDLE_CONSUMER_SECONDS = 3600.0
 
 async def sweep_forever(store: TaskStore, settings: Settings) -> None:
     sweeper = Sweeper(store, settings)
+    with contextlib.suppress(StoreError):  # else the first pass makes them
+        await sweeper.ensure_queues()
     while True:
         await asyncio.sleep(sweeper.period)
         try:
@@ -56,7 +62,12 @@ class Sweeper:
                   if limit > 0]
         self.period = max(0.2, min([30.0, *bounds]))
 
+    async def ensure_queues(self) -> None:
+        for backend in enabled_backends(self.settings):
+            await self.store.ensure_queue(backend)
+
     async def sweep(self) -> None:
+        await self.ensure_queues()
         live = {backend for backend, _ in await self.store.live.consumers()}
         for backend in enabled_backends(self.settings):
             if self.settings.max_queue_seconds > 0:
