@@ -247,8 +247,9 @@ def test_external_redis_triggers_follow_its_url(tmp_path: Path) -> None:
 
 
 def test_gateway_drain_fits_its_grace_period_and_the_hpa_owns_its_count() -> None:
-    """SIGKILL lands after terminationGracePeriodSeconds: it must cover preStop and the
-    server's own drain, the request timeout + 30 s (gateway/process/launcher.py)."""
+    """SIGKILL lands after terminationGracePeriodSeconds: it must cover preStop, the
+    server's own drain (the request timeout + 30 s, gateway/process/launcher.py) and the
+    app's shutdown after it (its jobs, its Redis client: 15 s)."""
     docs = rendered("base")
     gateway = of_kind(docs, "Deployment")["speech-gateway"]
     pod = gateway["spec"]["template"]["spec"]
@@ -257,7 +258,7 @@ def test_gateway_drain_fits_its_grace_period_and_the_hpa_owns_its_count() -> Non
     data = of_kind(docs, "ConfigMap")["speech-gateway-settings"]["data"]
     timeout = float(data.get("SPEECH_REQUEST_TIMEOUT_SECONDS",
                              Settings().request_timeout_seconds))
-    assert pod["terminationGracePeriodSeconds"] >= int(pre_stop[1]) + timeout + 30
+    assert pod["terminationGracePeriodSeconds"] >= int(pre_stop[1]) + timeout + 30 + 15
     assert "replicas" not in gateway["spec"]  # the HPA's, not reset by each apply
     manifest = (ROOT / "deploy" / "k8s" / "base" / "gateway.yaml").read_text()
     header = manifest.split("\napiVersion")[0]
