@@ -6,18 +6,26 @@ recordings, or a recording against a synthetic voice, are not; multilingual.mp3 
 readers, one per half).
 
     .venvs/voiceprint/bin/python bench/voiceprint_threshold.py
+    .venvs/voiceprint/bin/python bench/voiceprint_threshold.py --parts "$(scripts/real_voices.sh)"
 
 Prints both distributions and the widest gap between them; writes
-bench/results/voiceprint_threshold.json.
+bench/results/voiceprint_threshold.json. With `--parts ARCHIVE` (the real voices of
+harness/real_voices.py): the whole and lowest-part scores (the engine's parts) of each
+speaker's sample from another meeting against a 6 s consent, of other speakers' samples,
+and of mixtures (the consent's own 6 s, then 24 s of another speaker), and how many pass
+at each part threshold.
 """
 
 from __future__ import annotations
 
+import argparse
+import collections
 import itertools
 import json
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -103,5 +111,54 @@ def main() -> None:
          "max_different": high_different}, indent=1))
 
 
+def parts(archive: Path) -> None:
+    engine = VoiceprintEngine()
+    handle = engine.load(ModelRef("resemblyzer", BUNDLED), "cpu")
+    rate = engine.sample_rate
+    speakers: dict[str, list[tuple[str, np.ndarray]]] = collections.defaultdict(list)
+    with zipfile.ZipFile(archive) as bundle:
+        for name in sorted(bundle.namelist()):
+            if name.endswith(".wav") and len(name.split("/")) == 3:
+                meeting, person, _ = name.split("/")
+                audio = decode_audio(bundle.read(name), rate)
+                if len(audio) > 4 * rate:
+                    speakers[person].append((meeting, audio))
+
+    def scored(sample: np.ndarray, consent: np.ndarray) -> tuple[float, float]:
+        result = engine.analyze(handle, {"file": sample, "reference": consent},
+                                {"threshold": 0.75})
+        return result["score"], result["lowest_part_score"]
+
+    def in_another_meeting(person: str) -> tuple[np.ndarray, np.ndarray] | None:
+        (meeting, first), *rest = speakers[person]
+        other = next((audio for where, audio in rest if where != meeting), None)
+        return None if other is None else (first[:6 * rate], other[:30 * rate])
+
+    pairs = {person: found for person in sorted(speakers)
+             if (found := in_another_meeting(person)) is not None}
+    same, different, mixed = [], [], []
+    for person, (consent, sample) in pairs.items():
+        same.append(scored(sample, consent))
+        for other, (_, theirs) in pairs.items():
+            if other != person:
+                different.append(scored(theirs, consent))
+                mixed.append(scored(np.concatenate([consent, theirs[:24 * rate]]), consent))
+    for label, found in (("same speaker", same), ("different speakers", different),
+                         ("consent + another speaker", mixed)):
+        wholes, lowest = (np.array(column) for column in zip(*found, strict=True))
+        print(f"{label} ({len(found)}): whole {wholes.min():.3f}-{wholes.max():.3f}, lowest "
+              f"part {lowest.min():.3f}-{lowest.max():.3f}, pass the whole threshold 0.75: "
+              f"{int((wholes >= 0.75).sum())}")
+        for threshold in (0.65, 0.70, 0.75):
+            passing = int(((wholes >= 0.75) & (lowest >= threshold)).sum())
+            print(f"    and every part >= {threshold:.2f}: {passing}")
+
+
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--parts", type=Path, help="the real voices' archive")
+    parsed = parser.parse_args()
+    if parsed.parts:
+        parts(parsed.parts)
+    else:
+        main()

@@ -267,6 +267,9 @@ class Settings(BaseSettings):
     #: the voiceprint score (cosine) from which a sample is the consenting speaker:
     #: docs/voices.md has the measurements behind the default
     voice_match_threshold: float = Field(default=0.75, ge=-1, le=1)
+    #: … and every 3 s part of the sample's voice must score at least this against it (a
+    #: sample mostly of another voice can score high as a whole): docs/voices.md
+    voice_match_part_threshold: float = Field(default=0.70, ge=-1, le=1)
     max_voices_per_key: int = Field(default=20, ge=0)
     #: consents one key may hold (each keeps its recording until withdrawn)
     max_consents_per_key: int = Field(default=20, ge=0)

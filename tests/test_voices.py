@@ -101,6 +101,16 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
             pytest.raises(openai.BadRequestError) as mismatch:
         sdk.audio.voices.create(name="not me", consent=consent.id, audio_sample=sample)
     assert mismatch.value.code == "voice_mismatch", mismatch.value.body
+    # … every part of it: the consenting speaker's own recording, then the other voice,
+    # scores above the threshold as a whole, and is refused by its parts
+    mixed = encode_wav(np.concatenate([decode_audio(clip(stack, name), 16000)
+                                       for name in ("consent", "other-sample")]),
+                       16000)
+    with pytest.raises(openai.BadRequestError) as partly:
+        sdk.audio.voices.create(name="partly me", consent=consent.id,
+                                audio_sample=("mixed.wav", mixed))
+    assert partly.value.code == "voice_mismatch", partly.value.body
+    assert "part of the sample" in str(partly.value.message), partly.value.body
     with clip(stack, "sample").open("rb") as sample:
         voice = sdk.audio.voices.create(name="my voice", consent=consent.id,
                                         audio_sample=sample)

@@ -165,16 +165,24 @@ class VoiceServing:
         recording = await guard_store(self.voices.audio(owner, consent_id))
         if recording is None:
             raise _not_found(CONSENTS, consent_id, "consent")
-        score = await self._match(request, owner, sample, recording, info)
+        score, lowest, parts = await self._match(request, owner, sample, recording, info)
         threshold = self.settings.voice_match_threshold
+        part_threshold = self.settings.voice_match_part_threshold
         if score < threshold:
             raise RequestError(400, f"the voice check failed: the sample's speaker does not "
                                     f"match the consent recording's (voiceprint score "
                                     f"{score:.2f}; at least {threshold:.2f})",
                                param="audio_sample", code="voice_mismatch")
+        if lowest < part_threshold:
+            raise RequestError(400, "the voice check failed: part of the sample is not the "
+                                    "consent recording's speaker (every part of a sample must "
+                                    "be the consenting speaker alone)",
+                               param="audio_sample", code="voice_mismatch")
         record = {"id": _new_id(VOICE_PREFIX.rstrip("_")), "object": "audio.voice", "name": name,
                   "type": "audio_sample", "created_at": int(time.time()), "consent": consent_id,
                   "check": {"score": round(score, 4), "threshold": threshold,
+                            "lowest_part_score": round(lowest, 4), "parts": parts,
+                            "part_threshold": part_threshold,
                             "seconds": round(info.duration, 3)},
                   "consent_check": consent.get("check")}
         stored = await guard_store(self.voices.create(VOICES, owner, record, sample, most,
@@ -214,7 +222,9 @@ class VoiceServing:
         return str(result.get("text", ""))
 
     async def _match(self, request: Request, owner: str, sample: bytes, recording: bytes,
-                     info: AudioInfo) -> float:
+                     info: AudioInfo) -> tuple[float, float, int]:
+        """The sample's voiceprint score against the recording, its lowest part's, and how
+        many parts were scored."""
         try:
             backend_info(self.settings, VOICEPRINT)
         except UnknownBackend:
@@ -226,7 +236,8 @@ class VoiceServing:
         blob = clips.pack({"file": sample, "reference": recording})
         result = await self._run(request, owner, VOICEPRINT, model, options,
                                  AudioInput(blob, None, info))
-        return float(result["score"])
+        score = float(result["score"])
+        return score, float(result.get("lowest_part_score", score)), int(result.get("parts", 0))
 
     async def _run(self, request: Request, owner: str, backend: str, model: str,
                    options: dict[str, Any], audio: AudioInput) -> dict[str, Any]:
