@@ -71,14 +71,12 @@ def test_the_ledger_reserves_queues_asks_idle_holders_and_expires(
         holders = (await view()).holders
         assert holders["b"]["evict"] == 1 and holders["a"]["evict"] == 0
         assert await b.renew(30.0) == 2 and await a.renew(30.0) == 1
-        # b starts a task meanwhile: the request is withdrawn (a busy holder is never asked)
-        assert await b.mark(True, 30.0)
-        assert (await view()).holders["b"]["evict"] == 0
-        assert await b.mark(False, 30.0)
-        assert await reserve(c, "m3") == (0, MIB, 1)  # asks again: a is now the older idle one
-        assert (await view()).holders["a"]["evict"] == 1
-        # a yields: counted as an eviction; c, first in line, gets in before d
-        assert await a.release()
+        # b starts a task meanwhile: the request stands (a new call does not withdraw it),
+        # and b is told to yield before the call
+        assert await b.mark(True, 30.0) == 2
+        assert (await view()).holders["b"]["evict"] == 1
+        # b yields: counted as an eviction; c, first in line, gets in before d
+        assert await b.release()
         assert await reserve(d, "m4") == (0, MIB, 2)
         assert await reserve(c, "m3") == (1, MIB, 2 * MIB)
         seen = await view()
@@ -89,10 +87,39 @@ def test_the_ledger_reserves_queues_asks_idle_holders_and_expires(
         assert await reserve(d, "m4") == (0, 1500.0, 1)
         # a holder that stops renewing is gone after its lease, and the line moves on
         assert await c.renew(0.3) == 1  # c's last renewal: then it is killed
-        await b.release()
+        await a.release()
         await asyncio.sleep(0.5)
         assert await reserve(d, "m4") == (1, 1500.0, 1500.0)
         assert set((await view()).holders) == {"d"}
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_holder_busy_call_after_call_is_asked_to_yield_past_the_waiters_patience(
+        redis: procs.RedisServer) -> None:
+    """A holder with a steady queue is busy whenever the head of the line looks, so it was
+    never asked to yield and another backend's load waited out its bound and failed. Past
+    its patience the head asks busy holders too; the holder learns it as its next call
+    starts (mark answers 2) and yields before it."""
+    async def scenario() -> None:
+        client = Redis.from_url(redis.url)
+        a, b = (DeviceLedger(client, "host/steady", name) for name in "ab")
+        assert (await a.reserve("fw", "m1", MIB, MIB, 30.0)).status == 1  # busy from here
+
+        async def wait_in_line() -> int:
+            return (await b.reserve("qw", "m2", MIB, MIB, 30.0, busy_yield_after=0.3)).status
+
+        assert await wait_in_line() == 0
+        for _ in range(3):  # call after call: idle only between two marks
+            assert await a.mark(False, 30.0) == 1
+            assert await a.mark(True, 30.0) == 1
+            assert await wait_in_line() == 0
+        await asyncio.sleep(0.35)
+        assert await wait_in_line() == 0  # past its patience: a is asked, busy as it is
+        assert await a.mark(False, 30.0) == 2 and await a.mark(True, 30.0) == 2
+        assert await a.release()
+        assert await wait_in_line() == 1
         await client.aclose()
 
     asyncio.run(scenario())

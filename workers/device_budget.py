@@ -28,6 +28,10 @@ log = logging.getLogger("worker.device")
 #: runs of one model (allocator arenas, other threads), so it gets more room
 PEAK_SLACK_RATIO = {"cuda": 0.10, "cpu": 0.25}
 PEAK_SLACK_MIB = 8.0
+#: the head of the line asks busy holders to yield (each after its call) once it has waited
+#: this share of SPEECH_DEVICE_WAIT_SECONDS (idle ones at once): a holder with a steady queue
+#: is busy call after call, and another backend's task would wait out its bound and fail
+BUSY_YIELD_SHARE = 0.25
 #: audio seconds that bound a peak's length classes: a task up to the first is plain; the
 #: decoded audio (64 KB a second), a window's activations and the diarizer's embeddings grow
 #: with length, so longer tasks are measured, and reserved for, apart
@@ -88,10 +92,11 @@ class DeviceBudget:
         del model, peak_class
         return 0.0
 
-    async def mark(self, busy: bool) -> bool:
-        """An engine call starts (busy) or ends; False: no reservation is held any more."""
+    async def mark(self, busy: bool) -> int:
+        """An engine call starts (busy) or ends: 1; 2 when the broker asks this holder to
+        yield; 0 when no reservation is held any more."""
         del busy
-        return True
+        return 1
 
     async def release(self) -> None:
         return None
@@ -136,7 +141,9 @@ class BrokeredBudget(DeviceBudget):
                                                    peak_class.name,
                                                    settings.device_peak_max_age_seconds,
                                                    self.process, await self._alive_holders(),
-                                                   peak_class.lighter.name)
+                                                   peak_class.lighter.name,
+                                                   settings.device_wait_seconds
+                                                   * BUSY_YIELD_SHARE)
                 self.last_measured = answer.measured
                 if answer.reserved:
                     reserved = True
@@ -173,7 +180,7 @@ class BrokeredBudget(DeviceBudget):
         return [name for name, process in holders.items()
                 if name != self.ledger.consumer and process and processes.alive(process)]
 
-    async def mark(self, busy: bool) -> bool:
+    async def mark(self, busy: bool) -> int:
         return await self.ledger.mark(busy, self.settings.device_lease_seconds)
 
     async def release(self) -> None:

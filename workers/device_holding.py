@@ -60,10 +60,14 @@ class DeviceHolding:
                 await self._reserve_in_place(model, wanted)
                 await self.call(memory.reset_peak, self.uses_torch, self.device)
                 return
-            if await self.budget.mark(True):
+            marked = await self.budget.mark(True)
+            if marked == 1:
                 return
-            # the lease lapsed (a long stall, Redis lost it): its memory is no longer counted
-            log.warning("the reservation for %s lapsed: unloading to reserve again", model)
+            if marked == 2:  # a load waits for this memory: it goes first, this task after
+                log.info("asked to yield device memory: unloading %s, then waiting in line",
+                         model)
+            else:  # the lease lapsed (a long stall, Redis lost it): no longer counted
+                log.warning("the reservation for %s lapsed: unloading to reserve again", model)
         if self.slot.handle is not None:  # another model: out before waiting in line
             await self.call(self.slot.unload)
         if self.held is not None:

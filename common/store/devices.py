@@ -75,7 +75,8 @@ end
 # ARGV: consumer, backend, model, need (MiB, from settings), budget, lease seconds, device id,
 #       the peak's field, the peaks' max age (seconds, 0 = never), the model's plain peak
 #       field to start from when the class is not measured yet ("" = the peak is the plain
-#       one), this process's identity (workers/processes.py),
+#       one), this process's identity (workers/processes.py), the seconds after which the
+#       head of the line asks busy holders to yield too (after their call),
 #       then the holders whose lapsed leases still stand (their processes are alive)
 # -> {1, need, reserved after, measured} taken | {0, need, place in line, measured} waiting |
 #    {-1, need, budget, measured} never fits (the device's `refused:<field>` says so until a
@@ -85,7 +86,7 @@ redis.call('SADD', KEYS[5], ARGV[7])
 redis.call('HSET', KEYS[1], 'budget', ARGV[5])
 local me, lease, budget = ARGV[1], tonumber(ARGV[6]), tonumber(ARGV[5])
 local alive = {}
-for i = 12, #ARGV do alive[ARGV[i]] = true end
+for i = 13, #ARGV do alive[ARGV[i]] = true end
 local holders, waiting = live(KEYS[2], alive), live(KEYS[3], {})
 local need = tonumber(ARGV[4])
 local peak = peak_of(KEYS[4], ARGV[8], need, budget, lease, tonumber(ARGV[9]))
@@ -125,14 +126,22 @@ end
 redis.call('HSET', KEYS[3], me, cjson.encode({backend = ARGV[2], model = ARGV[3], need = need,
            since = since, expires = now + lease}))
 if ahead == 0 then
-  -- the head of the line: ask idle holders, least recently used first, to yield enough
+  -- the head of the line: ask idle holders, least recently used first, to yield enough; past
+  -- its patience, busy ones too (each yields after its call: a holder with a steady queue is
+  -- busy call after call, and would never be idle when the waiter looks)
   local free = budget - reserved
-  local idle = {}
+  local idle, busy = {}, {}
   for name, h in pairs(holders) do
     if h.evict == 1 then free = free + h.mib
-    elseif h.busy == 0 then table.insert(idle, {name, h}) end
+    elseif h.busy == 0 then table.insert(idle, {name, h})
+    else table.insert(busy, {name, h}) end
   end
-  table.sort(idle, function(a, b) return a[2].last_used < b[2].last_used end)
+  local function by_use(a, b) return a[2].last_used < b[2].last_used end
+  table.sort(idle, by_use)
+  table.sort(busy, by_use)
+  if now - since >= tonumber(ARGV[12]) then
+    for _, pair in ipairs(busy) do table.insert(idle, pair) end
+  end
   for _, pair in ipairs(idle) do
     if free >= need then break end
     pair[2].evict = 1
@@ -165,15 +174,16 @@ if cjson.decode(raw).evict == 1 then redis.call('HINCRBY', KEYS[1], 'evictions',
 return 1
 """
 
-# KEYS: holders | ARGV: consumer, busy (1/0), lease seconds -> 1, or 0 if it holds nothing
+# KEYS: holders | ARGV: consumer, busy (1/0), lease seconds -> 1, 2 if asked to yield (a
+# request a new call does not withdraw: the holder yields before it), 0 if it holds nothing
 _MARK = _HOLDER + """
 local h = holder(KEYS[1], ARGV[1])
 if not h then return 0 end
 h.busy = tonumber(ARGV[2])
-if h.busy == 1 then h.evict = 0 end
 h.last_used = now
 h.expires = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(h))
+if h.evict == 1 then return 2 end
 return 1
 """
 
@@ -213,6 +223,10 @@ class Reservation:
         return self.status == -1
 
 
+#: `busy_yield_after` for a waiter that never asks busy holders to yield
+NEVER = 1e12
+
+
 class DeviceLedger:
     """One worker's calls to the broker of one device (as consumer `consumer`)."""
 
@@ -238,16 +252,19 @@ class DeviceLedger:
     async def reserve(self, backend: str, model: str, need_mib: float, budget_mib: int,
                       lease_seconds: float, peak_class: str = "",
                       peak_max_age: float = 0.0, process: str = "",
-                      alive: Sequence[str] = (), lighter_class: str = "") -> Reservation:
+                      alive: Sequence[str] = (), lighter_class: str = "",
+                      busy_yield_after: float = NEVER) -> Reservation:
         """`process`: this worker's process identity, kept with its reservation; `alive`:
         holders whose leases stand though lapsed (their processes still exist);
-        `lighter_class`: the class whose peak an unmeasured `peak_class` starts from."""
+        `lighter_class`: the class whose peak an unmeasured `peak_class` starts from;
+        `busy_yield_after`: seconds in line after which, at its head, busy holders are asked
+        to yield too (idle ones at once)."""
         status, need, value, measured = await self._reserve(
             keys=[*self._keys, keys.model_peaks(), keys.devices()],
             args=[self.consumer, backend, model, need_mib, budget_mib, lease_seconds,
                   self.device_id, peak_field(backend, model, peak_class), peak_max_age,
                   peak_field(backend, model, lighter_class) if peak_class else "", process,
-                  *alive])
+                  repr(float(busy_yield_after)), *alive])
         return Reservation(int(status), float(need), float(value), bool(measured))
 
     async def holder_processes(self) -> dict[str, str]:
@@ -258,10 +275,11 @@ class DeviceLedger:
     async def release(self) -> bool:
         return bool(await self._release(keys=list(self._keys), args=[self.consumer]))
 
-    async def mark(self, busy: bool, lease_seconds: float) -> bool:
-        """False: this worker holds no reservation (it expired, or Redis lost it)."""
-        return bool(await self._mark(keys=[self._keys[1]],
-                                     args=[self.consumer, int(busy), lease_seconds]))
+    async def mark(self, busy: bool, lease_seconds: float) -> int:
+        """1: marked; 2: marked, and asked to yield; 0: this worker holds no reservation (it
+        expired, or Redis lost it)."""
+        return int(await self._mark(keys=[self._keys[1]],
+                                    args=[self.consumer, int(busy), lease_seconds]))
 
     async def renew(self, lease_seconds: float) -> int:
         """2: holding and asked to yield; 1: holding; 0: holding nothing."""
