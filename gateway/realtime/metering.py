@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import time
 from collections import Counter
@@ -59,7 +60,8 @@ class SessionMeter:
         """Charge the audio that left the buffer since the last charge in no turn queued as
         a task; the session ends past the key's quota. The audio still buffered may yet be
         such a turn: it is charged once it leaves the buffer in none, or when the session
-        ends (`final`)."""
+        ends (`final`: then past the quota too, or a key at its quota could send a buffer's
+        worth a session for nothing)."""
         buffer = session.buffer
         done = buffer.received if final else buffer.settled
         due = done / SAMPLE_RATE - session.turned - self.billed
@@ -70,9 +72,11 @@ class SessionMeter:
         except (UnknownModel, UnknownBackend):  # no ASR backend here: nothing prices it
             self.billed += due
             return None
+        charge = charge_of(self.settings, self.owner, backend, {}, round(due, 3))
+        if final:  # sent and listened to already: charged past the quota too (as a task's
+            charge = dataclasses.replace(charge, quotas=None)  # settlement may), never free
         try:
-            await self.store.usage.charge_now(charge_of(self.settings, self.owner, backend, {},
-                                                  round(due, 3)))
+            await self.store.usage.charge_now(charge)
         except QuotaExceeded as refused:
             message = quota_exceeded(refused, time.time()).message
             return SessionEnded("quota_exceeded", message, "audio")
