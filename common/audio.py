@@ -24,6 +24,13 @@ LIMIT_MARGIN_SECONDS = 1.0
 #: packets the probe tries to decode before it calls a file undecodable: a probe stays cheap
 #: whatever the file holds
 PROBE_DECODE_PACKETS = 32
+#: the most samples one packet of a codec decodes to (its frame size bounds it): with the
+#: packet count, a ceiling the timestamps cannot raise (a file whose timestamps claim hours
+#: and whose packets hold a second was charged, and counted in every backlog, as hours)
+MOST_SAMPLES_PER_PACKET = {"opus": 5760, "mp3": 1152, "mp2": 1152, "mp3float": 1152,
+                           "aac": 2048, "vorbis": 8192}
+#: … for any other codec (FLAC's largest block)
+ANY_CODEC_MOST_SAMPLES = 65536
 #: bytes FFmpeg reads to identify a file before it is opened: its default, 5 MB, costs
 #: ~30 ms of CPU a MiB on a PCM WAV (the WAV demuxer scans all of it for S/PDIF-wrapped
 #: AC-3/DTS), on every open (the gateway's probe, then the worker's decode); a file these
@@ -98,11 +105,13 @@ def _reason(exc: Exception) -> str:
 def probe_audio(source: SourceType) -> AudioInfo:
     """Check that `source` decodes and measure its duration, demuxing without a full decode.
 
-    The duration comes from packet timestamps, which a crafted file can fake, with a floor
-    the timestamps cannot move: the number of packets times the fewest samples a decoded
-    packet held (codecs put a fixed or bounded number of samples in a packet), so a container
-    that understates its length is still measured near it. PCM, whose packets may hold any
-    number of samples, is measured by its bytes instead. It is a first filter only:
+    The duration comes from packet timestamps, which a crafted file can fake, between a floor
+    and a ceiling the timestamps cannot move: the number of packets times the fewest samples
+    a decoded packet held (codecs put a fixed or bounded number of samples in a packet), so a
+    container that understates its length is still measured near it, and times the most a
+    packet of its codec can hold (MOST_SAMPLES_PER_PACKET), so one that overstates it is
+    measured no longer than its packets can play. PCM, whose packets may hold any number of
+    samples, is measured by its bytes instead. It is a first filter only:
     `decode_audio(…, max_seconds=…)` counts the samples themselves.
     """
     container = _open(source)
@@ -140,11 +149,15 @@ def probe_audio(source: SourceType) -> AudioInfo:
         # the last packet may be short, and a codec's first ones may hold nothing (delay)
         floor = (packets - 2) * fewest / rate if rate and packets > 2 else 0.0
         context = stream.codec_context
+        most = MOST_SAMPLES_PER_PACKET.get(context.name, ANY_CODEC_MOST_SAMPLES)
+        ceiling = packets * most / rate if rate else duration
         if context.name.startswith("pcm_") and context.format and context.channels and rate:
-            # a decoded sample is at least as wide as a stored one: still a floor
+            # a decoded sample is at least as wide as a stored one (a floor), and a stored
+            # one at least a byte (a ceiling)
             floor = max(floor, payload / (context.format.bytes * context.channels) / rate)
-        return AudioInfo(max(duration, floor), stream.rate or 0, stream.channels or 0,
-                         stream.codec_context.name)
+            ceiling = payload / context.channels / rate
+        return AudioInfo(max(min(duration, ceiling), floor), stream.rate or 0,
+                         stream.channels or 0, stream.codec_context.name)
     except av.FFmpegError as exc:
         raise AudioError(f"not a readable audio file ({_reason(exc)})") from None
     finally:

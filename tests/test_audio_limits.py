@@ -8,11 +8,14 @@ along) far under a memory cap that keeping the whole decode would have broken.
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 
+import av
 import psutil
 import pytest
 
@@ -115,6 +118,31 @@ def test_pcm_packets_that_grow_do_not_fool_the_probe() -> None:
     real = decoded_seconds(data)
     assert real > 1000
     assert probe_audio(data).duration == pytest.approx(real, rel=0.01)
+
+
+def test_timestamps_that_overstate_are_bounded_by_what_the_packets_can_hold() -> None:
+    """A container whose timestamps claim hours while its packets hold seconds was probed as
+    hours: charged so at submit and counted so in every backlog (every other key's predicted
+    wait, and a queue that read as full), refunded at the end. Now the packets bound it: each
+    holds at most its codec's frame (FLAC: a 64 Ki-sample block; PCM: a byte a sample)."""
+    flac = lying_matroska(JFK, 1, 14000.0)
+    assert decoded_seconds(flac) == pytest.approx(11.0, abs=0.1)
+    assert 11.0 <= probe_audio(flac).duration <= 200
+    pcm = growing_pcm(0, 1)  # one packet of 80,000 samples (5 s), its timestamps rewritten
+    with av.open(io.BytesIO(pcm)) as source:
+        template = source.streams.audio[0]
+        packets = [bytes(packet) for packet in source.demux(template) if packet.size]
+        out_buffer = io.BytesIO()
+        with av.open(out_buffer, "w", format="matroska") as out:
+            stream = out.add_stream_from_template(template)
+            for index, payload in enumerate(packets + packets):
+                packet = av.Packet(payload)
+                packet.stream, packet.time_base = stream, Fraction(1, 1000)
+                packet.pts = packet.dts = index * 7_000_000  # 7000 s apart
+                out.mux(packet)
+    claimed = out_buffer.getvalue()
+    assert decoded_seconds(claimed) == pytest.approx(10.0, abs=0.1)
+    assert 10.0 <= probe_audio(claimed).duration <= 20.0  # the bytes: 2 per sample, 1 at least
 
 
 @pytest.mark.parametrize("name", ["silence", "speech"])
