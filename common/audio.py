@@ -165,14 +165,20 @@ def probe_audio(source: SourceType) -> AudioInfo:
 
 
 def decode_audio(source: SourceType, sample_rate: int = 16000,
-                 max_seconds: float | None = None) -> np.ndarray:
+                 max_seconds: float | None = None,
+                 first_seconds: float | None = None) -> np.ndarray:
     """Decode to a 1-D float32 array, mixed to mono and resampled to `sample_rate`.
 
     With `max_seconds`, decoding stops with AudioTooLong as soon as the samples decoded so
-    far (not the container's timestamps) pass it by more than LIMIT_MARGIN_SECONDS.
+    far (not the container's timestamps) pass it by more than LIMIT_MARGIN_SECONDS. With
+    `first_seconds` instead, it stops once it has that much and returns it (a reference
+    clip, of which an engine reads the start: the rest is never decoded).
     """
-    limit = (None if max_seconds is None
-             else max(0, int((max_seconds + LIMIT_MARGIN_SECONDS) * sample_rate)))
+    if first_seconds is not None:
+        limit: int | None = max(1, int(first_seconds * sample_rate))
+    else:
+        limit = (None if max_seconds is None
+                 else max(0, int((max_seconds + LIMIT_MARGIN_SECONDS) * sample_rate)))
     container = _open(source)
     resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
     samples = _Samples(limit)
@@ -183,6 +189,8 @@ def decode_audio(source: SourceType, sample_rate: int = 16000,
         for out in resampler.resample(None):
             samples.append(out.to_ndarray().reshape(-1))
     except _OverLimit:
+        if first_seconds is not None:
+            return samples.take()  # full: the start was asked for
         samples.release()
         raise AudioTooLong(f"the audio is longer than the limit of {max_seconds:.0f} s "
                            f"(decoding stopped after {limit / sample_rate:.0f} s)") from None
@@ -218,7 +226,9 @@ class _Samples:
     def append(self, chunk: np.ndarray) -> None:
         end = self.size + chunk.size
         if end > self.data.size:
-            if self.limit is not None:
+            if self.limit is not None:  # filled to the limit, the rest left out
+                self.data[self.size:] = chunk[:self.data.size - self.size]
+                self.size = self.data.size
                 raise _OverLimit
             self.data.resize(max(end, 2 * self.data.size), refcheck=False)
         self.data[self.size:end] = chunk

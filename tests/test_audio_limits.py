@@ -188,3 +188,19 @@ def test_duration_is_counted_samples_not_timestamps(limited: dict,
                       submit_file(limited["gateway"], fakes["short"]).json()["taskid"])
     assert final["status"] == "SUCCEEDED", final
     assert 32 < final["result"]["duration"] < 34
+
+
+def test_a_reference_clips_start_is_decoded_not_the_rest() -> None:
+    """A speech task's reference clip is read from its start (XTTS: its first 30 s), and a
+    clip allowed up to SPEECH_MAX_AUDIO_SECONDS was decoded whole, for a task charged by its
+    text: 14,000 s of lying FLAC took 1.1 GB. Only the start is decoded now."""
+    from tests.audio_fakes import variable_flac
+
+    whole = decode_audio(JFK, 16000)
+    start = decode_audio(JFK, 16000, first_seconds=5.0)
+    assert len(start) == 5 * 16000 and (start == whole[:5 * 16000]).all()
+    assert len(decode_audio(JFK, 16000, first_seconds=60.0)) == len(whole)  # shorter: whole
+    hours = variable_flac(4, 3500)  # its frames hold ~14,000 s of silence
+    before = psutil.Process().memory_info().rss
+    assert len(decode_audio(hours, 16000, first_seconds=60.0)) == 60 * 16000
+    assert psutil.Process().memory_info().rss - before < 200 * 2**20

@@ -39,6 +39,11 @@ Source = bytes | Path | AllowedFile
 #: and what the submit did not charge, or reserve device memory for, is settled here
 OnDecoded = Callable[[float], None]
 MEMORY_LIMIT_ERROR = "GPU memory limit reached for this file"
+#: the start of a speech task's reference clip that is decoded: XTTS conditions on its first
+#: `max_ref_len` seconds (30 in its released config); the rest of a long clip (allowed up to
+#: SPEECH_MAX_AUDIO_SECONDS, 4 h) was decoded, into memory, for nothing, on a task charged
+#: by its text
+REFERENCE_SECONDS = 60.0
 
 
 class TaskError(Exception):
@@ -174,11 +179,12 @@ def _asr_sources(source: Source | None, params: dict[str, Any],
     return sources
 
 
-def _decode(source: Source, sample_rate: int, max_seconds: float | None) -> np.ndarray:
+def _decode(source: Source, sample_rate: int, max_seconds: float | None,
+            first_seconds: float | None = None) -> np.ndarray:
     if isinstance(source, AllowedFile):
         with source.open() as handle:
-            return decode_audio(handle, sample_rate, max_seconds)
-    return decode_audio(source, sample_rate, max_seconds)
+            return decode_audio(handle, sample_rate, max_seconds, first_seconds)
+    return decode_audio(source, sample_rate, max_seconds, first_seconds)
 
 
 def _synthesize(engine: SpeechEngine, handle: Any, backend: str, model: str,
@@ -188,8 +194,8 @@ def _synthesize(engine: SpeechEngine, handle: Any, backend: str, model: str,
     `output_url` serves."""
     options = SynthesisOptions(**{k: v for k, v in params.items()
                                   if k in SynthesisOptions.__dataclass_fields__})
-    reference = (_decode(reference_source, engine.sample_rate, max_audio_seconds)
-                 if reference_source is not None else None)
+    reference = (_decode(reference_source, engine.sample_rate, max_audio_seconds,
+                         REFERENCE_SECONDS) if reference_source is not None else None)
     done = speech.done if speech is not None else []
     pieces = [chunk.pcm for chunk in done]
     rate = done[0].sample_rate if done else 0
