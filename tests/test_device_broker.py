@@ -377,6 +377,7 @@ def test_a_stopped_holder_keeps_its_reservation_until_it_resumes(trio: dict) -> 
         assert fw_consumer in held  # ... but not taken away, and /ready says so
         shown = http.get(f"{gateway}/ready", timeout=10).json()["devices"][device_id]
         assert shown["lapsed"][fw_consumer]["lapsed_seconds"] > 0, shown
+        assert shown["lapsed_mib"] == held[fw_consumer]["mib"] > 0, shown  # still counted
         assert fw_consumer not in shown["holders"]
         assert sum(h["mib"] for h in held.values()) <= 2 * MIB, held
         assert vibevoice_waiting()  # still in line
