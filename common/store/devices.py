@@ -175,13 +175,18 @@ return 1
 """
 
 # KEYS: holders | ARGV: consumer, busy (1/0), lease seconds -> 1, 2 if asked to yield (a
-# request a new call does not withdraw: the holder yields before it), 0 if it holds nothing
+# request a new call does not withdraw: the holder yields before it, so it is not marked
+# busy), 0 if it holds nothing
 _MARK = _HOLDER + """
 local h = holder(KEYS[1], ARGV[1])
 if not h then return 0 end
+h.expires = now + tonumber(ARGV[3])
+if h.evict == 1 and tonumber(ARGV[2]) == 1 then
+  redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(h))
+  return 2
+end
 h.busy = tonumber(ARGV[2])
 h.last_used = now
-h.expires = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(h))
 if h.evict == 1 then return 2 end
 return 1
