@@ -203,7 +203,8 @@ def client_secret(digest: str) -> str:
 
 
 def voice_consent(owner: str, consent_id: str) -> str:
-    """Hash, no TTL: one consent recording's record (name, language, transcript, audit)."""
+    """String (JSON), no TTL: one consent recording's record (name, language, transcript,
+    audit)."""
     return f"{PREFIX}consent:{owner or '-'}:{consent_id}"
 
 
@@ -213,7 +214,7 @@ def voice_consents(owner: str) -> str:
 
 
 def custom_voice(owner: str, voice_id: str) -> str:
-    """Hash, no TTL: one custom voice's record (name, consent, voiceprint score …)."""
+    """String (JSON), no TTL: one custom voice's record (name, consent, voiceprint score …)."""
     return f"{PREFIX}voice:{owner or '-'}:{voice_id}"
 
 

@@ -240,6 +240,11 @@ def main() -> int:
     parser.add_argument("--backends", default=os.environ.get("SMOKE_BACKENDS", ""),
                         help="comma-separated subset (default: every enabled backend)")
     parser.add_argument("--voice", default=os.environ.get("SMOKE_VOICE", "alloy"))
+    parser.add_argument("--cold", action="store_true",
+                        default=os.environ.get("SMOKE_COLD", "") not in ("", "0", "false"),
+                        help="workers may be scaled to zero (KEDA): a backend with no live "
+                             "worker is checked through the gateway, whose first submit wakes "
+                             "one, and workers' direct endpoints (pod IPs) are skipped")
     parser.add_argument("--timeout", type=float,
                         default=float(os.environ.get("SMOKE_TIMEOUT", "300")),
                         help="seconds for the whole run")
@@ -268,7 +273,11 @@ def main() -> int:
                 check.report(backend, False, "not enabled on this gateway")
                 continue
             workers = ready.get("backends", {}).get(backend, {}).get("live", [])
-            if not workers:
+            if args.cold:  # through the gateway alone: it wakes a backend at zero
+                print(f"# {backend}: {len(workers)} live worker(s); direct endpoints skipped",
+                      flush=True)
+                workers = []
+            elif not workers:
                 check.report(backend, False, "no live worker (see /ready and its log)")
                 continue
             kind_check = CHECKS.get(info["kind"])

@@ -7,6 +7,9 @@ gives its sample; `en-us+Annie` (voiceprint score ~0.68 against en-us, under the
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +20,7 @@ import openai
 import pytest
 import redis
 
+from common import keys
 from common.audio import decode_audio, encode_wav, probe_audio
 from common.settings import CONSENT_PHRASES
 from gateway.auth import digest
@@ -61,7 +65,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             service.start(wait=False)
         for service in services:
             procs.wait_until(service.healthy, 180, f"{service.args[-1]} health", 0.2)
-        yield {"url": services[0].url, "workdir": workdir, "redis": server.url}
+        yield {"url": services[0].url, "workdir": workdir, "redis": server.url,
+               "xtts": services[3]}
     finally:
         for service in reversed(services):
             service.stop()
@@ -151,6 +156,39 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
     with pytest.raises(openai.NotFoundError):
         other.audio.speech.create(model="tts-1", voice={"id": voice.id}, input="Hello.")
     assert other.get("/audio/voices", cast_to=dict)["data"] == []
+
+    # a silent sample: a 400 that names the field (not the engine's own clip names)
+    with pytest.raises(openai.BadRequestError) as silent:
+        sdk.audio.voices.create(name="silent", consent=consent.id,
+                                audio_sample=("silent.wav", encode_wav(np.zeros(32000), 16000)))
+    assert silent.value.param == "audio_sample" and silent.value.code == "invalid_audio"
+    assert "'file'" not in str(silent.value.message), silent.value.body
+
+    # a task queued with the voice, which is deleted before a worker takes it: not spoken
+    xtts = stack["xtts"]
+    os.kill(xtts.pid, signal.SIGSTOP)  # (our own worker: it takes nothing meanwhile)
+    try:
+        queued = http.post(f"{stack['url']}/api/xtts-submit",
+                           headers={"authorization": f"Bearer {KEY}"},
+                           data={"text": "Hello again.", "voice": voice.id}, timeout=60)
+        assert queued.status_code == 200, queued.text
+        task = store.hgetall(keys.task(queued.json()["taskid"]))
+        assert json.loads(task[b"params"])["custom_voice"] == voice.id  # what spoke, on record
+        assert sdk.audio.voices.delete(voice.id).deleted
+    finally:
+        os.kill(xtts.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 120
+    while (state := http.get(f"{stack['url']}/api/status", params={
+            "taskid": queued.json()["taskid"]}, headers={"authorization": f"Bearer {KEY}"},
+            timeout=30).json())["status"] not in ("SUCCEEDED", "FAILED"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert state["status"] == "FAILED" and "deleted" in state["error"], state
+    with pytest.raises(openai.NotFoundError):
+        sdk.audio.speech.create(model="tts-1", voice={"id": voice.id}, input="Hello.")
+    with clip(stack, "sample").open("rb") as sample:
+        voice = sdk.audio.voices.create(name="my voice", consent=consent.id,
+                                        audio_sample=sample)
 
     # deleted: gone from the list, and speaks no more
     deleted = sdk.audio.voices.delete(voice.id)

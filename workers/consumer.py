@@ -478,6 +478,10 @@ class Consumer:
         if task.params.get("diarization") is not None:
             await self._admit(DIARIZER)  # first: refused, it leaves the model's probe alone
         await self._admit(task.model)
+        if (voice := task.params.get("custom_voice")) and not await self.store.voice_stands(
+                task.owner, str(voice), str(task.params.get("consent"))):
+            raise TaskError(f"the custom voice {voice} was deleted, or its consent withdrawn, "
+                            "before this task spoke", ErrorCode.INVALID_REQUEST)
         source, on_segment = await self._input(task, attempt)
         speech = await self._speech(task, attempt) if self.host.kind == "tts" else None
         return await self.host.execute(task.model, task.params, source, on_segment,

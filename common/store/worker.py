@@ -102,6 +102,12 @@ class WorkerStore:
     async def input_blob(self, task_id: str) -> bytes | None:
         return await self._tasks.blobs.input(task_id)
 
+    async def voice_stands(self, owner: str, voice_id: str, consent_id: str) -> bool:
+        """The owner's custom voice and its consent both still exist (neither deleted)."""
+        found = await self._redis.exists(keys.custom_voice(owner, voice_id),
+                                         keys.voice_consent(owner, consent_id))
+        return int(found) == 2
+
     async def start(self, task_id: str, deliveries: int, unconfirmed_too: bool = False) -> int:
         """Mark RUNNING by this consumer and open a new attempt: its number, 0 if the task is
         already terminal, -1 if it is gone, -2 if its deadline passed, -3 if its submit is

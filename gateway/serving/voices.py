@@ -234,8 +234,17 @@ class VoiceServing:
         model = self.settings.voice_match_model
         options = {"threshold": self.settings.voice_match_threshold}
         blob = clips.pack({"file": sample, "reference": recording})
-        result = await self._run(request, owner, VOICEPRINT, model, options,
-                                 AudioInput(blob, None, info))
+        try:
+            result = await self._run(request, owner, VOICEPRINT, model, options,
+                                     AudioInput(blob, None, info))
+        except RequestError as refused:
+            if refused.status_code != 400:
+                raise
+            # the engine found no voice to score (a silent or too short clip): say which
+            message = (refused.message.replace("the 'file' clip", "the sample")
+                       .replace("the 'reference' clip", "the consent recording"))
+            raise RequestError(400, f"the voice check could not score it: {message}",
+                               param="audio_sample", code="invalid_audio") from None
         score = float(result["score"])
         return score, float(result.get("lowest_part_score", score)), int(result.get("parts", 0))
 
@@ -277,6 +286,7 @@ async def use_custom_voice(params: Params, owner: str, voices: VoiceStore) -> No
         raise RequestError(404, f"no voice {voice[:80]!r} for this key", param="voice",
                            code="voice_not_found")
     params.voice_sample = sample
+    params.custom_voice = (voice, str(record["consent"]))
     params.override("voice", None)
 
 

@@ -44,6 +44,9 @@ class Params:
     file_lists: dict[str, list[Upload]] = field(default_factory=dict)
     #: a custom voice's sample (`voice` = "voice_…"), read by the route that owns the voices
     voice_sample: bytes | None = None
+    #: … and that voice's id and its consent's: the task names them (an audit of what spoke,
+    #: and its worker refuses to speak once either is gone)
+    custom_voice: tuple[str, str] | None = None
 
     def get(self, *names: str) -> str | None:
         for name in names:

@@ -59,6 +59,8 @@ async def tts_input(params: Params, settings: Settings, backend: str,
         return options, AudioInput(blob, None, await _probe(blob, settings, backend))
     if params.voice_sample is not None:  # a custom voice (gateway/serving/voices.py)
         sample = params.voice_sample
+        if params.custom_voice is not None:
+            options["custom_voice"], options["consent"] = params.custom_voice
         return options, AudioInput(sample, None, await _probe(sample, settings, backend))
     if raw_path:
         path = resolve_allowed_path(raw_path, settings.allowed_roots, "speaker_wav")
