@@ -5,6 +5,7 @@ the post-deploy smoke test, which must also name a worker that is down (issue 8)
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -93,4 +94,19 @@ def test_smoke_test_names_a_broken_worker(full_stack: dict) -> None:
     assert result.returncode == 1
     assert "FAIL parakeet: no live worker" in result.stdout
     assert "OK faster-whisper sage:" in result.stdout
-    supervisor.ctl("start", "parakeet:*")
+    # --cold, as in a KEDA cluster at zero: the gateway's checks wait for a worker to come
+    cold = subprocess.Popen([str(ROOT / "scripts" / "smoke_test.sh"), "--url",
+                             full_stack["url"], "--cold", "--backends", "parakeet",
+                             "--timeout", "300"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(2.0)  # its first submit is queued with no worker; then one starts
+        supervisor.ctl("start", "parakeet:*")
+        output, _ = cold.communicate(timeout=400)
+    finally:
+        if cold.poll() is None:
+            cold.kill()
+    assert cold.returncode == 0, output
+    for check in smoke_checks("parakeet"):
+        assert f"OK parakeet {check}:" in output, output
+    assert "OK parakeet worker" not in output  # direct endpoints skipped
