@@ -115,7 +115,8 @@ def worker_deployment(row: Backend) -> dict[str, object]:
                 "spec": {
                     "terminationGracePeriodSeconds": WORKER_TERMINATION_SECONDS,
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
-                                        "fsGroup": 1000},
+                                        "fsGroup": 1000,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [container],
                     "volumes": [
                         {"name": "models",
@@ -157,16 +158,21 @@ def scaled_object(row: Backend) -> dict[str, object]:
 
 
 def cpu_patch(row: Backend) -> dict[str, object]:
-    """A strategic-merge patch: the worker on CPU, with no GPU asked for."""
+    """A strategic-merge patch: the worker on CPU, with no GPU asked for, and no models
+    claim (the demo serves the bundled tiny.en; a 100 GiB ReadWriteMany claim stays Pending
+    on a single-node cluster's local-path storage, and its pods with it): an empty dir."""
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": worker_name(row)},
-        "spec": {"template": {"spec": {"containers": [{
-            "name": "worker",
-            "env": [{"name": "SPEECH_DEVICE", "value": "cpu"}],
-            "resources": {"limits": {"nvidia.com/gpu": None}},
-        }]}}},
+        "spec": {"template": {"spec": {
+            "containers": [{
+                "name": "worker",
+                "env": [{"name": "SPEECH_DEVICE", "value": "cpu"}],
+                "resources": {"limits": {"nvidia.com/gpu": None}},
+            }],
+            "volumes": [{"name": "models", "persistentVolumeClaim": None, "emptyDir": {}}],
+        }}},
     }
 
 

@@ -181,6 +181,12 @@ def test_cpu_overlay_asks_for_no_gpu_and_external_redis_drops_the_bundled_one() 
     images = {c["image"] for doc in cpu if doc["kind"] in ("Deployment", "StatefulSet")
               for c in doc["spec"]["template"]["spec"]["containers"]}
     assert images == {"localhost/speech-gateway:core"}  # the image scripts/image.sh builds
+    # no models claim: the demo's tiny.en is bundled, and a 100 GiB ReadWriteMany claim stays
+    # Pending on a one-node cluster's storage (and every worker pod with it)
+    assert not of_kind(cpu, "PersistentVolumeClaim")
+    for deployment in of_kind(cpu, "Deployment").values():
+        volumes = deployment["spec"]["template"]["spec"].get("volumes", [])
+        assert not [v for v in volumes if "persistentVolumeClaim" in v], volumes
     external = rendered("overlays/external-redis")
     assert not of_kind(external, "StatefulSet")
     assert "speech-gateway-redis" not in of_kind(external, "Service")
@@ -323,3 +329,19 @@ def test_no_patch_file_deletes_among_several_documents() -> None:
         docs = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
         if len(docs) > 1 and path.name != "kustomization.yaml":
             assert not any(doc.get("$patch") == "delete" for doc in docs), path
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_meets_the_restricted_pod_security_standard(overlay: str) -> None:
+    """What the `restricted` Pod Security level asks of each pod and container: a non-root
+    user, the runtime's default seccomp profile, no privilege escalation, no capabilities."""
+    for doc in rendered(overlay):
+        if doc["kind"] not in ("Deployment", "StatefulSet"):
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, doc["metadata"]["name"]
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for main in pod["containers"]:
+            context = main["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False, main["name"]
+            assert context["capabilities"]["drop"] == ["ALL"], main["name"]
