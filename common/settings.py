@@ -30,6 +30,9 @@ DEFAULT_MODELS: dict[str, dict[str, str]] = {
 }
 
 #: the default consent phrases (OpenAI asks for a fixed sentence per language, too)
+#: how the placeholders of the shipped Secret (deploy/k8s/base/secrets.yaml) begin: a secret
+#: that still does is refused at start
+PLACEHOLDER_SECRET = "replace-me"
 CONSENT_PHRASES: dict[str, str] = {
     "en": "I consent to my voice being recorded and used to create a synthetic voice.",
     "de": "Ich bin damit einverstanden, dass meine Stimme aufgenommen und für eine "
@@ -340,6 +343,16 @@ class Settings(BaseSettings):
                 raise ValueError(f"key {entry.label!r}: quotas for unknown backends {unknown}; "
                                  f"known: {', '.join(BACKENDS)}")
         return entries
+
+    @field_validator("url_secret", "worker_secret")
+    @classmethod
+    def _check_secret(cls, value: str) -> str:
+        # the shipped manifests' placeholder (deploy/k8s/base/secrets.yaml) is public: with it
+        # anyone could call the workers' endpoints or sign audio URLs
+        if value.startswith(PLACEHOLDER_SECRET):
+            raise ValueError("is the shipped placeholder: set a random secret of your own "
+                             "(openssl rand -hex 32)")
+        return value
 
     @field_validator("redis_sentinels")
     @classmethod

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import secrets
 import sys
 from typing import Any
 
@@ -28,6 +29,8 @@ import yaml
 DROPPED_KINDS = {"Namespace", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
                  "ScaledObject"}
 PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
+#: how the shipped Secret's placeholders begin (common/settings.py PLACEHOLDER_SECRET)
+PLACEHOLDER_SECRET = "replace-me"
 
 
 def for_podman(docs: list[dict[str, Any]], port: int, redis_port: int) -> list[dict[str, Any]]:
@@ -56,8 +59,12 @@ def for_podman(docs: list[dict[str, Any]], port: int, redis_port: int) -> list[d
 
 
 def secret_values(doc: dict[str, Any]) -> dict[str, str]:
+    """The Secret's values, its shipped placeholders (which every process refuses: common/
+    settings.py) each replaced by a random secret for this one run."""
     values = {key: base64.b64decode(value).decode() for key, value in doc.get("data", {}).items()}
-    return {**values, **{key: str(value) for key, value in doc.get("stringData", {}).items()}}
+    values.update((key, str(value)) for key, value in doc.get("stringData", {}).items())
+    return {key: secrets.token_hex(32) if value.startswith(PLACEHOLDER_SECRET) else value
+            for key, value in values.items()}
 
 
 def inline_secrets(container: dict[str, Any], secrets: dict[str, dict[str, str]]) -> None:

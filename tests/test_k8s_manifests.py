@@ -345,3 +345,25 @@ def test_every_pod_meets_the_restricted_pod_security_standard(overlay: str) -> N
             context = main["securityContext"]
             assert context["allowPrivilegeEscalation"] is False, main["name"]
             assert context["capabilities"]["drop"] == ["ALL"], main["name"]
+
+
+def test_the_shipped_placeholder_secrets_are_refused_and_kube_play_replaces_them() -> None:
+    """The Secret ships public placeholders: a worker accepting one as its bearer, or a
+    gateway signing audio URLs with one, would be open to anyone who read the repo. Every
+    process refuses them at start; the local kube play run puts random ones in."""
+    import pydantic
+
+    from common.settings import PLACEHOLDER_SECRET
+    from scripts import kube_play
+
+    values = of_kind(rendered("base"), "Secret")["speech-gateway-secrets"]["stringData"]
+    shipped = {k: v for k, v in values.items() if v.startswith(PLACEHOLDER_SECRET)}
+    assert set(shipped) == {"SPEECH_WORKER_SECRET", "SPEECH_URL_SECRET"}
+    for name, value in shipped.items():
+        with pytest.raises(pydantic.ValidationError, match="placeholder"):
+            Settings(**{name.removeprefix("SPEECH_").lower(): value})
+    assert kube_play.PLACEHOLDER_SECRET == PLACEHOLDER_SECRET
+    played = kube_play.secret_values({"stringData": values})
+    assert all(not v.startswith(PLACEHOLDER_SECRET) and len(v) == 64
+               for k, v in played.items() if k in shipped)
+    assert played["SPEECH_API_KEYS"] == values["SPEECH_API_KEYS"]
