@@ -30,6 +30,16 @@ OVERLAYS = ("base", "overlays/cpu", "overlays/no-keda", "overlays/external-redis
 KEDA_OVERLAYS = ("base", "overlays/external-redis")
 K8S_VERSION = kubernetes_validate.latest_version()
 
+#: the metadata KEDA's redis-streams scaler reads (keda.sh/docs/scalers/redis-streams): a key
+#: it does not know (a typo, `lag` for `lagCount`) is ignored by KEDA, which then scales on
+#: its defaults
+REDIS_STREAMS_METADATA = frozenset({
+    "address", "addressFromEnv", "host", "hostFromEnv", "port", "portFromEnv", "username",
+    "usernameFromEnv", "password", "passwordFromEnv", "stream", "consumerGroup",
+    "pendingEntriesCount", "streamLength", "lagCount", "activationLagCount",
+    "activationPendingEntriesCount", "activationStreamLength", "databaseIndex", "enableTLS",
+    "unsafeSsl"})
+
 #: the part of KEDA's ScaledObject CRD (keda.sh/v1alpha1) these manifests use
 SCALED_OBJECT_SPEC = {
     "type": "object",
@@ -44,7 +54,8 @@ SCALED_OBJECT_SPEC = {
         "triggers": {"type": "array", "minItems": 1, "items": {
             "type": "object", "required": ["type", "metadata"], "additionalProperties": False,
             "properties": {"type": {"type": "string"}, "name": {"type": "string"},
-                           "metadata": {"type": "object",
+                           "metadata": {"type": "object", "propertyNames": {
+                               "enum": sorted(REDIS_STREAMS_METADATA)},
                                         "additionalProperties": {"type": "string"}}}}},
     },
 }
