@@ -39,6 +39,9 @@ WORKER_TERMINATION_SECONDS = 40
 #: idle unload (120 s): the model is unloaded first, so a pod waits cold only briefly
 COOLDOWN_SECONDS = 300
 MAX_REPLICAS = 4
+#: on the CPU overlay, the worker's memory cap is this far under its pod's limit (the
+#: interpreter's own and a decode's transient memory, which the cap's check comes after)
+CPU_CAP_HEADROOM_MIB = 768
 #: queued (undelivered) entries per replica before KEDA adds one
 LAG_PER_REPLICA = 5
 #: how KEDA's operator reaches Redis, from the scale target's environment (the ConfigMap
@@ -65,10 +68,16 @@ def labels(row: Backend) -> dict[str, str]:
             f"{APP}/backend": row.name}
 
 
-def worker_deployment(row: Backend) -> dict[str, object]:
+def pod_memory_mib(row: Backend) -> int:
+    """A worker pod's memory request (its limit is twice that)."""
     memory = ENV_MEMORY_MIB.get(row.env, 4096)
     if row.memory_cap_mib:  # the worker's own cap on its process, plus room for the rest
         memory = max(memory, row.memory_cap_mib + 512)
+    return memory
+
+
+def worker_deployment(row: Backend) -> dict[str, object]:
+    memory = pod_memory_mib(row)
     env = [
         {"name": "SPEECH_BACKEND", "value": row.name},
         {"name": "SPEECH_DEVICE", "value": row.device},
@@ -158,7 +167,8 @@ def scaled_object(row: Backend) -> dict[str, object]:
 
 
 def cpu_patch(row: Backend) -> dict[str, object]:
-    """A strategic-merge patch: the worker on CPU, with no GPU asked for, and no models
+    """A strategic-merge patch: the worker on CPU, with no GPU asked for, a memory cap under
+    its pod's limit, and no models
     claim (the demo serves the bundled tiny.en; a 100 GiB ReadWriteMany claim stays Pending
     on a single-node cluster's local-path storage, and its pods with it): an empty dir."""
     return {
@@ -168,7 +178,12 @@ def cpu_patch(row: Backend) -> dict[str, object]:
         "spec": {"template": {"spec": {
             "containers": [{
                 "name": "worker",
-                "env": [{"name": "SPEECH_DEVICE", "value": "cpu"}],
+                "env": [{"name": "SPEECH_DEVICE", "value": "cpu"},
+                        # on CPU the model lives in the pod's memory: a cap under its limit
+                        # refuses a file too large with a clear error (out_of_memory) where
+                        # the kernel's OOM killer would end the pod mid-task
+                        {"name": "SPEECH_MEMORY_CAP_MIB",
+                         "value": str(2 * pod_memory_mib(row) - CPU_CAP_HEADROOM_MIB)}],
                 "resources": {"limits": {"nvidia.com/gpu": None}},
             }],
             "volumes": [{"name": "models", "persistentVolumeClaim": None, "emptyDir": {}}],

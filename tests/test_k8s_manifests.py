@@ -188,6 +188,9 @@ def test_cpu_overlay_asks_for_no_gpu_and_external_redis_drops_the_bundled_one() 
         main = container(of_kind(cpu, "Deployment")[f"speech-gateway-worker-{name}"])
         assert "nvidia.com/gpu" not in main["resources"].get("limits", {})
         assert {"name": "SPEECH_DEVICE", "value": "cpu"} in main["env"]
+        # a cap under the pod's limit: a file too large is refused, not OOM-killed mid-task
+        (cap,) = [int(e["value"]) for e in main["env"] if e["name"] == "SPEECH_MEMORY_CAP_MIB"]
+        assert 0 < cap < int(main["resources"]["limits"]["memory"].removesuffix("Mi"))
     assert "nvidia.com/gpu" not in yaml.safe_dump_all(cpu)
     images = {c["image"] for doc in cpu if doc["kind"] in ("Deployment", "StatefulSet")
               for c in doc["spec"]["template"]["spec"]["containers"]}
