@@ -28,8 +28,12 @@ class BodyTooLarge(BodyRefused):
     status_code = 413
     code = "request_too_large"
 
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
     def message(self, limits: BodyLimitMiddleware) -> str:
-        return f"the request body is larger than {limits.max_bytes} bytes"
+        return f"the request body is larger than {self.limit} bytes"
 
 
 class BodyTimeout(BodyRefused):
@@ -57,10 +61,14 @@ async def default_error_reply(scope: Scope, status_code: int, message: str,
 class BodyLimitMiddleware:
     def __init__(self, app: ASGIApp, max_bytes: int, idle_seconds: float = 60.0,
                  deadline_seconds: float = 900.0,
-                 error_reply: ErrorReply = default_error_reply) -> None:
-        """`error_reply` shapes a refusal's answer (the gateway passes its own renderer)."""
+                 error_reply: ErrorReply = default_error_reply,
+                 path_limits: dict[str, int] | None = None) -> None:
+        """`error_reply` shapes a refusal's answer (the gateway passes its own renderer);
+        `path_limits`: a smaller limit for the paths that begin with each prefix (a route
+        whose uploads are small is not made to read the whole `max_bytes` first)."""
         self.app = app
         self.max_bytes = max_bytes
+        self.path_limits = path_limits or {}
         self.idle_seconds = idle_seconds
         self.deadline_seconds = deadline_seconds
         self.error_reply = error_reply
@@ -69,9 +77,11 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = min([self.max_bytes, *(most for prefix, most in self.path_limits.items()
+                                       if scope["path"].startswith(prefix))])
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._reject(scope, send, BodyTooLarge())
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._reject(scope, send, BodyTooLarge(limit))
             return
         received = 0
         body_done = False
@@ -92,8 +102,8 @@ class BodyLimitMiddleware:
                 raise refused from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    refused = BodyTooLarge()
+                if received > limit:
+                    refused = BodyTooLarge(limit)
                     raise refused
                 body_done = not message.get("more_body", False)
             return message

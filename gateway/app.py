@@ -44,6 +44,7 @@ from gateway.routes import (
 from gateway.serving.calls import SyncCalls
 from gateway.serving.speech import SpeechServing
 from gateway.serving.transcription import TranscriptionServing
+from gateway.serving.voices import MAX_BODY_BYTES as VOICE_BODY_BYTES
 from gateway.serving.voices import VoiceServing
 
 
@@ -95,7 +96,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        max_bytes=settings.max_body_bytes,
                        idle_seconds=settings.body_timeout_seconds,
                        deadline_seconds=settings.body_deadline_seconds,
-                       error_reply=errors.refusal_reply)
+                       error_reply=errors.refusal_reply,
+                       # (/v1/audio/voices and /v1/audio/voice_consents)
+                       path_limits={"/v1/audio/voice": VOICE_BODY_BYTES})
 
     # anyone: liveness, readiness, the try-it page's files (exactly auth.PUBLIC_ROUTES)
     public = [health.public, ui.router]

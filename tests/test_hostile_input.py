@@ -351,3 +351,18 @@ def test_with_consent_required_a_clients_own_reference_clip_is_refused(
     finally:
         gateway.stop()
         server.stop()
+
+
+def test_a_voice_routes_body_is_bounded_by_its_one_clip(hostile: dict) -> None:
+    """A consent's or a voice's request holds one clip of at most 10 MiB: a larger body is
+    refused (413) as it arrives, where it was read whole first (up to SPEECH_MAX_UPLOAD_MIB,
+    200 MiB) and refused after; other routes keep the global limit."""
+    big = b"\0" * (12 * 1024 * 1024)
+    for path in ("/v1/audio/voice_consents", "/v1/audio/voices"):
+        reply = http.post(f"{hostile['url']}{path}", data={"name": "x", "language": "en"},
+                          files={"recording": ("r.wav", big)}, timeout=60)
+        assert reply.status_code == 413, (path, reply.text)
+        assert reply.json()["error"]["code"] == "request_too_large", reply.text
+    reply = http.post(f"{hostile['url']}/v1/audio/transcriptions", data={"model": "whisper-1"},
+                      files={"file": ("big.wav", big)}, timeout=60)
+    assert reply.status_code == 400, reply.text  # read, then refused as not audio

@@ -44,6 +44,9 @@ MAX_SAMPLE_SECONDS = 30.0
 #: a consent recording says one phrase: longer than this is not one, and is not transcribed
 MAX_CONSENT_SECONDS = 60.0
 MAX_AUDIO_BYTES = 10 * 1024 * 1024
+#: a consent's or a voice's whole request: its one clip and the form around it (the routes'
+#: body limit: gateway/app.py, so a 200 MiB body is refused as it arrives, not read first)
+MAX_BODY_BYTES = MAX_AUDIO_BYTES + 1024 * 1024
 MAX_NAME_CHARACTERS = 256
 VOICEPRINT = "voiceprint"
 VOICE_PREFIX = "voice_"
