@@ -28,9 +28,10 @@ PROBE_DECODE_PACKETS = 32
 #: packet count, a ceiling the timestamps cannot raise (a file whose timestamps claim hours
 #: and whose packets hold a second was charged, and counted in every backlog, as hours)
 MOST_SAMPLES_PER_PACKET = {"opus": 5760, "mp3": 1152, "mp2": 1152, "mp3float": 1152,
-                           "aac": 2048, "vorbis": 8192}
-#: … for any other codec (FLAC's largest block)
-ANY_CODEC_MOST_SAMPLES = 65536
+                           "aac": 2048, "vorbis": 8192, "flac": 65535}
+#: … for any other codec (Monkey's Audio's largest frame, 294,912, TTA's at 192 kHz and
+#: WavPack's large blocks below it): it only has to beat claims of hours
+ANY_CODEC_MOST_SAMPLES = 1 << 19
 #: bytes FFmpeg reads to identify a file before it is opened: its default, 5 MB, costs
 #: ~30 ms of CPU a MiB on a PCM WAV (the WAV demuxer scans all of it for S/PDIF-wrapped
 #: AC-3/DTS), on every open (the gateway's probe, then the worker's decode); a file these

@@ -29,10 +29,10 @@ DEFAULT_MODELS: dict[str, dict[str, str]] = {
     "faster-whisper": {"tiny.en": "bundled"},
 }
 
-#: the default consent phrases (OpenAI asks for a fixed sentence per language, too)
 #: how the placeholders of the shipped Secret (deploy/k8s/base/secrets.yaml) begin: a secret
 #: that still does is refused at start
 PLACEHOLDER_SECRET = "replace-me"
+#: the default consent phrases (OpenAI asks for a fixed sentence per language, too)
 CONSENT_PHRASES: dict[str, str] = {
     "en": "I consent to my voice being recorded and used to create a synthetic voice.",
     "de": "Ich bin damit einverstanden, dass meine Stimme aufgenommen und für eine "

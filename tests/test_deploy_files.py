@@ -157,9 +157,9 @@ def test_documented_container_runs_give_supervisord_time_to_stop() -> None:
         runs = re.findall(r"^\W*(?:podman|docker) run\b.*$", path.read_text(), flags=re.M)
         assert runs, path
         for run in runs:
-            assert "--stop-timeout 700" in run, (path.name, run)
+            assert "--stop-timeout 720" in run, (path.name, run)
     image = (ROOT / "scripts" / "image.sh").read_text()
-    assert "--stop-timeout 700" in image and "stop -t 700" in image
+    assert "--stop-timeout 720" in image and "stop -t 720" in image
 
 
 def test_containerfile_installs_the_environments_before_the_code() -> None:

@@ -125,6 +125,40 @@ def test_a_holder_busy_call_after_call_is_asked_to_yield_past_the_waiters_patien
     asyncio.run(scenario())
 
 
+def test_patience_counts_from_the_head_of_the_line_and_a_request_lapses_with_the_line(
+        redis: procs.RedisServer) -> None:
+    """A waiter behind another is not impatient when it reaches the head: the holder just
+    granted (loading, busy) is asked only once the new head has waited its patience there.
+    And a request to yield whose line has gone (its waiter served or gone) is withdrawn: a
+    busy holder would unload after its call for nobody."""
+    async def scenario() -> None:
+        client = Redis.from_url(redis.url)
+        a, b, c = (DeviceLedger(client, "host/heads", name) for name in "abc")
+
+        async def wait(ledger: DeviceLedger) -> int:
+            return (await ledger.reserve("qw", ledger.consumer, MIB, MIB, 30.0,
+                                         busy_yield_after=0.3)).status
+
+        assert (await a.reserve("fw", "a", MIB, MIB, 30.0)).status == 1  # busy
+        assert await wait(b) == 0 and await wait(c) == 0  # b first, then c
+        await asyncio.sleep(0.35)  # both have waited past their patience
+        assert await wait(b) == 0  # b, the head, asks a (busy)
+        assert await a.mark(True, 30.0) == 2
+        assert await a.release()
+        assert await wait(b) == 1  # granted, loading: busy
+        assert await wait(c) == 0  # c is the head only now
+        assert await b.mark(True, 30.0) == 1  # … and does not ask b yet
+        await asyncio.sleep(0.35)
+        assert await wait(c) == 0  # its patience at the head is spent: b is asked
+        assert await b.mark(False, 30.0) == 2
+        await c.leave_line()  # c goes (its task cancelled, or device_busy)
+        assert await b.mark(True, 30.0) == 1  # nobody waits: the request is withdrawn
+        assert await b.renew(30.0) == 1
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
 # --- in-process workers: loads that can never fit, and peaks past their reservation ------
 
 def test_a_load_that_can_never_fit_fails_at_once(redis: procs.RedisServer) -> None:

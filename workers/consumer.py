@@ -166,11 +166,11 @@ class Consumer:
         finally:
             lease.cancel()
             await asyncio.wait({lease})  # stopped: a last extension would undo the release
-        if left:  # a stop with gathered entries not started: the other workers take them now
-            with contextlib.suppress(RedisError):
+        if left:  # gathered entries not started (a stop, a Redis error starting them): any
+            with contextlib.suppress(RedisError):  # worker's claim takes them now
                 released = await self.store.release(
                     left, 2 * self.settings.visibility_timeout_seconds)
-                log.info("stopping: %d gathered entries given back to the other workers",
+                log.info("%d gathered entries not started, given back to the workers",
                          released)
 
     async def _gather(self, first: list[Delivery]) -> list[Delivery]:
@@ -372,10 +372,11 @@ class Consumer:
                         self._top_up(task, opened[index]))))
                 except TaskError as exc:
                     settle(index, exc)
-                except RedisError as exc:  # still pending: redelivered (visibility timeout)
-                    log.warning("redis unavailable starting %s (%s); left for later",
+                except RedisError as exc:  # given back to be taken again (by any worker)
+                    log.warning("redis unavailable starting %s (%s); given back",
                                 task.id, exc)
                     opened.pop(index, None)
+                    unstarted[index] = members[index][1]
             if ready:
                 log.info("batch of %d (%s), model %s", len(ready),
                          ", ".join(members[index][0].id for index, _ in ready), model)
@@ -389,13 +390,15 @@ class Consumer:
         async def loaded(report: LoadReport) -> None:
             """A half-built load ends the process: every task of the batch is stored FAILED
             first (opened for it), so none is redelivered to crash the next worker."""
-            if not report.ok and report.allocated:
-                for index in range(len(members)):
-                    if index not in opened and await open_one(index):
-                        with contextlib.suppress(RedisError):
-                            await self.breakers.fail_loading_task(members[index][0],
-                                                                  report.error)
-            await self._loaded(members[0][0], report)
+            try:
+                if not report.ok and report.allocated:
+                    for index in range(len(members)):
+                        with contextlib.suppress(RedisError):  # (the exit comes regardless)
+                            if index not in opened and await open_one(index):
+                                await self.breakers.fail_loading_task(members[index][0],
+                                                                      report.error)
+            finally:
+                await self._loaded(members[0][0], report)
 
         def call_done(indices: list[int], outcomes: list[Outcome | TaskError]) -> None:
             for index, outcome in zip(indices, outcomes, strict=True):
@@ -414,8 +417,13 @@ class Consumer:
                     on_call=call_done)
             except TaskError as exc:  # the breaker, the load or the cap: every task's
                 for index in range(len(members)):  # (opened for it, as alone)
-                    if index in opened or await open_one(index):
-                        settle(index, exc)
+                    if index in unstarted:
+                        continue
+                    try:
+                        if index in opened or await open_one(index):
+                            settle(index, exc)
+                    except RedisError:  # pending still: taken again after the lease
+                        unstarted[index] = members[index][1]
             for index in opened:
                 settle(index, TaskError("no result"))
             await asyncio.gather(*writes.values(), return_exceptions=True)

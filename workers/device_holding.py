@@ -70,12 +70,11 @@ class DeviceHolding:
                 log.warning("the reservation for %s lapsed: unloading to reserve again", model)
         if self.slot.handle is not None:  # another model: out before waiting in line
             await self.call(self.slot.unload)
-        if self.held is not None:
-            await self.budget.release()
-            self.held, self.reserved_mib = None, 0.0
+        if self.held is not None or self.release_owed:  # (an owed one: its stale entry
+            await self.budget.release()                 # would pass for a holding's growth)
+            self.held, self.reserved_mib, self.release_owed = None, 0.0, False
         self.reserved_mib = await self.budget.reserve(model, peak_class)
         self.held, self.held_class, self._short = model, peak_class, False
-        self.release_owed = False  # the new reservation replaced the entry
         self._measuring = peak_class != PLAIN and not self.budget.last_measured
         self._waited = self.budget.last_wait_seconds
         self._peak_from = await self.call(memory.reset_peak, self.uses_torch,
@@ -173,10 +172,12 @@ class DeviceHolding:
         while True:
             await asyncio.sleep(self.budget.poll_seconds)
             if self.release_owed and self.held is None and not lock.locked():
-                with contextlib.suppress(Exception):
-                    await self.budget.release()
-                    self.release_owed = False
-                    log.info("the owed release of device memory is done")
+                async with lock:  # (no call may reserve meanwhile: its entry would go)
+                    if self.release_owed and self.held is None:
+                        with contextlib.suppress(Exception):
+                            await self.budget.release()
+                            self.release_owed = False
+                            log.info("the owed release of device memory is done")
             if self.held is None or lock.locked():
                 if self.held is not None:
                     with contextlib.suppress(Exception):

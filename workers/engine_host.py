@@ -46,7 +46,8 @@ from workers.models import (
 
 log = logging.getLogger("worker")
 T = TypeVar("T")
-#: makes the tasks of these indices ready to run (opens their attempts): those that are
+#: makes the tasks of these indices ready to run (opens their attempts): the items of those
+#: that are (one cancelled, past its deadline, or failed on its input is left out)
 Prepare = Callable[[list[int]], Awaitable[list[tuple[int, batching.BatchItem]]]]
 
 

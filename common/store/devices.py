@@ -8,11 +8,14 @@ whose clocks differ still agree on who has expired:
   worker still holds its memory) and waiters; a need above the whole budget is refused at
   once; the first load in line (FIFO by arrival) whose need fits takes its reservation;
   otherwise it stays in line, and the head of the line asks idle holders (no task running),
-  least recently used first, to yield just enough (an `evict` flag their host honours);
+  least recently used first, to yield just enough (an `evict` flag their host honours), and
+  once it has been the head for its patience, busy ones too (each yields after its call);
+  holders past their lease (stopped) are never asked: they cannot answer;
 - `release`: a holder gives its reservation back (counted as an eviction when asked to);
-- `mark`: a holder starts (busy, which withdraws any request to yield) or ends a task;
+- `mark`: a holder starts or ends a task; asked to yield, it is told so (and is not marked
+  busy: it yields before the task), while a load still waits in line;
 - `renew`: the lease of a holder or a waiter is extended; answers whether it is asked to
-  yield.
+  yield. A request to yield stands while any load waits in line, and lapses with the line.
 
 The gateway reads `devices` for /ready and /metrics.
 """
@@ -109,6 +112,7 @@ holders[me] = nil
 local reserved = 0
 for _, h in pairs(holders) do reserved = reserved + h.mib end
 local since = waiting[me] and waiting[me].since or now
+local head = waiting[me] and waiting[me].head or nil
 local ahead = 0
 for name, w in pairs(waiting) do
   if name ~= me and (w.since < since or (w.since == since and name < me)) then
@@ -123,8 +127,9 @@ if (ahead == 0 or holding) and reserved + need <= budget then
              process = ARGV[11]}))
   return {1, need, reserved + need, measured}
 end
+if ahead == 0 and not head then head = now end  -- the head of the line from now on
 redis.call('HSET', KEYS[3], me, cjson.encode({backend = ARGV[2], model = ARGV[3], need = need,
-           since = since, expires = now + lease}))
+           since = since, head = head, expires = now + lease}))
 if ahead == 0 then
   -- the head of the line: ask idle holders, least recently used first, to yield enough; past
   -- its patience, busy ones too (each yields after its call: a holder with a steady queue is
@@ -133,13 +138,14 @@ if ahead == 0 then
   local idle, busy = {}, {}
   for name, h in pairs(holders) do
     if h.evict == 1 then free = free + h.mib
+    elseif h.expires < now then  -- stopped (its process alive): it cannot yield, nor answer
     elseif h.busy == 0 then table.insert(idle, {name, h})
     else table.insert(busy, {name, h}) end
   end
   local function by_use(a, b) return a[2].last_used < b[2].last_used end
   table.sort(idle, by_use)
   table.sort(busy, by_use)
-  if now - since >= tonumber(ARGV[12]) then
+  if now - head >= tonumber(ARGV[12]) then
     for _, pair in ipairs(busy) do table.insert(idle, pair) end
   end
   for _, pair in ipairs(idle) do
@@ -174,27 +180,41 @@ if cjson.decode(raw).evict == 1 then redis.call('HINCRBY', KEYS[1], 'evictions',
 return 1
 """
 
-# KEYS: holders | ARGV: consumer, busy (1/0), lease seconds -> 1, 2 if asked to yield (a
-# request a new call does not withdraw: the holder yields before it, so it is not marked
-# busy), 0 if it holds nothing
-_MARK = _HOLDER + """
+# `asked(h, waiting)`: the holder is asked to yield, and a load still waits in line; a request
+# whose line has gone (the waiter served elsewhere, timed out, cancelled) is withdrawn
+_ASKED = """
+local function asked(h, waiting)
+  if h.evict ~= 1 then return false end
+  for _, raw in pairs(redis.call('HVALS', waiting)) do
+    if cjson.decode(raw).expires >= now then return true end
+  end
+  h.evict = 0
+  return false
+end
+"""
+
+# KEYS: holders, waiting | ARGV: consumer, busy (1/0), lease seconds -> 1, 2 if asked to
+# yield (a request a new call does not withdraw: the holder yields before it, so it is not
+# marked busy), 0 if it holds nothing
+_MARK = _HOLDER + _ASKED + """
 local h = holder(KEYS[1], ARGV[1])
 if not h then return 0 end
 h.expires = now + tonumber(ARGV[3])
-if h.evict == 1 and tonumber(ARGV[2]) == 1 then
+local yield = asked(h, KEYS[2])
+if yield and tonumber(ARGV[2]) == 1 then
   redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(h))
   return 2
 end
 h.busy = tonumber(ARGV[2])
 h.last_used = now
 redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(h))
-if h.evict == 1 then return 2 end
+if yield then return 2 end
 return 1
 """
 
 # KEYS: holders, waiting | ARGV: consumer, lease seconds
 # -> 2 holding and asked to yield, 1 holding, 0 holding nothing
-_RENEW = _HOLDER + """
+_RENEW = _HOLDER + _ASKED + """
 local raw = redis.call('HGET', KEYS[2], ARGV[1])
 if raw then
   local w = cjson.decode(raw)
@@ -204,8 +224,9 @@ end
 local h = holder(KEYS[1], ARGV[1])
 if not h then return 0 end
 h.expires = now + tonumber(ARGV[2])
+local yield = asked(h, KEYS[2])
 redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(h))
-if h.evict == 1 then return 2 end
+if yield then return 2 end
 return 1
 """
 
@@ -283,7 +304,7 @@ class DeviceLedger:
     async def mark(self, busy: bool, lease_seconds: float) -> int:
         """1: marked; 2: marked, and asked to yield; 0: this worker holds no reservation (it
         expired, or Redis lost it)."""
-        return int(await self._mark(keys=[self._keys[1]],
+        return int(await self._mark(keys=[self._keys[1], self._keys[2]],
                                     args=[self.consumer, int(busy), lease_seconds]))
 
     async def renew(self, lease_seconds: float) -> int:

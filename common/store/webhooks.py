@@ -17,6 +17,7 @@ later.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from common.store.replicas import NotReplicated, ReplicaWait
 from common.store.tasks import TaskStore
 from common.store.values import text
 
+log = logging.getLogger("gateway.deliverer")
 #: attempts kept per task (the newest): a redeliver loop cannot grow a task's log for ever
 MAX_ATTEMPTS_KEPT = 100
 #: a claim no replica confirmed is due again this much later
@@ -143,6 +145,7 @@ class WebhookStore:
     def __init__(self, redis: Redis, replicas: ReplicaWait | None = None) -> None:
         self.redis = redis
         self.replicas = replicas or ReplicaWait()
+        self._quiet_until = 0.0  # no "held" warning before this (time.monotonic)
         self._claim = redis.register_script(_CLAIM)
         self._record = redis.register_script(_RECORD)
         self._drop = redis.register_script(_DROP)
@@ -161,6 +164,10 @@ class WebhookStore:
             flat = await self.replicas.call(self.redis, self._claim, keys=[keys.webhooks_due()],
                                             args=[_ms(time.time()), _ms(lease_seconds), most])
         except NotReplicated as short:
+            if time.monotonic() >= self._quiet_until:  # (a line a minute while it lasts)
+                self._quiet_until = time.monotonic() + 60.0
+                log.warning("webhooks held: no replica confirms their terminal writes (%s)",
+                            short)
             flat = short.result
             for i in range(0, len(flat), 2):
                 await self.defer(Claim(text(flat[i]), int(flat[i + 1])),

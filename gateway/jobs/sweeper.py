@@ -67,7 +67,6 @@ class Sweeper:
             await self.store.ensure_queue(backend)
 
     async def sweep(self) -> None:
-        await self.ensure_queues()
         live = {backend for backend, _ in await self.store.live.consumers()}
         for backend in enabled_backends(self.settings):
             if self.settings.max_queue_seconds > 0:
@@ -79,6 +78,10 @@ class Sweeper:
                        max(self.settings.retention_seconds, self.settings.max_queue_seconds))
             await upkeep.forget_idle_consumers(self.store, backend, IDLE_CONSUMER_SECONDS)
         await self.store.blobs.sweep()  # files no task can read any more (SPEECH_BLOB_DIR)
+        try:  # last, and apart: a user without XGROUP (a restricted ACL) sweeps the rest
+            await self.ensure_queues()
+        except StoreError as exc:
+            log.warning("could not make the queues' consumer groups: %s", exc)
 
     async def fail_overdue(self, backend: str, limit: float) -> int:
         """FAIL the PENDING tasks of `backend` queued more than `limit` seconds ago. Every

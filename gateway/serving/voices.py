@@ -241,15 +241,20 @@ class VoiceServing:
             result = await self._run(request, owner, VOICEPRINT, model, options,
                                      AudioInput(blob, None, info))
         except RequestError as refused:
-            if refused.status_code != 400:
+            if refused.status_code != 400 or not any(
+                    f"the {clip!r} clip" in refused.message for clip in ("file", "reference")):
                 raise
-            # the engine found no voice to score (a silent or too short clip): say which
+            # the engine found no voice to score in a clip (silent, too short): say which
             message = (refused.message.replace("the 'file' clip", "the sample")
                        .replace("the 'reference' clip", "the consent recording"))
             raise RequestError(400, f"the voice check could not score it: {message}",
                                param="audio_sample", code="invalid_audio") from None
-        score = float(result["score"])
-        return score, float(result.get("lowest_part_score", score)), int(result.get("parts", 0))
+        if "lowest_part_score" not in result:  # a voiceprint worker older than this gateway
+            raise RequestError(503, "the voiceprint worker does not score a sample's parts: "
+                                    "upgrade it to this gateway's version",
+                               code="backend_unavailable")
+        return (float(result["score"]), float(result["lowest_part_score"]),
+                int(result.get("parts", 0)))
 
     async def _run(self, request: Request, owner: str, backend: str, model: str,
                    options: dict[str, Any], audio: AudioInput) -> dict[str, Any]:
