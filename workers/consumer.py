@@ -330,11 +330,12 @@ class Consumer:
         begins (one cancelled or past its deadline before then never runs; a batch split
         to fit memory keeps its later calls' tasks queued meanwhile) and gets its own fenced
         terminal write; only the engine call is shared (the leases are the read's: `run`).
-        Returns the entries a stop left unstarted."""
+        Returns the entries left unstarted (by a stop, or a Redis error starting them): the
+        caller gives them back."""
         model = members[0][0].model
         began = time.time()
         opened: dict[int, int] = {}  # index -> attempt
-        unstarted: dict[int, Delivery] = {}  # left by a stop
+        unstarted: dict[int, Delivery] = {}  # left by a stop or a Redis error
         calls: dict[int, tuple[float, int]] = {}  # index -> (when its call began, its size)
         observed: dict[int, dict[str, float]] = {}  # a call's observations, with one task
         writes: dict[int, asyncio.Task[None]] = {}
