@@ -71,6 +71,25 @@ def test_same_voice_scores_higher_than_another_voice_and_every_run_alike(voices:
     assert first["usage"]["audio_seconds"] > first["duration"] > 5
 
 
+def test_a_clip_partly_of_another_voice_scores_low_on_its_parts(voices: dict,
+                                                                tmp_path: Path) -> None:
+    """The lowest part (3 s of voice) of a clip that is one voice then another scores like
+    the other voice, where the whole clip scores between the two."""
+    mixed = tmp_path / "mixed.wav"
+    with wave.open(str(voices["us_2"]), "rb") as one, wave.open(str(voices["f2_2"]), "rb") as two:
+        frames = one.readframes(one.getnframes()) + two.readframes(two.getnframes())
+        with wave.open(str(mixed), "wb") as out:
+            out.setparams(one.getparams())
+            out.writeframes(frames)
+    (same,) = results(voices["us_2"], "--clip", f"reference={voices['us_1']}")
+    (other,) = results(voices["f2_2"], "--clip", f"reference={voices['us_1']}")
+    (both,) = results(mixed, "--clip", f"reference={voices['us_1']}")
+    assert same["parts"] > 1 and both["parts"] > same["parts"]
+    assert same["lowest_part_score"] > other["score"] + 0.05, (same, other)
+    assert both["lowest_part_score"] < both["score"] - 0.05, both
+    assert both["lowest_part_score"] <= other["lowest_part_score"] + 0.05, (both, other)
+
+
 def test_one_clip_gives_its_embedding_and_the_threshold_is_a_param(voices: dict) -> None:
     (alone,) = results(voices["us_1"])
     assert "score" not in alone and "same_speaker" not in alone

@@ -29,6 +29,9 @@ SILENCE_RMS = 1e-4
 #: speaker scored as low as 0.70 against that speaker's consent, 3 s parts 0.75, 4 s parts
 #: let through more of a mixed sample (docs/voices.md has the measurements)
 PART_SECONDS, PART_HOP_SECONDS = 3.0, 1.5
+#: parts are scored for a clip whose voice lasts at most this long (a consent check's sample
+#: is at most 30 s): an hour would cost thousands of embeddings for a score nobody asked for
+MOST_PARTS_SECONDS = 120.0
 
 
 @dataclass(slots=True)
@@ -100,12 +103,13 @@ class VoiceprintEngine:
             # the embeddings are L2-normed: their dot product is the cosine similarity
             other = self._embed(handle, reference, "reference")
             score = float(np.dot(embedding, other))
-            parts = [float(np.dot(self._embedding(handle, part), other))
-                     for part in self._parts(voice)]
             result.update(score=round(score, 6), threshold=params["threshold"],
-                          same_speaker=score >= params["threshold"],
-                          lowest_part_score=round(min(parts, default=score), 6),
-                          parts=len(parts))
+                          same_speaker=score >= params["threshold"])
+            if len(voice) <= MOST_PARTS_SECONDS * self.sample_rate:
+                parts = [float(np.dot(self._embedding(handle, part), other))
+                         for part in self._parts(voice)]
+                result.update(lowest_part_score=round(min(parts, default=score), 6),
+                              parts=len(parts))
         return result
 
     def _parts(self, voice: np.ndarray) -> list[np.ndarray]:
