@@ -46,9 +46,13 @@ $keep || trap down EXIT
 
 "${podman[@]}" kube play "$work/play.yaml" >/dev/null
 url=http://127.0.0.1:$port
+# the workers' secret as played (kube_play.py puts a random one where the Secret ships its
+# placeholder, which every process refuses)
 secret=$("$python" -c 'import sys, yaml
-for d in yaml.safe_load_all(open(sys.argv[1])):
-    if d and d["kind"] == "Secret": print(d["stringData"]["SPEECH_WORKER_SECRET"])' "$work/rendered.yaml")
+found = {e["name"]: e.get("value") for d in yaml.safe_load_all(open(sys.argv[1]))
+         if d and d["kind"] == "Deployment"
+         for c in d["spec"]["template"]["spec"]["containers"] for e in c.get("env", [])}
+print(found["SPEECH_WORKER_SECRET"])' "$work/play.yaml")
 # ready once the gateway answers and the CPU overlay's worker has a heartbeat
 for _ in $(seq 240); do
     if python3 -c "import json, sys, urllib.request
