@@ -29,17 +29,20 @@ def submit_file(base: str, path: Path, backend: str = "faster-whisper",
                           data={k: str(v) for k, v in params.items()}, timeout=60)
 
 
-def status(base: str, task_id: str, **params: Any) -> dict[str, Any]:
-    reply = http.get(f"{base}/api/status", params={"taskid": task_id, **params}, timeout=30)
+def status(base: str, task_id: str, headers: dict[str, str] | None = None,
+           **params: Any) -> dict[str, Any]:
+    reply = http.get(f"{base}/api/status", params={"taskid": task_id, **params},
+                     headers=headers, timeout=30)
     assert reply.status_code == 200, reply.text
     return reply.json()
 
 
 def wait_done(base: str, task_id: str, timeout: float = 120,
-              seen: list[str] | None = None) -> dict[str, Any]:
+              seen: list[str] | None = None,
+              headers: dict[str, str] | None = None) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        reply = status(base, task_id)
+        reply = status(base, task_id, headers)
         if seen is not None and (not seen or seen[-1] != reply["status"]):
             seen.append(reply["status"])
         if reply["status"] in TERMINAL:

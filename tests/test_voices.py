@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,9 +26,11 @@ from gateway.auth import digest
 from harness import procs
 from harness.conversation import speak_to
 from harness.http_client import http
+from tests.helpers import wait_done
 from tests.tiny import env_python, tiny_model
 
 KEY, OTHER = "voices-key-0123456789", "voices-other-0123456789"
+AUTH = {"authorization": f"Bearer {KEY}"}
 SAMPLE_TEXT = ("Please call Stella and ask her to bring these things with her from the store: "
                "six spoons of fresh snow peas and a snack for her brother Bob.")
 
@@ -84,7 +85,7 @@ def clip(stack: dict[str, Any], name: str) -> Path:
 
 def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
     sdk, other = client(stack), client(stack, OTHER)
-    config = http.get(f"{stack['url']}/api/config", headers={"authorization": f"Bearer {KEY}"})
+    config = http.get(f"{stack['url']}/api/config", headers=AUTH)
     assert config.json()["consent_phrases"]["en"] == CONSENT_PHRASES["en"]
 
     # a consent must read the phrase of its language
@@ -137,15 +138,10 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
             response_format="pcm", stream_format="audio") as streamed:
         assert sum(len(chunk) for chunk in streamed.iter_bytes()) > 1000
     submitted = http.post(f"{stack['url']}/api/xtts-submit",
-                           headers={"authorization": f"Bearer {KEY}"},
+                           headers=AUTH,
                            data={"text": "Hello there.", "voice": voice.id}, timeout=60)
     assert submitted.status_code == 200, submitted.text
-    deadline = time.monotonic() + 300
-    while (state := http.get(f"{stack['url']}/api/status", params={
-            "taskid": submitted.json()["taskid"]}, headers={"authorization": f"Bearer {KEY}"},
-            timeout=30).json())["status"] not in ("SUCCEEDED", "FAILED"):
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    state = wait_done(stack["url"], submitted.json()["taskid"], 300, headers=AUTH)
     assert state["status"] == "SUCCEEDED", state
 
     # another key sees none of it
@@ -169,7 +165,7 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
     os.kill(xtts.pid, signal.SIGSTOP)  # (our own worker: it takes nothing meanwhile)
     try:
         queued = http.post(f"{stack['url']}/api/xtts-submit",
-                           headers={"authorization": f"Bearer {KEY}"},
+                           headers=AUTH,
                            data={"text": "Hello again.", "voice": voice.id}, timeout=60)
         assert queued.status_code == 200, queued.text
         task = store.hgetall(keys.task(queued.json()["taskid"]))
@@ -177,12 +173,7 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
         assert sdk.audio.voices.delete(voice.id).deleted
     finally:
         os.kill(xtts.pid, signal.SIGCONT)
-    deadline = time.monotonic() + 120
-    while (state := http.get(f"{stack['url']}/api/status", params={
-            "taskid": queued.json()["taskid"]}, headers={"authorization": f"Bearer {KEY}"},
-            timeout=30).json())["status"] not in ("SUCCEEDED", "FAILED"):
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    state = wait_done(stack["url"], queued.json()["taskid"], 120, headers=AUTH)
     assert state["status"] == "FAILED" and "deleted" in state["error"], state
     with pytest.raises(openai.NotFoundError):
         sdk.audio.speech.create(model="tts-1", voice={"id": voice.id}, input="Hello.")
