@@ -7,6 +7,7 @@ every such write).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
@@ -123,17 +124,21 @@ def test_a_terminal_write_can_be_written_again_until_a_replica_holds_it(
 
 
 def test_a_webhook_is_sent_only_once_a_replica_holds_the_write_it_reports(
-        tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A deliverer's claim waits for a replica (which then also holds the terminal write that
     made the delivery due): unconfirmed, nothing is claimed (a failover could lose the write
-    and the task run again to another outcome), and the delivery is due again a moment later."""
+    and the task run again to another outcome), and the delivery is due again a moment later.
+    A claim that found nothing due waits for nothing (and warns of nothing)."""
     from common.store.webhooks import UNCONFIRMED_RETRY_SECONDS, WebhookStore
 
+    caplog.set_level(logging.WARNING, logger="gateway.deliverer")
     server = procs.RedisServer(tmp_path / "redis").start()
 
     async def scenario() -> None:
         client = Redis.from_url(server.url)
         store = TaskStore(client, 600)
+        assert await WebhookStore(client, UNCONFIRMED).claim(10, 60.0) == []
+        assert "webhooks held" not in caplog.text, caplog.text
         task = Task(id="h1", backend="faster-whisper", model="tiny.en",
                     state=TaskState.PENDING, callback_url="http://127.0.0.1:9/hook")
         await store.submit(task, b"\0" * 64)
@@ -142,6 +147,7 @@ def test_a_webhook_is_sent_only_once_a_replica_holds_the_write_it_reports(
                                   result={"text": "done"}, worker="w1")
         before = time.time()
         assert await WebhookStore(client, UNCONFIRMED).claim(10, 60.0) == []
+        assert "webhooks held" in caplog.text  # this one was held
         due = await client.zscore(keys.webhooks_due(), "h1")
         assert due is not None and due / 1000 <= before + UNCONFIRMED_RETRY_SECONDS + 1.0
         await asyncio.sleep(UNCONFIRMED_RETRY_SECONDS + 0.1)

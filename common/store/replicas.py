@@ -10,6 +10,7 @@ replica's acknowledgement: see bench/README.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,13 +40,16 @@ class ReplicaWait:
         return cls(settings.wait_replicas, settings.redis_wait_timeout_ms)
 
     async def call(self, redis: Redis, script: AsyncScript, keys: list[Any], args: list[Any],
-                   *, tries: int = 1) -> Any:
+                   *, tries: int = 1, wrote: Callable[[Any], bool] | None = None) -> Any:
         """`script`'s result once `replicas` replicas hold its writes, waiting up to `tries`
-        timeouts; NotReplicated (carrying the result) past them."""
+        timeouts; NotReplicated (carrying the result) past them. `wrote`: whether a result
+        means the script wrote anything (one that did not is returned as it is)."""
         if self.replicas <= 0:
             return await script(keys=keys, args=args)
         async with redis.client() as connection:  # one connection: WAIT counts its writes
             result = await script(keys=keys, args=args, client=connection)
+            if wrote is not None and not wrote(result):
+                return result
             # a connection the retry policy re-opened has no writes for WAIT to count: it
             # would confirm at once, so a reconnect between the write and WAIT confirms nothing
             reconnects, held = _Reconnects(), connection.connection

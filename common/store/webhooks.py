@@ -162,7 +162,8 @@ class WebhookStore:
         confirms the claim (see the module's docstring)."""
         try:
             flat = await self.replicas.call(self.redis, self._claim, keys=[keys.webhooks_due()],
-                                            args=[_ms(time.time()), _ms(lease_seconds), most])
+                                            args=[_ms(time.time()), _ms(lease_seconds), most],
+                                            wrote=bool)  # nothing claimed: nothing to wait for
         except NotReplicated as short:
             if time.monotonic() >= self._quiet_until:  # (a line a minute while it lasts)
                 self._quiet_until = time.monotonic() + 60.0
