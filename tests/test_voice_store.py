@@ -5,13 +5,14 @@ store did not write, and an id the file system cannot name is simply unknown."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
 
 from common.blobs import BlobDir
-from common.store.voices import CONSENTS, VOICES, VoiceStore
+from common.store.voices import CONSENTS, VOICES, UnknownCursor, VoiceStore, new_id
 from gateway.errors import RequestError
 from gateway.serving.voices import use_custom_voice
 from gateway.submit.inputs import Params
@@ -92,3 +93,41 @@ def test_deleting_a_consents_id_as_a_voice_touches_nothing(
         await client.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_list_goes_on_after_an_object_deleted_since_the_page_before(
+        redis: procs.RedisServer) -> None:
+    """`after` names the last object of the page before; deleted since, the next page still
+    starts where it stood (its id carries its creation time, the index's score), with no
+    object twice and none skipped, ties of one millisecond included."""
+    now = int(time.time() * 1000)
+    ids = [f"voice_{now - 5000 + step:012x}{suffix:0>12}"
+           for step, suffix in ((0, "000001"), (1, "000002"), (2, "00000a"), (2, "00000b"),
+                                (3, "000003"), (4, "000004"))]  # oldest first
+
+    async def scenario() -> list[list[str]]:
+        client = Redis.from_url(redis.url)
+        store = VoiceStore(client, None)
+        for object_id in ids:
+            assert await store.create(VOICES, OWNER, {"id": object_id}, b"sample")
+        pages, after = [], None
+        while True:
+            page = await store.list(VOICES, OWNER, after, 2)
+            pages.append([item["id"] for item in page.items])
+            if not page.has_more:
+                break
+            after = pages[-1][-1]
+            assert await store.delete(VOICES, OWNER, after)  # gone before the next page
+        with pytest.raises(UnknownCursor):  # no such object, nor a time to place it by
+            await store.list(VOICES, OWNER, "voice_" + "ab" * 12, 2)
+        with pytest.raises(UnknownCursor):
+            await store.list(VOICES, OWNER, "not an id", 2)
+        made = new_id("voice")
+        assert await store.create(VOICES, OWNER, {"id": made}, b"sample")
+        assert [item["id"] for item in (await store.list(VOICES, OWNER, None, 1)).items] == [
+            made]
+        await client.aclose()
+        return pages
+
+    newest_first = ids[::-1]
+    assert asyncio.run(scenario()) == [newest_first[0:2], newest_first[2:4], newest_first[4:6]]

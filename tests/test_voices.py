@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,6 +108,8 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
             pytest.raises(openai.BadRequestError) as mismatch:
         sdk.audio.voices.create(name="not me", consent=consent.id, audio_sample=sample)
     assert mismatch.value.code == "voice_mismatch", mismatch.value.body
+    # … and the refusal does not say how close it came (no score to climb)
+    assert not re.search(r"\d\.\d", str(mismatch.value.message)), mismatch.value.body
     # … every part of it: the consenting speaker's own recording, then the other voice,
     # scores above the threshold as a whole, and is refused by its parts
     mixed = encode_wav(np.concatenate([decode_audio(clip(stack, name), 16000)
@@ -124,6 +127,9 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
     assert voice.type == "audio_sample" and voice.name == "my voice"
     listed = sdk.get("/audio/voices", cast_to=dict)
     assert [v["id"] for v in listed["data"]] == [voice.id] and not listed["has_more"]
+    with pytest.raises(openai.BadRequestError) as cursor:  # no such voice, nor a place
+        sdk.get("/audio/voices", cast_to=dict, options={"params": {"after": "voice_x"}})
+    assert cursor.value.body["param"] == "after", cursor.value.body  # type: ignore[index]
     # durable: records, indexes and audio carry no TTL
     store = redis.Redis.from_url(stack["redis"])
     stored = [*store.scan_iter("sg:voice*"), *store.scan_iter("sg:consent*")]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,8 +25,30 @@ from common import keys
 from common.blobs import BlobDir
 from common.store.tasks import TaskStore
 
-#: the ids the gateway gives consents and voices ("cons_…", "voice_…": 24 hex digits)
+#: the ids the gateway gives consents and voices ("cons_…", "voice_…": 24 hex digits, the
+#: first 12 its creation time in ms, which is also its score in the owner's index)
 OBJECT_ID = re.compile(r"[a-z]+_[0-9a-f]{24}")
+#: an id whose time reads before this (2020) is not one `new_id` made: ids before it were
+#: all random (their place in a list is found only while they exist)
+_EARLIEST_MS = 1_577_836_800_000
+
+
+def new_id(prefix: str) -> str:
+    """A new object id: `prefix`, its creation time and 48 random bits, so a list page can
+    go on after an object deleted since the page before (`VoiceStore.list`)."""
+    return f"{prefix}_{int(time.time() * 1000):012x}{secrets.token_hex(6)}"
+
+
+def created_ms(object_id: str) -> int | None:
+    """The creation time `new_id` put in the id; None for an id it did not make."""
+    if not OBJECT_ID.fullmatch(object_id):
+        return None
+    ms = int(object_id.rpartition("_")[2][:12], 16)
+    return ms if _EARLIEST_MS <= ms <= (time.time() + 86_400) * 1000 else None
+
+
+class UnknownCursor(ValueError):
+    """A list's `after` names no object of the owner's, and no place in the list."""
 
 # KEYS: index, record, audio key, and (optional) the record that must still exist (a voice's
 # consent: withdrawn while the voice was checked, it makes no voice) | ARGV: id, score,
@@ -92,7 +115,8 @@ class VoiceStore:
             keys=[kind.index(owner), kind.record(owner, object_id),
                   keys.voice_audio(owner, object_id),
                   *([CONSENTS.record(owner, consent)] if consent is not None else [])],
-            args=[object_id, int(time.time() * 1000), json.dumps(record),
+            args=[object_id, created_ms(object_id) or int(time.time() * 1000),
+                  json.dumps(record),
                   "" if most is None else most, audio if in_redis else ""])
         if stored != 1 and not in_redis:
             assert self.blob_dir is not None
@@ -114,14 +138,23 @@ class VoiceStore:
         return record
 
     async def list(self, kind: Kind, owner: str, after: str | None, limit: int) -> Page:
-        """The owner's objects, newest first, from the one after `after`."""
+        """The owner's objects, newest first, from the one after `after`; `after` deleted
+        since, from where it stood (its id's time); UnknownCursor when it has no place."""
         index = kind.index(owner)
         start = 0
         if after:
             rank = await self.redis.zrevrank(index, after)
-            start = 0 if rank is None else rank + 1
-        ids = [i.decode() if isinstance(i, bytes) else i
-               for i in await self.redis.zrevrange(index, start, start + limit)]
+            if rank is None:
+                if (ms := created_ms(after)) is None:
+                    raise UnknownCursor(after)
+                # where it stood: after the objects newer than it (and those of its very
+                # millisecond that sort after it, as ZREVRANGE orders equal scores)
+                newer = await self.redis.zcount(index, f"({ms}", "+inf")
+                same = await self.redis.zrangebyscore(index, ms, ms)
+                start = newer + sum(_text(i) > after for i in same)
+            else:
+                start = rank + 1
+        ids = [_text(i) for i in await self.redis.zrevrange(index, start, start + limit)]
         records = await self.redis.mget([kind.record(owner, i) for i in ids[:limit]]) if ids else []
         return Page([json.loads(r) for r in records if r is not None], len(ids) > limit)
 
@@ -147,3 +180,7 @@ class VoiceStore:
     def _path(self, owner: str, object_id: str) -> Path:
         assert self.blob_dir is not None
         return self.blob_dir.root / f"{hashlib.sha256(owner.encode()).hexdigest()[:24]}-{object_id}"
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -13,7 +13,7 @@ key gets a 404. `voice: {"id": "voice_…"}` then speaks with the sample as XTTS
 from __future__ import annotations
 
 import asyncio
-import secrets
+import logging
 import time
 from typing import Any
 
@@ -31,7 +31,7 @@ from common.catalog import (
 )
 from common.schemas import INTERACTIVE, TaskState
 from common.settings import Settings
-from common.store.voices import CONSENTS, VOICES, Kind, VoiceStore
+from common.store.voices import CONSENTS, VOICES, Kind, UnknownCursor, VoiceStore, new_id
 from common.words import wer
 from gateway.errors import RequestError
 from gateway.serving.calls import Disconnected, SyncCalls, task_failed
@@ -39,6 +39,8 @@ from gateway.submit.audio import AudioInput
 from gateway.submit.enqueue import guard_store
 from gateway.submit.inputs import Params, read_params, read_upload
 from gateway.submit.terms import SubmitTerms
+
+log = logging.getLogger("gateway.voices")
 
 MAX_SAMPLE_SECONDS = 30.0
 #: a consent recording says one phrase: longer than this is not one, and is not transcribed
@@ -97,7 +99,7 @@ class VoiceServing:
                                     f"{phrase!r} (word error {error:.2f}; at most "
                                     f"{self.settings.consent_max_wer:.2f})", param="recording",
                                code="consent_phrase_mismatch")
-        record = {"id": _new_id("cons"), "object": "audio.voice_consent", "name": name,
+        record = {"id": new_id("cons"), "object": "audio.voice_consent", "name": name,
                   "language": language, "created_at": int(time.time()),
                   "check": {"phrase": phrase, "transcript": transcript,
                             "word_error": round(error, 3), "seconds": round(info.duration, 3)}}
@@ -135,7 +137,13 @@ class VoiceServing:
                    limit: int) -> dict[str, Any]:
         if not 1 <= limit <= 100:
             raise RequestError(400, "limit must be from 1 to 100", param="limit")
-        page = await guard_store(self.voices.list(kind, owner, after, limit))
+        try:
+            page = await guard_store(self.voices.list(kind, owner, after, limit))
+        except UnknownCursor:
+            what = "consent" if kind is CONSENTS else "voice"
+            raise RequestError(400, f"'after' names no {what} of this key's, nor a place in "
+                                    "the list (list again from the start)",
+                               param="after") from None
         fields = CONSENT_FIELDS if kind is CONSENTS else VOICE_FIELDS
         data = [_public(item, fields) for item in page.items]
         return {"object": "list", "data": data, "has_more": page.has_more,
@@ -171,17 +179,22 @@ class VoiceServing:
         score, lowest, parts = await self._match(request, owner, sample, recording, info)
         threshold = self.settings.voice_match_threshold
         part_threshold = self.settings.voice_match_part_threshold
+        if score < threshold or lowest < part_threshold:
+            # the scores stay in the log: quoted to the caller, they would tell whoever
+            # tries someone else's voice how close each attempt came (a hill to climb)
+            log.info("voice check refused for consent %s: score %.3f (at least %.2f), "
+                     "lowest part %.3f (at least %.2f)", consent_id, score, threshold,
+                     lowest, part_threshold)
         if score < threshold:
-            raise RequestError(400, f"the voice check failed: the sample's speaker does not "
-                                    f"match the consent recording's (voiceprint score "
-                                    f"{score:.2f}; at least {threshold:.2f})",
+            raise RequestError(400, "the voice check failed: the sample's speaker does not "
+                                    "match the consent recording's",
                                param="audio_sample", code="voice_mismatch")
         if lowest < part_threshold:
             raise RequestError(400, "the voice check failed: part of the sample is not the "
                                     "consent recording's speaker (every part of a sample must "
                                     "be the consenting speaker alone)",
                                param="audio_sample", code="voice_mismatch")
-        record = {"id": _new_id(VOICE_PREFIX.rstrip("_")), "object": "audio.voice", "name": name,
+        record = {"id": new_id(VOICE_PREFIX.rstrip("_")), "object": "audio.voice", "name": name,
                   "type": "audio_sample", "created_at": int(time.time()), "consent": consent_id,
                   "check": {"score": round(score, 4), "threshold": threshold,
                             "lowest_part_score": round(lowest, 4), "parts": parts,
@@ -330,10 +343,6 @@ def _name(params: Params) -> str:
 
 def _public(record: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
     return {name: record[name] for name in fields}
-
-
-def _new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(12)}"
 
 
 def _too_many(kind: Kind, most: int) -> RequestError:
