@@ -15,6 +15,11 @@ def task(task_id: str) -> str:
     return f"{PREFIX}task:{task_id}"
 
 
+def task_id_of(task_key: str) -> str:
+    """The task id in `task`'s key."""
+    return task_key.removeprefix(f"{PREFIX}task:")
+
+
 def task_pattern() -> str:
     return f"{PREFIX}task:*"
 
@@ -28,6 +33,27 @@ def queue(backend: str, lane: str = BATCH) -> str:
 def queue_counter(backend: str, lane: str = BATCH) -> str:
     """Integer: how many entries were ever added to the lane's stream (each entry's number)."""
     return f"{PREFIX}queue-seq:{backend}" + ("" if lane == BATCH else f":{lane}")
+
+
+def lane_share(backend: str, lane: str, owner: str) -> str:
+    """Integer: how many of an owner's entries wait in the lane's stream, not yet started
+    (counted when one is added, uncounted when it starts or ends: its `share` field names this
+    key). At SPEECH_QUEUED_PER_KEY, the owner's next tasks wait in `held` instead."""
+    return f"{PREFIX}lane-share:{backend}:{lane}:{owner}"
+
+
+def held(backend: str, lane: str, owner: str) -> str:
+    """List of task keys: an owner's tasks not yet in the lane's stream, oldest first (its
+    `lane_share` is full); the first enters the stream when one of the owner's entries there
+    starts or ends (its `held` field names this key while it waits here)."""
+    return f"{PREFIX}held:{backend}:{lane}:{owner}"
+
+
+def lines(backend: str) -> str:
+    """List of task keys: every task waiting in any owner's `held` line of the backend (both
+    lanes), for an autoscaler to count with the streams' lag (deploy/k8s: KEDA's redis list
+    trigger), since they have no stream entry yet."""
+    return f"{PREFIX}lines:{backend}"
 
 
 def idempotency(owner: str, key: str) -> str:

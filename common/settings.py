@@ -225,6 +225,11 @@ class Settings(BaseSettings):
     #: tasks one API key may have queued or running at once (0 = no limit); per key:
     #: `max_in_flight` in its entry
     max_in_flight_per_key: int = Field(default=64, ge=0)
+    #: entries one API key may have waiting (not yet started) in one lane of one backend; its
+    #: further tasks wait in a line of their own and enter the lane one by one as its entries
+    #: there start, so other keys' work is queued behind at most this many of its own
+    #: (0 = no limit; keys off: not applied, one caller has no one to be fair to)
+    queued_per_key: int = Field(default=8, ge=0)
     #: backend -> most tasks queued (both lanes) before a submit is refused with 429
     max_queued_tasks: dict[str, int] = Field(default_factory=dict)
     #: backend -> longest predicted wait (seconds) before a submit is refused with 429
@@ -428,6 +433,11 @@ class Settings(BaseSettings):
         if key is None:
             return None
         return self.max_in_flight_per_key if key.max_in_flight is None else key.max_in_flight
+
+    def lane_share(self, owner: str) -> int:
+        """The most entries `owner` may have waiting in one lane (0: no limit, as with keys
+        off: one caller has no one to be fair to)."""
+        return 0 if self.api_key(owner) is None else self.queued_per_key
 
     def lane_for(self, owner: str, lane: str) -> str:
         """`lane`, unless it is interactive and `owner`'s key may not use it (then batch);

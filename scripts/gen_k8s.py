@@ -140,17 +140,24 @@ def worker_deployment(row: Backend) -> dict[str, object]:
 def scaled_object(row: Backend) -> dict[str, object]:
     """Scale on both lanes' streams: lag (entries no worker took yet, the one measure that
     can wake a backend from zero) and pending entries (taken, not yet acknowledged: a task
-    running keeps its worker up past the cooldown)."""
+    running keeps its worker up past the cooldown); and on the tasks waiting in the keys'
+    lines (SPEECH_QUEUED_PER_KEY, common/store/shares.py), which have no entry yet: one
+    key's flood is mostly there, and counts as lag would."""
+    reach = {"addressFromEnv": KEDA_ADDRESS_ENV, "passwordFromEnv": KEDA_PASSWORD_ENV,
+             "databaseIndex": KEDA_DATABASE_INDEX, "enableTLS": KEDA_ENABLE_TLS}
     triggers: list[dict[str, object]] = []
     for lane in keys.LANES:
-        common = {"addressFromEnv": KEDA_ADDRESS_ENV, "passwordFromEnv": KEDA_PASSWORD_ENV,
-                  "databaseIndex": KEDA_DATABASE_INDEX, "enableTLS": KEDA_ENABLE_TLS,
-                  "stream": keys.queue(row.name, lane), "consumerGroup": keys.WORKER_GROUP}
+        common = {**reach, "stream": keys.queue(row.name, lane),
+                  "consumerGroup": keys.WORKER_GROUP}
         triggers.append({"type": "redis-streams", "name": f"{lane}-lag",
                          "metadata": {**common, "lagCount": str(LAG_PER_REPLICA),
                                       "activationLagCount": "0"}})
         triggers.append({"type": "redis-streams", "name": f"{lane}-pending",
                          "metadata": {**common, "pendingEntriesCount": "1"}})
+    triggers.append({"type": "redis", "name": "lines",
+                     "metadata": {**reach, "listName": keys.lines(row.name),
+                                  "listLength": str(LAG_PER_REPLICA),
+                                  "activationListLength": "0"}})
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",

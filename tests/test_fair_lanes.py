@@ -177,3 +177,146 @@ def test_an_understated_container_is_charged_and_counted_near_its_length(
         assert second.status_code == 429 and "quota" in second.text, second.text
     finally:
         cancel(env, "small", first)
+
+
+def test_a_keys_flood_waits_in_its_own_line_not_ahead_of_another_key(tmp_path) -> None:
+    """SPEECH_QUEUED_PER_KEY: a key's entries waiting in a lane are at most that many; its
+    further tasks wait in its own line and enter the lane one by one as its entries start, so
+    another key's task starts behind a few of the flood, not all of it. A task cancelled in
+    the line leaves it; when all is done nothing stays counted."""
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    clip = clips / "short.wav"
+    speak_to(clip, "Hello world.")
+    server = procs.RedisServer(tmp_path / "redis").start()
+    entries = [{"key": "sha256:" + digest(KEYS[name]), "name": name}
+               for name in ("batchy", "capped")]
+    gateway = procs.gateway(server.url, tmp_path, api_keys=entries, queued_per_key="2",
+                            allowed_roots=[str(clips)]).start()
+    env = {"gateway": gateway.url, "clip": clip}
+    worker = None
+    try:
+        flood = [task_id(submit(env, "batchy")) for _ in range(6)]
+        other = task_id(submit(env, "capped"))
+        client = server.client()
+        # the lane holds two of the flood and the other key's task; four wait in line
+        stream = [fields[b"task_id"].decode()
+                  for _, fields in client.xrange(keys.queue("faster-whisper"))]
+        assert stream == [*flood[:2], other], stream
+        polled = {tid: http.get(f"{gateway.url}/api/faster-whisper-status",
+                                params={"task_id": tid}, headers=auth(name), timeout=30).json()
+                  for tid, name in ((other, "capped"), (flood[5], "batchy"))}
+        assert polled[other].get("queue_position") == 3, polled
+        assert polled[flood[5]].get("queue_position") == 3 + 3 + 1, polled  # 3 ahead in line
+        assert polled[flood[5]]["status"] == "PENDING", polled
+        metrics = http.get(f"{gateway.url}/metrics", headers=auth("batchy"), timeout=30).text
+        assert 'speech_queue_waiting{backend="faster-whisper"} 7.0' in metrics  # lines too
+        cancel(env, "batchy", flood[5])  # leaves the line
+        worker = procs.worker(server.url, tmp_path, idle_unload_seconds="-1",
+                              allowed_roots=[str(clips)], preload="true",
+                              batch_window_ms="0").start()  # one task at a time
+        done = {tid: wait_task(gateway.url, tid, headers=auth(name), timeout=120)
+                for tid, name in [*((t, "batchy") for t in flood), (other, "capped")]}
+    finally:
+        if worker is not None:
+            worker.stop()
+        gateway.stop()
+    try:
+        assert done[flood[5]]["status"] == "CANCELLED", done[flood[5]]
+        ran = sorted((done[tid]["started_at"], tid) for tid in [*flood[:5], other])
+        assert all(done[tid]["status"] == "SUCCEEDED" for _, tid in ran), done
+        # the other key's task started third: behind the two of the flood in the lane
+        # before it, ahead of the three that waited in line (it used to start last)
+        assert [tid for _, tid in ran][:3] == [*flood[:2], other], ran
+        owner = digest(KEYS["batchy"])[:16]
+        assert client.get(keys.lane_share("faster-whisper", "batch", owner)) is None
+        assert client.llen(keys.held("faster-whisper", "batch", owner)) == 0
+    finally:
+        server.stop()
+
+
+def test_a_keys_line_is_counted_once_through_cancel_start_and_deadline(tmp_path) -> None:
+    """The store's bookkeeping of a key's share (common/store/shares.py) on a real Redis: a
+    waiting entry cancelled or started lets the next of its line in, a task cancelled in the
+    line leaves it, one whose deadline passed in line fails as it comes to start, nothing stays
+    counted at the end, and a caller with keys off (no owner) is never held."""
+    from common.schemas import TaskState
+    from common.store import Task, TaskStore
+    from common.store.record import QueueFull
+
+    server = procs.RedisServer(tmp_path / "redis").start()
+    backend, owner = "faster-whisper", "owner-a"
+    share, line = keys.lane_share(backend, "batch", owner), keys.held(backend, "batch", owner)
+
+    async def scenario() -> None:
+        redis = Redis.from_url(server.url)
+        store = TaskStore(redis, 600)
+
+        async def submit(task_id: str, who: str = owner, deadline: float | None = None) -> Task:
+            task = Task(id=task_id, backend=backend, model="tiny.en", owner=who,
+                        state=TaskState.PENDING, deadline=deadline)
+            await store.submit(task, b"\0" * 64, lane_share=1)
+            return task
+
+        async def stream() -> list[str]:
+            return [fields[b"task_id"].decode()
+                    for _, fields in await redis.xrange(keys.queue(backend))]
+
+        async def held() -> list[str]:
+            return [name.decode().rpartition(":")[2] for name in await redis.lrange(line, 0, -1)]
+
+        first = await submit("t1")
+        assert first.entry_id and first.queue_seq == 1
+        second = await submit("t2")
+        assert second.entry_id == "" and second.queue_seq == 0  # in line
+        await submit("t3")
+        await submit("t4", deadline=time.time() + 0.5)
+        await submit("t5")
+        assert await stream() == ["t1"] and await held() == ["t2", "t3", "t4", "t5"]
+        everyone = keys.lines(backend)  # every key's line of the backend, for an autoscaler
+        assert await redis.lrange(everyone, 0, -1) == [
+            keys.task(f"t{i}").encode() for i in (2, 3, 4, 5)]
+        assert await store.positions.of(second) == 2  # t1, then itself
+        backlog = keys.backlog(backend)  # the work ahead of another key's task: t1's alone
+        assert await redis.hget(backlog, "batch:tasks") == b"1"
+        with pytest.raises(QueueFull):  # a backend's most queued counts the lines too
+            await store.submit(Task(id="t6", backend=backend, model="tiny.en", owner=owner,
+                                    state=TaskState.PENDING), b"\0" * 64,
+                               max_queued_tasks=5, lane_share=1)
+        anonymous = await submit("a1", who="")  # keys off: no share to keep
+        assert anonymous.entry_id and await stream() == ["t1", "a1"]
+
+        assert await store.cancel("t1", backend) == TaskState.CANCELLED  # t2 comes in
+        assert await stream() == ["t1", "a1", "t2"] and await held() == ["t3", "t4", "t5"]
+        assert await redis.hget(backlog, "batch:tasks") == b"2"  # a1 and t2
+        assert await store.cancel("t3", backend) == TaskState.CANCELLED  # leaves the line
+        assert await held() == ["t4", "t5"] and int(await redis.get(share)) == 1
+        assert await redis.llen(everyone) == 2
+        await asyncio.sleep(0.6)  # t4's deadline passes while it waits in line
+        assert await store.start("t2", "w1", 1, backend) == 1  # t4 comes in, and fails there
+        assert await stream() == ["t1", "a1", "t2", "t4"] and await held() == ["t5"]
+        assert await store.start("t4", "w1", 1, backend) == -2  # deadline: t5 comes in
+        assert await stream() == ["t1", "a1", "t2", "t4", "t5"] and await held() == []
+        assert await store.start("t5", "w1", 1, backend) == 1
+        assert await redis.get(share) is None and not await redis.exists(line, everyone)
+        assert await redis.hget(backlog, "batch:tasks") == b"1"  # a1, never started
+        for name in ("t2", "t5"):  # a finished task changes the count no more
+            task = await store.get(name)
+            assert task is not None
+            assert await store.finish(task, TaskState.SUCCEEDED, attempt=1, entry_id="",
+                                      result={}, worker="w1")
+        assert await redis.get(share) is None
+        records = [await store.get(f"t{i}") for i in range(1, 6)]
+        assert [r.state for r in records if r] == [
+            TaskState.CANCELLED, TaskState.SUCCEEDED, TaskState.CANCELLED, TaskState.FAILED,
+            TaskState.SUCCEEDED]
+        for record in records:
+            assert record is not None
+            fields = await redis.hkeys(keys.task(record.id))
+            assert not {b"share", b"line", b"held", b"held_queue"} & set(fields), fields
+        await redis.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()

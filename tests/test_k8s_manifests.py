@@ -39,6 +39,12 @@ REDIS_STREAMS_METADATA = frozenset({
     "pendingEntriesCount", "streamLength", "lagCount", "activationLagCount",
     "activationPendingEntriesCount", "activationStreamLength", "databaseIndex", "enableTLS",
     "unsafeSsl"})
+#: … and its redis (lists) scaler (keda.sh/docs/scalers/redis-lists)
+REDIS_LISTS_METADATA = frozenset({
+    "address", "addressFromEnv", "host", "hostFromEnv", "port", "portFromEnv", "username",
+    "usernameFromEnv", "password", "passwordFromEnv", "listName", "listLength",
+    "activationListLength", "databaseIndex", "enableTLS", "unsafeSsl"})
+METADATA = {"redis-streams": REDIS_STREAMS_METADATA, "redis": REDIS_LISTS_METADATA}
 
 #: the part of KEDA's ScaledObject CRD (keda.sh/v1alpha1) these manifests use
 SCALED_OBJECT_SPEC = {
@@ -53,9 +59,9 @@ SCALED_OBJECT_SPEC = {
                          "cooldownPeriod")},
         "triggers": {"type": "array", "minItems": 1, "items": {
             "type": "object", "required": ["type", "metadata"], "additionalProperties": False,
-            "properties": {"type": {"type": "string"}, "name": {"type": "string"},
+            "properties": {"type": {"enum": sorted(METADATA)}, "name": {"type": "string"},
                            "metadata": {"type": "object", "propertyNames": {
-                               "enum": sorted(REDIS_STREAMS_METADATA)},
+                               "enum": sorted(REDIS_STREAMS_METADATA | REDIS_LISTS_METADATA)},
                                         "additionalProperties": {"type": "string"}}}}},
     },
 }
@@ -141,10 +147,17 @@ def test_a_worker_and_a_scaled_object_per_backend_on_both_lanes() -> None:
         # KEDA owns the count: a count in the manifest would undo its scaling on each apply
         assert "replicas" not in worker["spec"]
         triggers = spec["triggers"]
-        assert {t["type"] for t in triggers} == {"redis-streams"}
+        assert {t["type"] for t in triggers} == {"redis-streams", "redis"}
+        for trigger in triggers:  # each scaler's own keys (the schema allows either's)
+            assert set(trigger["metadata"]) <= METADATA[trigger["type"]], trigger
+        # the tasks in the keys' lines (common/store/shares.py) count as lag does
+        lines = [t["metadata"] for t in triggers if t["type"] == "redis"]
+        assert [m["listName"] for m in lines] == [keys.lines(name)]
+        assert lines[0]["listLength"] == next(
+            t["metadata"]["lagCount"] for t in triggers if "lagCount" in t["metadata"])
         for lane in keys.LANES:
             on_lane = [t["metadata"] for t in triggers
-                       if t["metadata"]["stream"] == keys.queue(name, lane)]
+                       if t["metadata"].get("stream") == keys.queue(name, lane)]
             # lag wakes the backend from zero; pending keeps a running task's worker up
             assert {"lagCount", "pendingEntriesCount"} <= {k for m in on_lane for k in m}
             for metadata in on_lane:

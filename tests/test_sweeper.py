@@ -84,6 +84,44 @@ def test_the_sweeper_never_fails_a_task_a_worker_started(redis: procs.RedisServe
     asyncio.run(scenario())
 
 
+def test_tasks_waiting_in_a_keys_line_are_swept_by_their_age_and_with_no_worker(
+        redis: procs.RedisServer) -> None:
+    """A key's tasks past its share wait in its line with no stream entry yet
+    (common/store/shares.py): the overdue walk dates them from their submit, not from when
+    they come in, and a backend with no worker fails them with the rest."""
+    from common.api_keys import ApiKey
+
+    key = ApiKey(key="sha256:" + "ab" * 32)
+
+    async def scenario() -> None:
+        client = Redis.from_url(redis.url)
+        store = TaskStore(client, 60)
+        sweeper = Sweeper(store, Settings(api_keys=[key], max_queue_seconds=1.0))
+
+        async def submit(count: int) -> list[str]:
+            made = [Task(id=new_task_id(), backend=BACKEND, model="tiny.en", owner=key.owner,
+                         state=TaskState.PENDING, input_path=str(JFK)) for _ in range(count)]
+            for task in made:
+                await store.submit(task, None, lane_share=1)
+            return [task.id for task in made]
+
+        old = await submit(3)  # one in the lane, two in line
+        await asyncio.sleep(1.1)
+        young = await submit(1)  # in line too, behind them
+        assert await sweeper.fail_overdue(BACKEND, 1.0) == 3
+        states = [task.state for task in await store.tasks(old + young) if task]
+        assert states == [TaskState.FAILED] * 3 + [TaskState.PENDING], states
+        more = await submit(2)  # one more in line behind `young`
+        await client.set(keys.no_worker_since(BACKEND), repr(time.time() - 3600))
+        sweeper.settings.no_worker_seconds = 60.0
+        assert await sweeper.fail_stranded(BACKEND, live=False) == 3
+        states = [task.state for task in await store.tasks(young + more) if task]
+        assert states == [TaskState.FAILED] * 3, states
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
 def test_a_backend_whose_worker_is_gone_fails_its_running_and_pending_tasks(
         redis: procs.RedisServer, tmp_path: Path) -> None:
     no_worker, period, heartbeat_ttl = 2.0, 0.5, 1.5  # heartbeat 0.5 s (procs.service_env)

@@ -31,7 +31,7 @@ from common.store.values import LUA_NOW_MS, text
 MOST_PER_CALL = 64
 #: the task's fields a poll reads, in the script's order
 FIELDS = ("state", "owner", "backend", "model", "lane", "work", "audio_seconds", "entry_id",
-          "queue_seq", "error", "error_code", "result", "usage")
+          "queue_seq", "error", "error_code", "result", "usage", "held")
 
 # KEYS: the tasks, one per poll | ARGV: group, the backend slot, then the templates: the batch
 # queue, its counter, the interactive queue, its counter, the backlog, the rates, the live set
@@ -43,9 +43,9 @@ local outlooks, seen = {}, {}
 local function poll(task)
 local f = redis.call('HMGET', task, 'state', 'owner', 'backend', 'model', 'lane', 'work',
                      'audio_seconds', 'entry_id', 'queue_seq', 'error', 'error_code', 'result',
-                     'usage')
+                     'usage', 'held')
 if not f[1] then return {} end
-if f[1] ~= 'PENDING' or not f[8] or not f[3] then return {f} end
+if f[1] ~= 'PENDING' or not (f[8] or f[14]) or not f[3] then return {f} end
 local backend = f[3]
 local function key(template)
   local i, j = string.find(template, ARGV[2], 1, true)
@@ -53,11 +53,16 @@ local function key(template)
 end
 local group = ARGV[1]
 local at
+local stream, counter, istream, icounter
 if f[5] == 'interactive' then
-  at = position(f[8], tonumber(f[9]) or 0, key(ARGV[5]), key(ARGV[6]), group)
+  stream, counter = key(ARGV[5]), key(ARGV[6])
 else
-  at = position(f[8], tonumber(f[9]) or 0, key(ARGV[3]), key(ARGV[4]), group,
-                key(ARGV[5]), key(ARGV[6]))
+  stream, counter, istream, icounter = key(ARGV[3]), key(ARGV[4]), key(ARGV[5]), key(ARGV[6])
+end
+if f[14] then  -- in its owner's line (shares.py)
+  at = held_position(f[14], task, stream, counter, group, istream, icounter)
+else
+  at = position(f[8], tonumber(f[9]) or 0, stream, counter, group, istream, icounter)
 end
 if not seen[backend] then
   seen[backend] = true

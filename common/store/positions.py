@@ -20,6 +20,9 @@ from common.store.record import Task
 #   task (`istream` given) also counts every interactive entry waiting now (best effort:
 #   interactive work queued later still goes first, and an old batch entry promoted past
 #   the interactive lane goes earlier).
+# held_position -> the same for a task waiting in its owner's line (shares.py): behind every
+#   entry waiting in the lane now and the owner's tasks ahead of it in the line (at least
+#   that: other keys' work queued meanwhile enters the lane before its turn comes).
 LUA = """
 local heads = {}
 local function read_queue_head(stream, counter, group)
@@ -59,6 +62,13 @@ local function entry_after(a, b)
   am, bm = tonumber(am), tonumber(bm)
   return am > bm or (am == bm and (tonumber(aseq) or 0) > (tonumber(bseq) or 0))
 end
+local function held_position(line, task, stream, counter, group, istream, icounter)
+  local ahead = redis.call('LPOS', line, task)
+  if not ahead then return -1 end
+  local p = lane_depth(stream, counter, group) + ahead + 1
+  if istream then p = p + lane_depth(istream, icounter, group) end
+  return p
+end
 local function position(entry, seq, stream, counter, group, istream, icounter)
   local delivered, first = queue_head(stream, counter, group)
   if not entry_after(entry, delivered) then return 0 end
@@ -69,17 +79,22 @@ local function position(entry, seq, stream, counter, group, istream, icounter)
 end
 """
 
-# KEYS: the lane's stream, its counter[, the interactive stream, its counter: a batch task]
-# ARGV: group, entry id, entry number -> position (see LUA)
+# KEYS: the lane's stream, its counter, the task, its owner's line[, the interactive stream,
+#       its counter: a batch task]
+# ARGV: group, entry id ("": in the line), entry number -> position (see LUA)
 _POSITION = LUA + """
-return position(ARGV[2], tonumber(ARGV[3]) or 0, KEYS[1], KEYS[2], ARGV[1], KEYS[3], KEYS[4])
+if ARGV[2] == '' then
+  return held_position(KEYS[4], KEYS[3], KEYS[1], KEYS[2], ARGV[1], KEYS[5], KEYS[6])
+end
+return position(ARGV[2], tonumber(ARGV[3]) or 0, KEYS[1], KEYS[2], ARGV[1], KEYS[5], KEYS[6])
 """
 
-# KEYS: stream, counter, stream, counter, … (each lane) | ARGV: group
-# -> {waiting, pending} over them all
+# KEYS: stream, counter, stream, counter, … (each lane), then the backend's lines
+# (shares.py) | ARGV: group
+# -> {waiting, pending} over them all (the tasks in the lines wait too)
 _DEPTH = LUA + """
-local waiting, pending = 0, 0
-for i = 1, #KEYS, 2 do
+local waiting, pending = redis.call('LLEN', KEYS[#KEYS]), 0
+for i = 1, #KEYS - 1, 2 do
   local w, p = lane_depth(KEYS[i], KEYS[i + 1], ARGV[1])
   waiting, pending = waiting + w, pending + p
 end
@@ -88,9 +103,10 @@ return {waiting, pending}
 
 
 def position_keys(task: Task) -> list[str]:
-    """The keys `position` reads for `task` (its lane's; the interactive lane's too for a
-    batch task)."""
-    found = [keys.queue(task.backend, task.lane), keys.queue_counter(task.backend, task.lane)]
+    """The keys `position` reads for `task` (its lane's, and its owner's line; the
+    interactive lane's too for a batch task)."""
+    found = [keys.queue(task.backend, task.lane), keys.queue_counter(task.backend, task.lane),
+             keys.task(task.id), keys.held(task.backend, task.lane, task.owner)]
     if task.lane != keys.INTERACTIVE:
         found += [keys.queue(task.backend, keys.INTERACTIVE),
                   keys.queue_counter(task.backend, keys.INTERACTIVE)]
@@ -99,23 +115,29 @@ def position_keys(task: Task) -> list[str]:
 
 class Positions:
     def __init__(self, redis: Redis) -> None:
+        self.redis = redis
         self._position = redis.register_script(_POSITION)
         self._depth = redis.register_script(_DEPTH)
 
     async def of(self, task: Task) -> int | None:
         """1 for the next entry a worker will read, 2 behind it …; 0 once handed to a worker;
-        None when the entry predates per-entry numbers (see LUA)."""
-        if not task.entry_id:
-            return None
+        None when the entry predates per-entry numbers (see LUA). A task in its owner's line
+        (no entry yet): at least how many are ahead of it (`held_position`)."""
         found = int(await self._position(keys=position_keys(task),
                                          args=[keys.WORKER_GROUP, task.entry_id,
                                                task.queue_seq]))
         return None if found < 0 else found
 
-    async def depth(self, backend: str, lanes: tuple[str, ...] = keys.LANES) -> tuple[int, int]:
-        """(entries not yet handed to any worker, entries handed out and not yet acked) of
-        `lanes` together (both, unless told)."""
-        names = [name for lane in lanes
+    async def in_line(self, task: Task) -> int:
+        """How many of `task`'s owner's tasks wait in its line of the task's lane (shares.py):
+        ahead of its next one, and in no backlog yet."""
+        return int(await self.redis.llen(keys.held(task.backend, task.lane, task.owner)))
+
+    async def depth(self, backend: str) -> tuple[int, int]:
+        """(tasks not yet handed to any worker: entries, and tasks in the keys' lines;
+        entries handed out and not yet acked) of both lanes together."""
+        names = [name for lane in keys.LANES
                  for name in (keys.queue(backend, lane), keys.queue_counter(backend, lane))]
+        names.append(keys.lines(backend))
         waiting, pending = await self._depth(keys=names, args=[keys.WORKER_GROUP])
         return int(waiting), int(pending)

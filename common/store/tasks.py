@@ -20,7 +20,7 @@ from common import keys
 from common.blobs import BlobDir
 from common.schemas import TERMINAL_STATES, TaskState
 from common.settings import Settings
-from common.store import admission, fence, usage
+from common.store import admission, fence, shares, usage
 from common.store.blobs import BlobStore
 from common.store.breakers import BreakerStore
 from common.store.chunks import SpeechChunks
@@ -52,13 +52,14 @@ end
 # on), its owner's usage is settled (usage.LUA), its watchers hear of it, and its webhook is
 # owed. What else must happen exactly once per task,
 # atomically with its terminal state, belongs here.
-_CLOSE = admission.BACKLOG_LUA + usage.LUA + _WEBHOOK_DUE + """
+_CLOSE = admission.BACKLOG_LUA + usage.LUA + shares.LUA + _WEBHOOK_DUE + """
 local function close(task, backlog, input, speech, events, state, now, retention, webhooks)
   local counted = redis.call('HGET', task, 'in_flight')
   if counted and redis.call('HDEL', task, 'in_flight') == 1 then
     if redis.call('DECR', counted) <= 0 then redis.call('DEL', counted) end
   end
   unqueue(task, backlog, false)
+  unshare(task, backlog)
   unrun(task, backlog)
   close_usage(task, state)
   local found = redis.call('HMGET', task, 'id', 'deadlines', 'idempotency')
@@ -79,14 +80,17 @@ end
 """
 
 # KEYS: task, queue, input blob, queue counter, idempotency key, backlog, deadlines, the
-#       owner's day and month usage hashes, the owner's in-flight count, and (optional) the
-#       staged upload (BlobStore.stage) that becomes the input blob
+#       owner's day and month usage hashes, the owner's in-flight count, its lane share, its
+#       line and the backend's lines (shares.py), and (optional) the staged upload
+#       (BlobStore.stage) that becomes the input blob
 # ARGV: task_id, the input's and idempotency key's ttl (0 = none: close() ends them), blob
 #       ("" = none, or staged), idempotent ("1"/"0"), most queued tasks (0 = no
 #       limit), lane, audio seconds, deadline ("" = none), the 9 arguments of
 #       charge_usage (usage.LUA; all "" = not metered), the owner's most tasks in flight
-#       (0 = no limit, "" = not counted), field, value, ...
-# -> {1, entry id, its number} queued, {0, original task id} for a repeated idempotency key
+#       (0 = no limit, "" = not counted), the owner's most entries waiting in the lane (0 =
+#       no limit), field, value, ...
+# -> {1, entry id, its number} queued ({1, "", 0}: in the owner's line, shares.py),
+#    {0, original task id} for a repeated idempotency key
 #    (or a repeated submit of the same task),
 #    {2, tasks queued} when the backend already has its most queued tasks, {3, which
 #    limit, used} when the charge would pass a quota, or {4, in flight} when the owner has
@@ -95,7 +99,7 @@ end
 # Each entry carries its own number in the backend's add order (our counter, not Redis's
 # group "entries-read", which Redis 7.0 loses when it reloads the AOF): a queue position
 # is then one subtraction from the first entry not yet handed to a worker.
-_SUBMIT = admission.BACKLOG_LUA + usage.LUA + """
+_SUBMIT = admission.BACKLOG_LUA + usage.LUA + shares.SUBMIT_LUA + """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   -- this very submit, sent again after its reply was lost (ids are random): answer as the
   -- first one did; the HSET (same value) makes a WAIT after it cover the stored record
@@ -106,11 +110,12 @@ if ARGV[4] == '1' then
   local original = redis.call('GET', KEYS[5])
   if original then return {0, original} end
 end
-if KEYS[11] and redis.call('EXISTS', KEYS[11]) == 0 then return {5, ''} end
+if KEYS[14] and redis.call('EXISTS', KEYS[14]) == 0 then return {5, ''} end
 local most = tonumber(ARGV[5])
 if most > 0 then
   local b = redis.call('HMGET', KEYS[6], 'interactive:tasks', 'batch:tasks')
   local queued = (tonumber(b[1] or '') or 0) + (tonumber(b[2] or '') or 0)
+                 + redis.call('LLEN', KEYS[13])  -- and those in the keys' lines
   if queued >= most then return {2, tostring(queued)} end
 end
 local cap = tonumber(ARGV[18])
@@ -122,14 +127,13 @@ if ARGV[9] ~= '' then
   local refused = charge_usage({KEYS[8], KEYS[9]}, {unpack(ARGV, 9, 17)})
   if refused then return refused end
 end
-local seq = redis.call('INCR', KEYS[4])
-local entry = redis.call('XADD', KEYS[2], '*', 'task_id', ARGV[1], 'seq', seq)
-redis.call('HSET', KEYS[1], 'entry_id', entry, 'queue_seq', seq, unpack(ARGV, 19))
+local entry, seq = share_or_hold(KEYS[1], KEYS[2], KEYS[4], KEYS[11], KEYS[12], KEYS[13],
+                                 tonumber(ARGV[19]) or 0, ARGV[1], unpack(ARGV, 20))
 if cap then
   redis.call('INCR', KEYS[10])
   redis.call('HSET', KEYS[1], 'in_flight', KEYS[10])
 end
-enqueue(KEYS[1], KEYS[6], ARGV[6], ARGV[7])
+if entry ~= '' then enqueue(KEYS[1], KEYS[6], ARGV[6], ARGV[7]) end  -- else as it comes in
 if ARGV[8] ~= '' then
   redis.call('ZADD', KEYS[7], ARGV[8], ARGV[1])
   redis.call('HSET', KEYS[1], 'deadlines', KEYS[7])
@@ -140,8 +144,8 @@ end
 if ARGV[3] ~= '' then
   redis.call('SET', KEYS[3], ARGV[3])
   keep(KEYS[3])
-elseif KEYS[11] then
-  redis.call('RENAME', KEYS[11], KEYS[3])
+elseif KEYS[14] then
+  redis.call('RENAME', KEYS[14], KEYS[3])
   keep(KEYS[3])
 end
 if ARGV[4] == '1' then
@@ -173,6 +177,7 @@ if state == 'PENDING' and deadline and tonumber(ARGV[2]) > deadline then
   return -2
 end
 unqueue(KEYS[1], KEYS[3], true)
+unshare(KEYS[1], KEYS[3])
 run_since(KEYS[1], KEYS[3], ARGV[2])
 local attempt = redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 redis.call('HSET', KEYS[1], 'state', 'RUNNING', 'worker', ARGV[1], 'started_at', ARGV[2],
@@ -330,7 +335,8 @@ class TaskStore:
 
     async def submit(self, task: Task, blob: bytes | None, idempotency_key: str = "",
                      max_queued_tasks: int = 0, charge: Charge | None = None,
-                     max_in_flight: int | None = None, staged: str = "") -> None:
+                     max_in_flight: int | None = None, staged: str = "",
+                     lane_share: int = 0) -> None:
         """Write the task record, its queue entry and its input blob in one atomic step, and
         charge its owner's usage (`charge`; None: unmetered). `staged`: the key the blob was
         staged under (BlobStore.stage), renamed to the input here; the blob itself is sent
@@ -340,7 +346,9 @@ class TaskStore:
         the retention, QueueFull when the backend already has `max_queued_tasks` queued
         (0: no limit), QuotaExceeded when the charge would pass one of its quotas,
         TooManyInFlight when its owner already has `max_in_flight` tasks queued or running
-        (0: no limit; None: not counted): nothing is written then."""
+        (0: no limit; None: not counted): nothing is written then. `lane_share`: the most
+        entries its owner may have waiting in the lane; past it the task waits in the owner's
+        line (shares.py; 0: no limit)."""
         now = time.time()
         hashes, usage_args, charged = [keys.task(task.id)] * 2, [""] * 9, ""
         if charge is not None:
@@ -363,13 +371,17 @@ class TaskStore:
                           keys.input_blob(task.id), keys.queue_counter(task.backend, task.lane),
                           keys.idempotency(task.owner, idempotency_key),
                           keys.backlog(task.backend), keys.deadlines(task.backend), *hashes,
-                          keys.in_flight(task.owner), *([staged] if staged else [])],
+                          keys.in_flight(task.owner),
+                          keys.lane_share(task.backend, task.lane, task.owner),
+                          keys.held(task.backend, task.lane, task.owner),
+                          keys.lines(task.backend), *([staged] if staged else [])],
                     args=[task.id, self.input_ttl,
                           b"" if in_file or staged else (blob or b""),
                           "1" if idempotency_key else "0", max_queued_tasks, task.lane,
                           repr(task.work_units),
                           "" if task.deadline is None else repr(task.deadline), *usage_args,
-                          "" if max_in_flight is None else max_in_flight, *flat])
+                          "" if max_in_flight is None else max_in_flight,
+                          lane_share if task.owner else 0, *flat])
             except (RedisConnectionError, RedisTimeoutError):
                 # the reply was lost: the task may be queued (a retry with its key finds
                 # it), so its input stays; BlobStore.sweep removes it if it was not
@@ -403,7 +415,7 @@ class TaskStore:
                 self.blobs.delete_input_file(task.id)
         if queued == 5:  # staged on a primary that has since failed over: send it along
             await self.submit(task, blob, idempotency_key, max_queued_tasks, charge,
-                              max_in_flight)
+                              max_in_flight, lane_share=lane_share)
             return
         if queued == 2:
             raise QueueFull(int(value))

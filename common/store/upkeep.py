@@ -65,6 +65,18 @@ async def owed(store: TaskStore, backend: str, cursor: str, most: int,
     return entries + _entries(waiting), cursor
 
 
+async def in_line(store: TaskStore, backend: str, owners: list[str], most: int,
+                  lane: str = keys.BATCH) -> list[str]:
+    """Ids of the tasks waiting in each owner's line of the lane (common/store/shares.py),
+    the first `most` of each, oldest first: they have no stream entry yet for the walks
+    above to find."""
+    async with store.redis.pipeline(transaction=False) as pipe:
+        for owner in owners:
+            pipe.lrange(keys.held(backend, lane, owner), 0, most - 1)
+        lines = await pipe.execute()
+    return [keys.task_id_of(text(name)) for line in lines for name in line]
+
+
 async def deadlines_passed(store: TaskStore, backend: str, most: int) -> list[str]:
     """Ids of queued tasks of `backend` whose deadline has passed (at most `most`); they are
     forgotten here, so each is looked at once."""

@@ -133,6 +133,11 @@ async def admit(store: TaskStore, settings: Settings, task: Task) -> None:
         return
     view = await outlook(store, task.backend)
     ahead = view.ahead(task.lane)
+    if ahead is not None and settings.lane_share(task.owner):
+        # the owner's own tasks in line go before it too, and are in no backlog yet
+        # (common/store/shares.py); taken as its size each
+        own = view.processing({task.model: task.work_units}) or 0.0
+        ahead = (ahead[0], ahead[1] + own * await store.positions.in_line(task))
     start = (view.start_after(ahead[1]) if ahead else None) or 0.0
     if task.deadline is not None:
         left = task.deadline - time.time()

@@ -1,0 +1,81 @@
+"""Each key's share of a lane: at most SPEECH_QUEUED_PER_KEY of one key's entries wait in a
+lane's stream at once (not yet started), so another key's task is queued behind at most that
+many of its own, however many it sent. The key's further tasks wait in its own line
+(keys.held; every key's of a backend also in keys.lines, which an autoscaler counts beside
+the streams' lag), oldest first, and enter the stream one at a time, each as one of the
+key's entries there starts or ends: a key alone keeps the workers busy (its entries come in
+as fast as they are taken) and fills a batch call, but a second key's work lands behind a
+few of the first key's entries, not behind its whole backlog.
+
+A task in a line is not in the backend's backlog (admission.BACKLOG_LUA) until it comes in:
+the backlog is the work ahead of a new task of another key, which goes before the lines (the
+submit's queued-task limit counts the lines as well; metrics and autoscaling count them).
+
+The submit script puts a task in the stream or in the line (tasks._SUBMIT); these functions,
+called by every script that moves a task out of waiting (its start, any terminal write), take
+it out of the count or the line and let the next one in. A task's fields say where it is
+counted, so nothing is counted twice: `share` (the owner's keys.lane_share) and `line` (its
+keys.held) while it waits in the stream; `held` (the line), `held_all` (keys.lines) and
+`held_queue`, `held_counter` (where it goes in) while it waits in the line.
+"""
+from __future__ import annotations
+
+# Lua functions, for tasks._CLOSE (and the scripts built on it; after admission.BACKLOG_LUA):
+# unshare(task, backlog) -> the task waits no more: out of its owner's count (and the owner's
+#   next task in line into the stream, and into the backlog), or out of the line.
+LUA = """
+local function admit_next(line, share, backlog)
+  while true do
+    local task = redis.call('LPOP', line)
+    if not task then return end
+    local f = redis.call('HMGET', task, 'held_queue', 'held_counter', 'id', 'state', 'held_all',
+                         'lane', 'work', 'audio_seconds')
+    if f[5] then redis.call('LREM', f[5], 1, task) end
+    if f[1] and f[2] and f[3] and f[4] == 'PENDING' then
+      local seq = redis.call('INCR', f[2])
+      local entry = redis.call('XADD', f[1], '*', 'task_id', f[3], 'seq', seq)
+      redis.call('HDEL', task, 'held', 'held_queue', 'held_counter', 'held_all')
+      redis.call('HSET', task, 'entry_id', entry, 'queue_seq', seq, 'share', share,
+                 'line', line)
+      redis.call('INCR', share)
+      enqueue(task, backlog, f[6] or 'batch', tonumber(f[7] or f[8] or '') or 0)
+      return
+    end
+  end
+end
+local function unshare(task, backlog)
+  local f = redis.call('HMGET', task, 'share', 'line', 'held', 'held_all')
+  if f[1] and redis.call('HDEL', task, 'share', 'line') > 0 then
+    if redis.call('DECR', f[1]) <= 0 then redis.call('DEL', f[1]) end
+    if f[2] then admit_next(f[2], f[1], backlog) end
+  end
+  if f[3] and redis.call('HDEL', task, 'held', 'held_queue', 'held_counter', 'held_all') > 0 then
+    redis.call('LREM', f[3], 1, task)
+    if f[4] then redis.call('LREM', f[4], 1, task) end
+  end
+end
+"""
+
+# The submit's side (tasks._SUBMIT), a function of its KEYS and ARGV:
+# share_or_hold(task, stream, counter, share, line, all lines, most, task id, fields...) ->
+#   entry id and number, or '' and 0 when the task waits in the line
+SUBMIT_LUA = """
+local function share_or_hold(task, stream, counter, share, line, lines, most, task_id, ...)
+  if most > 0 and (tonumber(redis.call('GET', share) or '0') >= most
+                   or redis.call('LLEN', line) > 0) then
+    redis.call('RPUSH', line, task)
+    redis.call('RPUSH', lines, task)
+    redis.call('HSET', task, 'held', line, 'held_queue', stream, 'held_counter', counter,
+               'held_all', lines, ...)
+    return '', 0
+  end
+  local seq = redis.call('INCR', counter)
+  local entry = redis.call('XADD', stream, '*', 'task_id', task_id, 'seq', seq)
+  redis.call('HSET', task, 'entry_id', entry, 'queue_seq', seq, ...)
+  if most > 0 then
+    redis.call('INCR', share)
+    redis.call('HSET', task, 'share', share, 'line', line)
+  end
+  return entry, seq
+end
+"""
