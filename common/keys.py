@@ -36,16 +36,17 @@ def queue_counter(backend: str, lane: str = BATCH) -> str:
 
 
 def lane_share(backend: str, lane: str, owner: str) -> str:
-    """Integer: how many of an owner's entries wait in the lane's stream, not yet started
-    (counted when one is added, uncounted when it starts or ends: its `share` field names this
-    key). At SPEECH_QUEUED_PER_KEY, the owner's next tasks wait in `held` instead."""
+    """Integer: how many of an owner's entries wait in the lane's stream, not yet read
+    (counted when one is added, uncounted when a worker reads it, or it starts or ends: its
+    `share` field names this key). At SPEECH_QUEUED_PER_KEY, the owner's next tasks wait in
+    `held` instead."""
     return f"{PREFIX}lane-share:{backend}:{lane}:{owner}"
 
 
 def held(backend: str, lane: str, owner: str) -> str:
     """List of task keys: an owner's tasks not yet in the lane's stream, oldest first (its
     `lane_share` is full); the first enters the stream when one of the owner's entries there
-    starts or ends (its `held` field names this key while it waits here)."""
+    is read, starts or ends (its `held` field names this key while it waits here)."""
     return f"{PREFIX}held:{backend}:{lane}:{owner}"
 
 

@@ -225,10 +225,10 @@ class Settings(BaseSettings):
     #: tasks one API key may have queued or running at once (0 = no limit); per key:
     #: `max_in_flight` in its entry
     max_in_flight_per_key: int = Field(default=64, ge=0)
-    #: entries one API key may have waiting (not yet started) in one lane of one backend; its
-    #: further tasks wait in a line of their own and enter the lane one by one as its entries
-    #: there start, so other keys' work is queued behind at most this many of its own
-    #: (0 = no limit; keys off: not applied, one caller has no one to be fair to)
+    #: entries one API key may have waiting (not yet read by a worker) in one lane of one
+    #: backend; its further tasks wait in a line of their own and enter the lane one by one
+    #: as its entries there are read, so other keys' work is queued behind at most this many
+    #: of its own (0 = no limit; keys off: not applied, one caller has no one to be fair to)
     queued_per_key: int = Field(default=8, ge=0)
     #: backend -> most tasks queued (both lanes) before a submit is refused with 429
     max_queued_tasks: dict[str, int] = Field(default_factory=dict)

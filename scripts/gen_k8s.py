@@ -142,7 +142,8 @@ def scaled_object(row: Backend) -> dict[str, object]:
     can wake a backend from zero) and pending entries (taken, not yet acknowledged: a task
     running keeps its worker up past the cooldown); and on the tasks waiting in the keys'
     lines (SPEECH_QUEUED_PER_KEY, common/store/shares.py), which have no entry yet: one
-    key's flood is mostly there, and counts as lag would."""
+    key's flood is mostly there (KEDA scales to the largest of the triggers' counts, so
+    the lines wake and grow the backend as lag does, not added to it)."""
     reach = {"addressFromEnv": KEDA_ADDRESS_ENV, "passwordFromEnv": KEDA_PASSWORD_ENV,
              "databaseIndex": KEDA_DATABASE_INDEX, "enableTLS": KEDA_ENABLE_TLS}
     triggers: list[dict[str, object]] = []

@@ -242,7 +242,10 @@ def test_a_keys_line_is_counted_once_through_cancel_start_and_deadline(tmp_path)
     counted at the end, and a caller with keys off (no owner) is never held."""
     from common.schemas import TaskState
     from common.store import Task, TaskStore
+    from common.store.queue import Delivery
     from common.store.record import QueueFull
+    from common.store.worker import WorkerStore
+    from tests import inprocess
 
     server = procs.RedisServer(tmp_path / "redis").start()
     backend, owner = "faster-whisper", "owner-a"
@@ -297,16 +300,28 @@ def test_a_keys_line_is_counted_once_through_cancel_start_and_deadline(tmp_path)
         assert await stream() == ["t1", "a1", "t2", "t4"] and await held() == ["t5"]
         assert await store.start("t4", "w1", 1, backend) == -2  # deadline: t5 comes in
         assert await stream() == ["t1", "a1", "t2", "t4", "t5"] and await held() == []
+        running = await store.get("t2")  # finished while t5 waits: t5 stays counted
+        assert running is not None
+        assert await store.finish(running, TaskState.SUCCEEDED, attempt=1, entry_id="",
+                                  result={}, worker="w1")
+        assert await redis.get(share) == b"1"
+        # a worker's read takes t5 out of the count, and its owner's next (t7) comes in
+        # then; t5's start counts nothing again (t7 stays counted)
+        assert (await submit("t7")).entry_id == ""
+        worker = WorkerStore(redis, inprocess.worker_settings(server.url), "w1")
+        await worker.taken([Delivery("0-1", "t5")])
+        assert await stream() == ["t1", "a1", "t2", "t4", "t5", "t7"] and await held() == []
         assert await store.start("t5", "w1", 1, backend) == 1
+        assert await redis.get(share) == b"1"
+        assert await store.cancel("t7", backend) == TaskState.CANCELLED
         assert await redis.get(share) is None and not await redis.exists(line, everyone)
         assert await redis.hget(backlog, "batch:tasks") == b"1"  # a1, never started
-        for name in ("t2", "t5"):  # a finished task changes the count no more
-            task = await store.get(name)
-            assert task is not None
-            assert await store.finish(task, TaskState.SUCCEEDED, attempt=1, entry_id="",
-                                      result={}, worker="w1")
+        running = await store.get("t5")
+        assert running is not None
+        assert await store.finish(running, TaskState.SUCCEEDED, attempt=1, entry_id="",
+                                  result={}, worker="w1")
         assert await redis.get(share) is None
-        records = [await store.get(f"t{i}") for i in range(1, 6)]
+        records = [await store.get(f"t{i}") for i in range(1, 6)]  # t1-t5
         assert [r.state for r in records if r] == [
             TaskState.CANCELLED, TaskState.SUCCEEDED, TaskState.CANCELLED, TaskState.FAILED,
             TaskState.SUCCEEDED]

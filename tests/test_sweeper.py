@@ -108,9 +108,12 @@ def test_tasks_waiting_in_a_keys_line_are_swept_by_their_age_and_with_no_worker(
         old = await submit(3)  # one in the lane, two in line
         await asyncio.sleep(1.1)
         young = await submit(1)  # in line too, behind them
-        assert await sweeper.fail_overdue(BACKEND, 1.0) == 3
+        # the second comes in (a new entry, dated now): still overdue from its submit
+        assert await store.cancel(old[0], BACKEND) == TaskState.CANCELLED
+        assert await sweeper.fail_overdue(BACKEND, 1.0) == 2
         states = [task.state for task in await store.tasks(old + young) if task]
-        assert states == [TaskState.FAILED] * 3 + [TaskState.PENDING], states
+        assert states == [TaskState.CANCELLED] + [TaskState.FAILED] * 2 + [
+            TaskState.PENDING], states
         more = await submit(2)  # one more in line behind `young`
         await client.set(keys.no_worker_since(BACKEND), repr(time.time() - 3600))
         sweeper.settings.no_worker_seconds = 60.0

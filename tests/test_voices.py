@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,8 +107,6 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
             pytest.raises(openai.BadRequestError) as mismatch:
         sdk.audio.voices.create(name="not me", consent=consent.id, audio_sample=sample)
     assert mismatch.value.code == "voice_mismatch", mismatch.value.body
-    # … and the refusal does not say how close it came (no score to climb)
-    assert not re.search(r"\d\.\d", str(mismatch.value.message)), mismatch.value.body
     # … every part of it: the consenting speaker's own recording, then the other voice,
     # scores above the threshold as a whole, and is refused by its parts
     mixed = encode_wav(np.concatenate([decode_audio(clip(stack, name), 16000)

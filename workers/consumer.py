@@ -137,6 +137,8 @@ class Consumer:
                         self.taking = bool(deliveries)
                         if deliveries and self.gatherer is not None:
                             deliveries = await self._gather(deliveries)
+                        with contextlib.suppress(RedisError):  # else their starts do it
+                            await self.store.taken(deliveries)
                     if not deliveries and self.burst:
                         return  # drained: nothing new, nothing abandoned
                 await self._handle_leased(deliveries)

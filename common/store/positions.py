@@ -22,7 +22,8 @@ from common.store.record import Task
 #   the interactive lane goes earlier).
 # held_position -> the same for a task waiting in its owner's line (shares.py): behind every
 #   entry waiting in the lane now and the owner's tasks ahead of it in the line (at least
-#   that: other keys' work queued meanwhile enters the lane before its turn comes).
+#   that: other keys' work queued meanwhile enters the lane before its turn comes); -1 past
+#   the line's first 1000.
 LUA = """
 local heads = {}
 local function read_queue_head(stream, counter, group)
@@ -63,7 +64,8 @@ local function entry_after(a, b)
   return am > bm or (am == bm and (tonumber(aseq) or 0) > (tonumber(bseq) or 0))
 end
 local function held_position(line, task, stream, counter, group, istream, icounter)
-  local ahead = redis.call('LPOS', line, task)
+  -- a line is at most its key's tasks in flight; with no such bound, a poll looks no deeper
+  local ahead = redis.call('LPOS', line, task, 'MAXLEN', 1000)
   if not ahead then return -1 end
   local p = lane_depth(stream, counter, group) + ahead + 1
   if istream then p = p + lane_depth(istream, icounter, group) end

@@ -1,9 +1,9 @@
 """Each key's share of a lane: at most SPEECH_QUEUED_PER_KEY of one key's entries wait in a
-lane's stream at once (not yet started), so another key's task is queued behind at most that
-many of its own, however many it sent. The key's further tasks wait in its own line
+lane's stream at once (not yet read by a worker), so another key's task is queued behind at
+most that many of its own, however many it sent. The key's further tasks wait in its own line
 (keys.held; every key's of a backend also in keys.lines, which an autoscaler counts beside
 the streams' lag), oldest first, and enter the stream one at a time, each as one of the
-key's entries there starts or ends: a key alone keeps the workers busy (its entries come in
+key's entries there is read or ends: a key alone keeps the workers busy (its entries come in
 as fast as they are taken) and fills a batch call, but a second key's work lands behind a
 few of the first key's entries, not behind its whole backlog.
 
@@ -12,13 +12,16 @@ the backlog is the work ahead of a new task of another key, which goes before th
 submit's queued-task limit counts the lines as well; metrics and autoscaling count them).
 
 The submit script puts a task in the stream or in the line (tasks._SUBMIT); these functions,
-called by every script that moves a task out of waiting (its start, any terminal write), take
-it out of the count or the line and let the next one in. A task's fields say where it is
-counted, so nothing is counted twice: `share` (the owner's keys.lane_share) and `line` (its
-keys.held) while it waits in the stream; `held` (the line), `held_all` (keys.lines) and
-`held_queue`, `held_counter` (where it goes in) while it waits in the line.
+called by every script that moves a task out of waiting (a worker's read of its entry, its
+start, any terminal write), take it out of the count or the line and let the next one in. A
+task's fields say where it is counted, so nothing is counted twice: `share` (the owner's
+keys.lane_share) and `line` (its keys.held) while it waits in the stream; `held` (the line),
+`held_all` (keys.lines) and `held_queue`, `held_counter` (where it goes in) while it waits
+in the line.
 """
 from __future__ import annotations
+
+from common.store import admission
 
 # Lua functions, for tasks._CLOSE (and the scripts built on it; after admission.BACKLOG_LUA):
 # unshare(task, backlog) -> the task waits no more: out of its owner's count (and the owner's
@@ -78,4 +81,14 @@ local function share_or_hold(task, stream, counter, share, line, lines, most, ta
   end
   return entry, seq
 end
+"""
+
+# KEYS: the backend's backlog, then tasks a worker has just read from the stream
+# A task read is taken: it waits in the lane no more, so its owner's next one comes in now,
+# not when it starts (a worker gathering a batch starts its calls one after another, and a
+# share held by entries one worker gathered would starve the others and the batch's size).
+# What the worker's start would do anyway, done earlier (and then not again).
+TAKEN = admission.BACKLOG_LUA + LUA + """
+for i = 2, #KEYS do unshare(KEYS[i], KEYS[1]) end
+return 1
 """

@@ -65,16 +65,34 @@ async def owed(store: TaskStore, backend: str, cursor: str, most: int,
     return entries + _entries(waiting), cursor
 
 
-async def in_line(store: TaskStore, backend: str, owners: list[str], most: int,
-                  lane: str = keys.BATCH) -> list[str]:
-    """Ids of the tasks waiting in each owner's line of the lane (common/store/shares.py),
-    the first `most` of each, oldest first: they have no stream entry yet for the walks
-    above to find."""
+async def in_lines(store: TaskStore, backend: str, most: int) -> list[str]:
+    """Ids of the first `most` tasks waiting in the keys' lines of the backend (both lanes,
+    common/store/shares.py), oldest first: they have no stream entry yet for the walks
+    above to find. A task whose record is gone leaves the list here."""
+    lines = keys.lines(backend)
+    found = [text(name) for name in await store.redis.lrange(lines, 0, most - 1)]
     async with store.redis.pipeline(transaction=False) as pipe:
-        for owner in owners:
-            pipe.lrange(keys.held(backend, lane, owner), 0, most - 1)
-        lines = await pipe.execute()
-    return [keys.task_id_of(text(name)) for line in lines for name in line]
+        for name in found:
+            pipe.exists(name)
+        there = await pipe.execute()
+    for name, exists in zip(found, there, strict=True):
+        if not exists:
+            await store.redis.lrem(lines, 1, name)
+    return [keys.task_id_of(name) for name, exists in zip(found, there, strict=True) if exists]
+
+
+async def undelivered(store: TaskStore, backend: str, most: int,
+                      lane: str = keys.BATCH) -> list[Entry]:
+    """The first `most` entries of the lane no worker has read yet."""
+    redis, stream = store.redis, keys.queue(backend, lane)
+    delivered = "0-0"
+    try:
+        for group in await redis.xinfo_groups(stream):
+            if group["name"] == keys.WORKER_GROUP.encode():
+                delivered = group["last-delivered-id"].decode()
+    except ResponseError:  # no stream or no group yet: every entry is undelivered
+        pass
+    return _entries(await redis.xrange(stream, f"({delivered}", "+", count=most))
 
 
 async def deadlines_passed(store: TaskStore, backend: str, most: int) -> list[str]:

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from common import keys
 from common.schemas import SpeechChunk, TaskState
 from common.settings import Settings
-from common.store import admission, metrics
+from common.store import admission, metrics, shares
 from common.store.breakers import Admission, Breaker, BreakerPolicy, BreakerStore
 from common.store.devices import DeviceLedger
 from common.store.queue import Delivery, Lease, Queue
@@ -52,6 +52,7 @@ class WorkerStore:
         self._top_ups = TopUps(redis)
         self._queue = Queue(redis, self.backend, consumer,
                             settings.batch_promotion_seconds, settings.batch_promotion_every)
+        self._taken = redis.register_script(shares.TAKEN)
 
     # --- the stream ---
     #: the backend's priority lanes (one stream each), in reading order
@@ -78,6 +79,13 @@ class WorkerStore:
 
     async def claim_abandoned(self, min_idle_seconds: float) -> list[Delivery]:
         return await self._queue.claim_abandoned(min_idle_seconds)
+
+    async def taken(self, deliveries: list[Delivery]) -> None:
+        """New entries this worker read wait in the lane no more: their owners' next tasks in
+        line come in (common/store/shares.py; their starts would, later)."""
+        tasks = [keys.task(d.task_id) for d in deliveries if d.task_id is not None]
+        if tasks:
+            await self._taken(keys=[keys.backlog(self.backend), *tasks])
 
     async def release(self, deliveries: list[Delivery], idle_seconds: float) -> int:
         """Entries taken but not to be run here, back to the other workers (Queue.release)."""

@@ -58,8 +58,6 @@ class Sweeper:
         # exclusive); each walk covers both priority lanes
         self.overdue_cursor: dict[tuple[str, str], str] = {}
         self.owed_cursor: dict[tuple[str, str], str] = {}
-        #: whose lines to look in (shares.py: with keys off nobody waits in one)
-        self.owners = [entry.owner for entry in settings.api_keys]
         bounds = [limit / 4 for limit in (settings.max_queue_seconds, settings.no_worker_seconds)
                   if limit > 0]
         self.period = max(0.2, min([30.0, *bounds]))
@@ -88,19 +86,25 @@ class Sweeper:
     async def fail_overdue(self, backend: str, limit: float) -> int:
         """FAIL the PENDING tasks of `backend` queued more than `limit` seconds ago. Every
         entry past the cutoff is looked at once: a task seen started or finished never
-        becomes PENDING again, so the walk never goes back. The tasks waiting in a key's line
-        (common/store/shares.py) are looked at from its head: their entry, made when they
-        come in, would date their wait from then."""
+        becomes PENDING again, so the walk never goes back. A task that waited in its key's
+        line (common/store/shares.py) got its entry when it came in, which would date its wait
+        from then: the lines are looked at from their head, and the entries no worker has
+        read yet by their tasks' submit."""
         cutoff_ms = int((time.time() - limit) * 1000)
         error = (f"no {backend} worker started this task within {limit:.0f} s "
                  "(see /ready for live workers)")
-        failed = 0
+
+        def overdue(task: Task) -> str | None:
+            return (error if task.state == TaskState.PENDING and task.created_at * 1000 < cutoff_ms
+                    else None)
+
+        waiting = await upkeep.in_lines(self.store, backend, BATCH)
         for lane in upkeep.LANES:
-            waiting = await upkeep.in_line(self.store, backend, self.owners, BATCH, lane)
-            failed += await self.fail_tasks(
-                [task for task in await self.store.tasks(waiting) if task is not None],
-                lambda task: error if task.state == TaskState.PENDING
-                and task.created_at * 1000 < cutoff_ms else None)
+            waiting += [entry.task_id for entry in await upkeep.undelivered(
+                self.store, backend, BATCH, lane) if entry.task_id is not None]
+        failed = await self.fail_tasks(
+            [task for task in await self.store.tasks(waiting) if task is not None], overdue)
+        for lane in upkeep.LANES:
             for _ in range(MAX_BATCHES):
                 start = self.overdue_cursor.get((backend, lane), "-")
                 entries = await upkeep.queued_until(self.store, backend, start, cutoff_ms,
@@ -130,8 +134,7 @@ class Sweeper:
                 self.store, backend, self.owed_cursor.get((backend, lane), "0-0"),
                 BATCH * MAX_BATCHES, lane)
             entries += found
-        waiting = [task_id for lane in upkeep.LANES for task_id in await upkeep.in_line(
-            self.store, backend, self.owners, BATCH * MAX_BATCHES, lane)]
+        waiting = await upkeep.in_lines(self.store, backend, BATCH * MAX_BATCHES)
         tasks = await self._tasks(entries) + [
             task for task in await self.store.tasks(waiting) if task is not None]
         running = {task.worker for task in tasks if task.state == TaskState.RUNNING}
