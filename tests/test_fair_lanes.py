@@ -335,3 +335,51 @@ def test_a_keys_line_is_counted_once_through_cancel_start_and_deadline(tmp_path)
         asyncio.run(scenario())
     finally:
         server.stop()
+
+
+def test_a_changed_share_applies_to_a_line_that_exists(tmp_path) -> None:
+    """SPEECH_QUEUED_PER_KEY raised while a key has a line: its next submit lets the line in
+    up to the new limit; set to 0 while a line exists: new tasks still go behind it (a key's
+    own tasks keep their order), and the line comes in by the limit its entries were
+    counted under."""
+    from common.schemas import TaskState
+    from common.store import Task, TaskStore
+
+    server = procs.RedisServer(tmp_path / "redis").start()
+    backend, owner = "faster-whisper", "owner-b"
+
+    async def scenario() -> None:
+        redis = Redis.from_url(server.url)
+        store = TaskStore(redis, 600)
+
+        async def submit(task_id: str, most: int) -> Task:
+            task = Task(id=task_id, backend=backend, model="tiny.en", owner=owner,
+                        state=TaskState.PENDING)
+            await store.submit(task, b"\0" * 64, lane_share=most)
+            return task
+
+        async def stream() -> list[str]:
+            return [fields[b"task_id"].decode()
+                    for _, fields in await redis.xrange(keys.queue(backend))]
+
+        await submit("b1", 1)
+        await submit("b2", 1)  # in line
+        raised = await submit("b3", 3)  # behind b2, and both come in: 3 may wait now
+        assert raised.entry_id and raised.queue_seq == 3
+        assert await stream() == ["b1", "b2", "b3"]
+        assert await redis.hget(keys.backlog(backend), "batch:tasks") == b"3"
+        await submit("b4", 1)  # in line
+        assert (await submit("b5", 0)).entry_id == ""  # no limit, yet behind b4
+        # b2 (counted under 3) leaves: one more of 3 may wait, b4 comes in
+        assert await store.cancel("b2", backend) == TaskState.CANCELLED
+        assert await stream() == ["b1", "b2", "b3", "b4"]
+        assert await store.cancel("b3", backend) == TaskState.CANCELLED  # and b5
+        assert await stream() == ["b1", "b2", "b3", "b4", "b5"]
+        assert not await redis.exists(keys.held(backend, "batch", owner), keys.lines(backend))
+        assert (await submit("b6", 0)).entry_id  # no line, no limit: straight in
+        await redis.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()

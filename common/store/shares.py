@@ -23,12 +23,14 @@ from __future__ import annotations
 
 from common.store import admission
 
-# Lua functions, for tasks._CLOSE (and the scripts built on it; after admission.BACKLOG_LUA):
+# Lua functions, for tasks._CLOSE and tasks._SUBMIT (after admission.BACKLOG_LUA):
+# admit(line, share, backlog, most) -> the owner's next tasks in line into the stream (and the
+#   backlog), while fewer than `most` of its entries wait there
 # unshare(task, backlog) -> the task waits no more: out of its owner's count (and the owner's
-#   next task in line into the stream, and into the backlog), or out of the line.
+#   next tasks in line in, by the limit the task was counted under), or out of the line.
 LUA = """
-local function admit_next(line, share, backlog)
-  while true do
+local function admit(line, share, backlog, most)
+  while tonumber(redis.call('GET', share) or '0') < most do
     local task = redis.call('LPOP', line)
     if not task then return end
     local f = redis.call('HMGET', task, 'held_queue', 'held_counter', 'id', 'state', 'held_all',
@@ -39,18 +41,17 @@ local function admit_next(line, share, backlog)
       local entry = redis.call('XADD', f[1], '*', 'task_id', f[3], 'seq', seq)
       redis.call('HDEL', task, 'held', 'held_queue', 'held_counter', 'held_all')
       redis.call('HSET', task, 'entry_id', entry, 'queue_seq', seq, 'share', share,
-                 'line', line)
+                 'line', line, 'share_most', most)
       redis.call('INCR', share)
       enqueue(task, backlog, f[6] or 'batch', tonumber(f[7] or f[8] or '') or 0)
-      return
     end
   end
 end
 local function unshare(task, backlog)
-  local f = redis.call('HMGET', task, 'share', 'line', 'held', 'held_all')
-  if f[1] and redis.call('HDEL', task, 'share', 'line') > 0 then
+  local f = redis.call('HMGET', task, 'share', 'line', 'held', 'held_all', 'share_most')
+  if f[1] and redis.call('HDEL', task, 'share', 'line', 'share_most') > 0 then
     if redis.call('DECR', f[1]) <= 0 then redis.call('DEL', f[1]) end
-    if f[2] then admit_next(f[2], f[1], backlog) end
+    if f[2] then admit(f[2], f[1], backlog, tonumber(f[5] or '') or 1) end
   end
   if f[3] and redis.call('HDEL', task, 'held', 'held_queue', 'held_counter', 'held_all') > 0 then
     redis.call('LREM', f[3], 1, task)
@@ -59,27 +60,34 @@ local function unshare(task, backlog)
 end
 """
 
-# The submit's side (tasks._SUBMIT), a function of its KEYS and ARGV:
-# share_or_hold(task, stream, counter, share, line, all lines, most, task id, fields...) ->
-#   entry id and number, or '' and 0 when the task waits in the line
+# The submit's side (tasks._SUBMIT, after LUA), a function of its KEYS and ARGV:
+# share_or_hold(task, stream, counter, share, line, all lines, backlog, lane, work, most,
+#   task id, fields...) -> the task in the stream (and the backlog): its entry id and number;
+#   or in its owner's line: '' and 0. It waits in line while the line has tasks (a key's own
+#   come in in order; `most` 0 or raised since included: a raised limit lets the line in now).
 SUBMIT_LUA = """
-local function share_or_hold(task, stream, counter, share, line, lines, most, task_id, ...)
-  if most > 0 and (tonumber(redis.call('GET', share) or '0') >= most
-                   or redis.call('LLEN', line) > 0) then
-    redis.call('RPUSH', line, task)
-    redis.call('RPUSH', lines, task)
-    redis.call('HSET', task, 'held', line, 'held_queue', stream, 'held_counter', counter,
-               'held_all', lines, ...)
-    return '', 0
+local function share_or_hold(task, stream, counter, share, line, lines, backlog, lane, work,
+                             most, task_id, ...)
+  if redis.call('LLEN', line) == 0
+      and (most == 0 or tonumber(redis.call('GET', share) or '0') < most) then
+    local seq = redis.call('INCR', counter)
+    local entry = redis.call('XADD', stream, '*', 'task_id', task_id, 'seq', seq)
+    redis.call('HSET', task, 'entry_id', entry, 'queue_seq', seq, ...)
+    if most > 0 then
+      redis.call('INCR', share)
+      redis.call('HSET', task, 'share', share, 'line', line, 'share_most', most)
+    end
+    enqueue(task, backlog, lane, work)
+    return entry, seq
   end
-  local seq = redis.call('INCR', counter)
-  local entry = redis.call('XADD', stream, '*', 'task_id', task_id, 'seq', seq)
-  redis.call('HSET', task, 'entry_id', entry, 'queue_seq', seq, ...)
-  if most > 0 then
-    redis.call('INCR', share)
-    redis.call('HSET', task, 'share', share, 'line', line)
-  end
-  return entry, seq
+  redis.call('RPUSH', line, task)
+  redis.call('RPUSH', lines, task)
+  redis.call('HSET', task, 'held', line, 'held_queue', stream, 'held_counter', counter,
+             'held_all', lines, ...)
+  if most > 0 then admit(line, share, backlog, most) end
+  local came = redis.call('HMGET', task, 'entry_id', 'queue_seq')
+  if came[1] then return came[1], tonumber(came[2]) end
+  return '', 0
 end
 """
 

@@ -99,7 +99,7 @@ end
 # Each entry carries its own number in the backend's add order (our counter, not Redis's
 # group "entries-read", which Redis 7.0 loses when it reloads the AOF): a queue position
 # is then one subtraction from the first entry not yet handed to a worker.
-_SUBMIT = admission.BACKLOG_LUA + usage.LUA + shares.SUBMIT_LUA + """
+_SUBMIT = admission.BACKLOG_LUA + usage.LUA + shares.LUA + shares.SUBMIT_LUA + """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   -- this very submit, sent again after its reply was lost (ids are random): answer as the
   -- first one did; the HSET (same value) makes a WAIT after it cover the stored record
@@ -128,12 +128,12 @@ if ARGV[9] ~= '' then
   if refused then return refused end
 end
 local entry, seq = share_or_hold(KEYS[1], KEYS[2], KEYS[4], KEYS[11], KEYS[12], KEYS[13],
-                                 tonumber(ARGV[19]) or 0, ARGV[1], unpack(ARGV, 20))
+                                 KEYS[6], ARGV[6], ARGV[7], tonumber(ARGV[19]) or 0, ARGV[1],
+                                 unpack(ARGV, 20))
 if cap then
   redis.call('INCR', KEYS[10])
   redis.call('HSET', KEYS[1], 'in_flight', KEYS[10])
 end
-if entry ~= '' then enqueue(KEYS[1], KEYS[6], ARGV[6], ARGV[7]) end  -- else as it comes in
 if ARGV[8] ~= '' then
   redis.call('ZADD', KEYS[7], ARGV[8], ARGV[1])
   redis.call('HSET', KEYS[1], 'deadlines', KEYS[7])
