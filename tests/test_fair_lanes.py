@@ -321,14 +321,15 @@ def test_a_keys_line_is_counted_once_through_cancel_start_and_deadline(tmp_path)
         assert await store.finish(running, TaskState.SUCCEEDED, attempt=1, entry_id="",
                                   result={}, worker="w1")
         assert await redis.get(share) is None
-        records = [await store.get(f"t{i}") for i in range(1, 6)]  # t1-t5
+        records = [await store.get(f"t{i}") for i in (1, 2, 3, 4, 5, 7)]
         assert [r.state for r in records if r] == [
             TaskState.CANCELLED, TaskState.SUCCEEDED, TaskState.CANCELLED, TaskState.FAILED,
-            TaskState.SUCCEEDED]
+            TaskState.SUCCEEDED, TaskState.CANCELLED]
         for record in records:
             assert record is not None
             fields = await redis.hkeys(keys.task(record.id))
-            assert not {b"share", b"line", b"held", b"held_queue"} & set(fields), fields
+            assert not {b"share", b"line", b"share_most", b"held", b"held_queue",
+                        b"held_counter", b"held_all"} & set(fields), fields
         await redis.aclose()
 
     try:

@@ -58,6 +58,9 @@ class Sweeper:
         # exclusive); each walk covers both priority lanes
         self.overdue_cursor: dict[tuple[str, str], str] = {}
         self.owed_cursor: dict[tuple[str, str], str] = {}
+        #: whether entries may have come in from keys' lines, younger than their tasks (with
+        #: keys off nobody waits in one: the age walk alone is exact)
+        self.lines_used = bool(settings.api_keys) and settings.queued_per_key > 0
         bounds = [limit / 4 for limit in (settings.max_queue_seconds, settings.no_worker_seconds)
                   if limit > 0]
         self.period = max(0.2, min([30.0, *bounds]))
@@ -99,7 +102,7 @@ class Sweeper:
                     else None)
 
         waiting = await upkeep.in_lines(self.store, backend, BATCH)
-        for lane in upkeep.LANES:
+        for lane in upkeep.LANES if self.lines_used else ():
             waiting += [entry.task_id for entry in await upkeep.undelivered(
                 self.store, backend, BATCH, lane) if entry.task_id is not None]
         failed = await self.fail_tasks(
