@@ -52,11 +52,12 @@ def settings_for(redis_url: str, **overrides: Any) -> Settings:
     return worker_settings(redis_url, heartbeat_seconds=0.2, cpu_threads=2, **overrides)
 
 
-async def submit(redis_url: str, audio: bytes, **params: Any) -> str:
+async def submit(redis_url: str, audio: bytes, owner: str = "", lane_share: int = 0,
+                 **params: Any) -> str:
     client = Redis.from_url(redis_url)
     task = Task(id=new_task_id(), backend=BACKEND, model="tiny.en", state=TaskState.PENDING,
-                params={**GREEDY, **params}, audio_seconds=len(audio) / 32000)
-    await TaskStore(client, 600).submit(task, audio)
+                params={**GREEDY, **params}, audio_seconds=len(audio) / 32000, owner=owner)
+    await TaskStore(client, 600).submit(task, audio, lane_share=lane_share)
     await client.aclose()
     return task.id
 
@@ -118,6 +119,25 @@ def test_twelve_clips_in_batches_give_the_text_they_give_alone(
     # every call within SPEECH_BATCH_MAX_SIZE (8)
     assert f'speech_batch_size_bucket{{backend="{BACKEND}",le="8"}} {sizes["count"]}' in text
     assert f'speech_batch_window_wait_seconds_count{{backend="{BACKEND}"}}' in text
+
+
+def test_a_keys_line_comes_in_while_the_window_gathers(redis: procs.RedisServer) -> None:
+    """A key with a share of one entry waiting (SPEECH_QUEUED_PER_KEY=1) and four tasks:
+    each entry the window reads lets the key's next one in from its line at once
+    (common/store/shares.py), so the four still share one call (they would go one by one if
+    the line came in only as each started)."""
+    async def scenario() -> list[Task]:
+        ids = [await submit(redis.url, clips()[i], owner="key-one", lane_share=1)
+               for i in (0, 1, 2, 6)]
+        client = redis.client()
+        assert client.xlen(keys.queue(BACKEND)) == 1  # three wait in line
+        await drain(settings_for(redis.url, batch_window_ms=500))
+        return await tasks(redis.url, ids)
+
+    done = asyncio.run(scenario())
+    assert all(t.state == TaskState.SUCCEEDED for t in done), done
+    assert histogram(redis, "batch_size") == {**histogram(redis, "batch_size"), "count": 1.0,
+                                              "sum": 4.0}
 
 
 def test_a_clip_that_fails_to_decode_fails_alone(redis: procs.RedisServer) -> None:

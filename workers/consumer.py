@@ -135,10 +135,9 @@ class Consumer:
                     if not deliveries:
                         deliveries = await self.store.read(block_ms=None if self.burst else 1000)
                         self.taking = bool(deliveries)
+                        await self._taken(deliveries)
                         if deliveries and self.gatherer is not None:
                             deliveries = await self._gather(deliveries)
-                        with contextlib.suppress(RedisError):  # else their starts do it
-                            await self.store.taken(deliveries)
                     if not deliveries and self.burst:
                         return  # drained: nothing new, nothing abandoned
                 await self._handle_leased(deliveries)
@@ -188,9 +187,23 @@ class Consumer:
                 break
         else:
             return first
-        taken, waited = await self.gatherer.gather(first, self.store.sweep)
+        taken, waited = await self.gatherer.gather(first, self._sweep)
         self.observations = {"batch_window_wait_seconds": waited, "batch_size": 1}
         return taken
+
+    async def _sweep(self, count: int, block_ms: int | None = None) -> list[Delivery]:
+        """The batch window's reads, each taken as it comes (`_taken`): a key's next tasks
+        in line come in while the window is open, and may join the call."""
+        found = await self.store.sweep(count, block_ms)
+        await self._taken(found)
+        return found
+
+    async def _taken(self, deliveries: list[Delivery]) -> None:
+        """New entries read wait in their lane no more: their owners' next tasks in line come
+        in now (common/store/shares.py). Best effort: else their starts do it."""
+        if deliveries:
+            with contextlib.suppress(RedisError):
+                await self.store.taken(deliveries)
 
     async def _handle(self, delivery: Delivery) -> None:
         task = await self.store.get(delivery.task_id) if delivery.task_id else None
