@@ -333,6 +333,7 @@ class Consumer:
         except RedisError:  # the gathered entries still run (they are ours, leased)
             return
         if arrived:
+            await self._taken(arrived)
             # their metrics are their own, not the gathered batch's (its window's wait)
             saved, self.observations = self.observations, {}
             try:
