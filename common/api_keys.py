@@ -60,6 +60,9 @@ class ApiKey(BaseModel):
     interactive: bool = False
     #: its most tasks queued or running at once (None: `max_in_flight_per_key`; 0: no limit)
     max_in_flight: int | None = Field(default=None, ge=0)
+    #: its most entries waiting in one lane of a backend, the rest in its own line (None:
+    #: `queued_per_key`; 0: no limit; docs/fairness.md)
+    max_queued: int | None = Field(default=None, ge=0)
     #: key id -> "whsec_<base64>": its tasks' webhooks are signed with these instead of
     #: `webhook_secrets` (a tenant verifies only its own)
     webhook_secrets: dict[str, str] = Field(default_factory=dict)

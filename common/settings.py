@@ -437,7 +437,10 @@ class Settings(BaseSettings):
     def lane_share(self, owner: str) -> int:
         """The most entries `owner` may have waiting in one lane (0: no limit, as with keys
         off: one caller has no one to be fair to)."""
-        return 0 if self.api_key(owner) is None else self.queued_per_key
+        key = self.api_key(owner)
+        if key is None:
+            return 0
+        return self.queued_per_key if key.max_queued is None else key.max_queued
 
     def lane_for(self, owner: str, lane: str) -> str:
         """`lane`, unless it is interactive and `owner`'s key may not use it (then batch);

@@ -180,18 +180,18 @@ def test_an_understated_container_is_charged_and_counted_near_its_length(
 
 
 def test_a_keys_flood_waits_in_its_own_line_not_ahead_of_another_key(tmp_path) -> None:
-    """SPEECH_QUEUED_PER_KEY: a key's entries waiting in a lane are at most that many; its
-    further tasks wait in its own line and enter the lane one by one as its entries start, so
-    another key's task starts behind a few of the flood, not all of it. A task cancelled in
-    the line leaves it; when all is done nothing stays counted."""
+    """A key's `max_queued` (else SPEECH_QUEUED_PER_KEY): its entries waiting in a lane are at
+    most that many; its further tasks wait in its own line and enter the lane one by one as
+    its entries are read, so another key's task starts behind a few of the flood, not all of
+    it. A task cancelled in the line leaves it; when all is done nothing stays counted."""
     clips = tmp_path / "clips"
     clips.mkdir()
     clip = clips / "short.wav"
     speak_to(clip, "Hello world.")
     server = procs.RedisServer(tmp_path / "redis").start()
-    entries = [{"key": "sha256:" + digest(KEYS[name]), "name": name}
-               for name in ("batchy", "capped")]
-    gateway = procs.gateway(server.url, tmp_path, api_keys=entries, queued_per_key="2",
+    entries = [{"key": "sha256:" + digest(KEYS["batchy"]), "name": "batchy", "max_queued": 2},
+               {"key": "sha256:" + digest(KEYS["capped"]), "name": "capped"}]  # 8, the default
+    gateway = procs.gateway(server.url, tmp_path, api_keys=entries,
                             allowed_roots=[str(clips)]).start()
     env = {"gateway": gateway.url, "clip": clip}
     worker = None
