@@ -14,6 +14,7 @@ from common import keys
 from common.schemas import TERMINAL_STATES
 from common.store import admission
 from common.store.queue import FORGET_CONSUMER
+from common.store.record import Task
 from common.store.tasks import TaskStore
 from common.store.values import text
 
@@ -46,9 +47,7 @@ async def owed(store: TaskStore, backend: str, cursor: str, most: int,
         return [], cursor
     delivered = "0-0"
     try:
-        for group in await redis.xinfo_groups(stream):
-            if group["name"] == keys.WORKER_GROUP.encode():
-                delivered = group["last-delivered-id"].decode()
+        delivered = await _last_delivered(store, stream)
         handed_out = await redis.xpending_range(stream, keys.WORKER_GROUP, min="-", max="+",
                                                 count=most)
     except ResponseError:  # no consumer group yet: no worker ever read this stream
@@ -65,34 +64,36 @@ async def owed(store: TaskStore, backend: str, cursor: str, most: int,
     return entries + _entries(waiting), cursor
 
 
-async def in_lines(store: TaskStore, backend: str, most: int) -> list[str]:
-    """Ids of the first `most` tasks waiting in the keys' lines of the backend (both lanes,
+async def in_lines(store: TaskStore, backend: str, most: int) -> list[Task]:
+    """The first `most` tasks waiting in the keys' lines of the backend (both lanes,
     common/store/shares.py), oldest first: they have no stream entry yet for the walks
     above to find. A task whose record is gone leaves the list here."""
     lines = keys.lines(backend)
-    found = [text(name) for name in await store.redis.lrange(lines, 0, most - 1)]
-    async with store.redis.pipeline(transaction=False) as pipe:
-        for name in found:
-            pipe.exists(name)
-        there = await pipe.execute()
-    for name, exists in zip(found, there, strict=True):
-        if not exists:
+    names = [text(name) for name in await store.redis.lrange(lines, 0, most - 1)]
+    found = await store.tasks([keys.task_id_of(name) for name in names])
+    for name, task in zip(names, found, strict=True):
+        if task is None:
             await store.redis.lrem(lines, 1, name)
-    return [keys.task_id_of(name) for name, exists in zip(found, there, strict=True) if exists]
+    return [task for task in found if task is not None]
 
 
 async def undelivered(store: TaskStore, backend: str, most: int,
                       lane: str = keys.BATCH) -> list[Entry]:
     """The first `most` entries of the lane no worker has read yet."""
-    redis, stream = store.redis, keys.queue(backend, lane)
-    delivered = "0-0"
+    stream = keys.queue(backend, lane)
     try:
-        for group in await redis.xinfo_groups(stream):
-            if group["name"] == keys.WORKER_GROUP.encode():
-                delivered = group["last-delivered-id"].decode()
+        delivered = await _last_delivered(store, stream)
     except ResponseError:  # no stream or no group yet: every entry is undelivered
-        pass
-    return _entries(await redis.xrange(stream, f"({delivered}", "+", count=most))
+        delivered = "0-0"
+    return _entries(await store.redis.xrange(stream, f"({delivered}", "+", count=most))
+
+
+async def _last_delivered(store: TaskStore, stream: str) -> str:
+    """The id of the last entry the workers' group read from `stream` ("0-0": none)."""
+    for group in await store.redis.xinfo_groups(stream):
+        if group["name"] == keys.WORKER_GROUP.encode():
+            return group["last-delivered-id"].decode()
+    return "0-0"
 
 
 async def deadlines_passed(store: TaskStore, backend: str, most: int) -> list[str]:

@@ -101,12 +101,11 @@ class Sweeper:
             return (error if task.state == TaskState.PENDING and task.created_at * 1000 < cutoff_ms
                     else None)
 
-        waiting = await upkeep.in_lines(self.store, backend, BATCH)
-        for lane in upkeep.LANES if self.lines_used else ():
-            waiting += [entry.task_id for entry in await upkeep.undelivered(
-                self.store, backend, BATCH, lane) if entry.task_id is not None]
+        unread = [entry for lane in (upkeep.LANES if self.lines_used else ())
+                  for entry in await upkeep.undelivered(self.store, backend, BATCH, lane)]
         failed = await self.fail_tasks(
-            [task for task in await self.store.tasks(waiting) if task is not None], overdue)
+            await upkeep.in_lines(self.store, backend, BATCH) + await self._tasks(unread),
+            overdue)
         for lane in upkeep.LANES:
             for _ in range(MAX_BATCHES):
                 start = self.overdue_cursor.get((backend, lane), "-")
@@ -137,9 +136,8 @@ class Sweeper:
                 self.store, backend, self.owed_cursor.get((backend, lane), "0-0"),
                 BATCH * MAX_BATCHES, lane)
             entries += found
-        waiting = await upkeep.in_lines(self.store, backend, BATCH * MAX_BATCHES)
-        tasks = await self._tasks(entries) + [
-            task for task in await self.store.tasks(waiting) if task is not None]
+        tasks = await self._tasks(entries) + await upkeep.in_lines(self.store, backend,
+                                                                    BATCH * MAX_BATCHES)
         running = {task.worker for task in tasks if task.state == TaskState.RUNNING}
         gone = {worker for worker in running
                 if not await upkeep.heartbeat_alive(self.store, backend, worker)}
