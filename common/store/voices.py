@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 from common import keys
 from common.blobs import BlobDir
 from common.store.tasks import TaskStore
+from common.store.values import text
 
 #: the ids the gateway gives consents and voices ("cons_…", "voice_…": 24 hex digits, the
 #: first 12 its creation time in ms, which is also its score in the owner's index)
@@ -151,10 +152,10 @@ class VoiceStore:
                 # millisecond that sort after it, as ZREVRANGE orders equal scores)
                 newer = await self.redis.zcount(index, f"({ms}", "+inf")
                 same = await self.redis.zrangebyscore(index, ms, ms)
-                start = newer + sum(_text(i) > after for i in same)
+                start = newer + sum(text(i) > after for i in same)
             else:
                 start = rank + 1
-        ids = [_text(i) for i in await self.redis.zrevrange(index, start, start + limit)]
+        ids = [text(i) for i in await self.redis.zrevrange(index, start, start + limit)]
         records = await self.redis.mget([kind.record(owner, i) for i in ids[:limit]]) if ids else []
         return Page([json.loads(r) for r in records if r is not None], len(ids) > limit)
 
@@ -180,7 +181,3 @@ class VoiceStore:
     def _path(self, owner: str, object_id: str) -> Path:
         assert self.blob_dir is not None
         return self.blob_dir.root / f"{hashlib.sha256(owner.encode()).hexdigest()[:24]}-{object_id}"
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
