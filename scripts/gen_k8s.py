@@ -89,7 +89,8 @@ def worker_deployment(row: Backend) -> dict[str, object]:
         {"name": "SPEECH_WORKER_PORT", "value": str(WORKER_PORT)},
         *({"name": name, "value": value} for name, value in WORKER_PROCESS_ENV.items()),
     ]
-    probe = {"tcpSocket": {"port": "worker"}, "periodSeconds": 10}
+    # /live needs no secret and answers only while the worker's event loop runs
+    probe = {"httpGet": {"path": "/live", "port": "worker"}, "periodSeconds": 10}
     container = {
         "name": "worker",
         "image": APP,
@@ -99,7 +100,7 @@ def worker_deployment(row: Backend) -> dict[str, object]:
                     {"secretRef": {"name": f"{APP}-secrets"}}],
         "ports": [{"name": "worker", "containerPort": WORKER_PORT}],
         "readinessProbe": probe,
-        # loading a large model on the first task can take minutes: tcp is up before that
+        # loading a large model on the first task can take minutes: /live answers before that
         "startupProbe": {**probe, "failureThreshold": 30},
         "livenessProbe": {**probe, "failureThreshold": 6},
         "resources": {

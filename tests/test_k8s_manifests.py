@@ -138,6 +138,10 @@ def test_a_worker_and_a_scaled_object_per_backend_on_both_lanes() -> None:
         assert env["SPEECH_IDLE_UNLOAD_SECONDS"]["value"] == str(row.idle_unload_seconds)
         assert env["SPEECH_WORKER_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
         assert main["resources"]["limits"]["nvidia.com/gpu"] == 1
+        # the worker's event loop must answer (a TCP probe passes a wedged process too), on
+        # the path a kubelet reaches without the worker secret (workers/http.py)
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert main[probe]["httpGet"] == {"path": "/live", "port": "worker"}, probe
         # a stopping worker finishes its task (or leaves it pending) before SIGKILL
         grace = worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         assert grace > Settings().stop_grace_seconds

@@ -168,16 +168,19 @@ def test_loopback_rule() -> None:
     assert not is_loopback("no-such-host.invalid")
 
 
-def test_off_loopback_health_needs_the_secret_too() -> None:
+def test_off_loopback_health_needs_the_secret_and_live_does_not() -> None:
     """The app as served off loopback, called in process (no socket): only /health differs."""
     settings = Settings(redis_url="redis://127.0.0.1:1/0", worker_secret=SECRET)
     host = EngineHost(settings, FasterWhisperEngine(settings))
 
-    async def health(open_health: bool, headers: dict | None = None) -> int:
+    async def get(path: str, open_health: bool, headers: dict | None = None) -> httpx.Response:
         transport = httpx.ASGITransport(app=create_worker_app(host, open_health=open_health))
         async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:
-            return (await client.get("/health", headers=headers)).status_code
+            return await client.get(path, headers=headers)
 
-    assert asyncio.run(health(open_health=True)) == 200
-    assert asyncio.run(health(open_health=False)) == 401
-    assert asyncio.run(health(open_health=False, headers=AUTH)) == 200
+    assert asyncio.run(get("/health", open_health=True)).status_code == 200
+    assert asyncio.run(get("/health", open_health=False)).status_code == 401
+    assert asyncio.run(get("/health", open_health=False, headers=AUTH)).status_code == 200
+    # the liveness probe's path (deploy/k8s): a kubelet has no secret, and it tells nothing
+    live = asyncio.run(get("/live", open_health=False))
+    assert live.status_code == 200 and live.json() == {"alive": True}

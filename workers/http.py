@@ -1,6 +1,6 @@
-"""The worker's own small HTTP server: `GET /health`, and a direct `POST /transcribe`,
-`/synthesize` or `/analyze`, as the backend's kind has it (no queue: used by the smoke test
-and for debugging a worker).
+"""The worker's own small HTTP server: `GET /health`, `GET /live`, and a direct `POST
+/transcribe`, `/synthesize` or `/analyze`, as the backend's kind has it (no queue: used by
+the smoke test and for debugging a worker).
 
 It takes the gateway's limits (upload size while the body streams in, decoded audio length,
 option ranges) and, where `worker_secret` is set, a bearer token. Bound to anything but
@@ -60,6 +60,13 @@ def create_worker_app(host: EngineHost, health: Health | None = None,
     @app.get("/health")
     async def health_route() -> dict[str, Any]:
         return await health() if health is not None else host.health()
+
+    # A liveness probe's: the worker's event loop answers. It tells nothing, so it needs no
+    # secret (a kubelet's httpGet cannot read one from a Secret); a TCP probe would pass on a
+    # wedged process too, since the kernel completes the handshake into the backlog.
+    @app.get("/live")
+    async def live_route() -> dict[str, bool]:
+        return {"alive": True}
 
     def model_or_default(model: str | None) -> str:
         return model or settings.default_model(host.backend) or ""
@@ -176,7 +183,8 @@ def create_worker_app(host: EngineHost, health: Health | None = None,
         return limited
     # Outside the body limit: a request without the secret is refused before its body is read.
     return RequireSecret(limited, settings.worker_secret,
-                         frozenset({"/health"}) if open_health else frozenset(),
+                         frozenset({"/health", "/live"}) if open_health
+                         else frozenset({"/live"}),
                          drain_bytes=settings.max_body_bytes)
 
 
