@@ -250,6 +250,13 @@ def custom_voices(owner: str) -> str:
     return f"{PREFIX}voices:{owner or '-'}"
 
 
+def voice_files() -> str:
+    """Sorted set, no TTL: voice audio files between their write and their record's create
+    (or between a record's delete and the file's), scored by when (s); members JSON [file
+    name, [the record keys that may name it]]: the sweeper removes a file no record names."""
+    return f"{PREFIX}voice-files"
+
+
 def voice_audio(owner: str, object_id: str) -> str:
     """String, no TTL: a consent recording's or voice sample's audio (when not in the blob
     directory)."""

@@ -11,9 +11,20 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
+from common import keys
 from common.blobs import BlobDir
-from common.store.voices import CONSENTS, VOICES, UnknownCursor, VoiceStore, new_id
+from common.settings import Settings
+from common.store import TaskStore
+from common.store.voices import (
+    CONSENTS,
+    FILE_NOTE_SECONDS,
+    VOICES,
+    UnknownCursor,
+    VoiceStore,
+    new_id,
+)
 from gateway.errors import RequestError
+from gateway.jobs.sweeper import Sweeper
 from gateway.serving.voices import use_custom_voice
 from gateway.submit.inputs import Params
 from harness import procs
@@ -131,3 +142,47 @@ def test_a_list_goes_on_after_an_object_deleted_since_the_page_before(
 
     newest_first = ids[::-1]
     assert asyncio.run(scenario()) == [newest_first[0:2], newest_first[2:4], newest_first[4:6]]
+
+
+def test_a_file_a_stopped_gateway_left_without_its_record_is_swept(
+        redis: procs.RedisServer, tmp_path: Path) -> None:
+    """A file and its record change in two steps; a gateway stopped between them (after a new
+    voice's file, before its record; after a record's delete, before its file) leaves a file
+    no record names, which the gateway's sweeper deletes once its note is old: a create or a
+    delete under way, and every stored voice or consent, keep theirs."""
+    kept, half_made, half_deleted, under_way, consent = (
+        new_id(prefix) for prefix in ("voice", "voice", "cons", "voice", "cons"))
+
+    async def scenario() -> tuple[int, int]:
+        client = Redis.from_url(redis.url)
+        store = TaskStore(client, 60, BlobDir(tmp_path / "blobs", 0))
+        voices = VoiceStore.of(store)
+        assert await voices.create(VOICES, OWNER, {"id": kept}, b"kept sample")
+        made = await voices.create(CONSENTS, OWNER, {"id": half_deleted}, b"consent")
+        assert made and await client.zcard(keys.voice_files()) == 0  # nothing left noted
+        old = time.time() - FILE_NOTE_SECONDS - 1
+        await voices._write_file(OWNER, half_made, b"never stored")  # then stopped
+        await client.zadd(keys.voice_files(), {voices._note(OWNER, half_made): old})
+        await client.zadd(keys.voice_files(), {voices._note(OWNER, half_deleted): old})
+        await client.delete(CONSENTS.record(OWNER, half_deleted))  # its delete, then stopped
+        # a delete of a consent's id as a voice (nothing to delete), stopped before the end
+        assert await voices.create(CONSENTS, OWNER, {"id": consent}, b"consent kept")
+        await client.zadd(keys.voice_files(), {voices._note(OWNER, consent): old})
+        await voices._write_file(OWNER, under_way, b"being stored")  # noted just now
+        before = len(list((tmp_path / "blobs" / "voices").iterdir()))
+        await Sweeper(store, Settings()).sweep()
+        assert await voices.audio(OWNER, kept) == b"kept sample"
+        assert await voices.audio(OWNER, under_way) == b"being stored"
+        assert await voices.audio(OWNER, consent) == b"consent kept"
+        for gone in (half_made, half_deleted):
+            assert await voices.audio(OWNER, gone) is None, gone
+        assert await client.zcard(keys.voice_files()) == 1  # the create under way's note
+        assert await voices.sweep(older_than_seconds=0) == 1  # its record never came
+        assert await voices.delete(VOICES, OWNER, kept)
+        assert await voices.delete(CONSENTS, OWNER, consent)
+        after = len(list((tmp_path / "blobs" / "voices").iterdir()))
+        assert await client.zcard(keys.voice_files()) == 0
+        await client.aclose()
+        return before, after
+
+    assert asyncio.run(scenario()) == (5, 0)

@@ -5,6 +5,11 @@ checks found, for audit), the owner's index (a sorted set by creation time, for 
 the per-key limit) and the audio (the consent recording, the voice sample): in the blob
 directory when one is configured (`SPEECH_BLOB_DIR`/voices, so every host reads it), else in
 Redis. Every key names the owner, so another owner's id is simply not found.
+
+A file and its record cannot change in one step: a file is noted in keys.voice_files before
+it is written (or its record deleted), the create script (or the file's delete) takes the
+note away, and `sweep` deletes the file of a note older than FILE_NOTE_SECONDS whose record
+is missing (a gateway stopped between the two).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ OBJECT_ID = re.compile(r"[a-z]+_[0-9a-f]{24}")
 #: an id whose time reads before this (2020) is not one `new_id` made: ids before it were
 #: all random (their place in a list is found only while they exist)
 _EARLIEST_MS = 1_577_836_800_000
+#: a file's note older than this is a crash's, not a create or delete under way
+FILE_NOTE_SECONDS = 300
 
 
 def new_id(prefix: str) -> str:
@@ -51,15 +58,17 @@ def created_ms(object_id: str) -> int | None:
 class UnknownCursor(ValueError):
     """A list's `after` names no object of the owner's, and no place in the list."""
 
-# KEYS: index, record, audio key, and (optional) the record that must still exist (a voice's
-# consent: withdrawn while the voice was checked, it makes no voice) | ARGV: id, score,
-# record JSON, most ("" = no limit), audio ("" = in the blob directory)
+# KEYS: index, record, audio key, keys.voice_files, and (optional) the record that must
+# still exist (a voice's consent: withdrawn while the voice was checked, it makes no voice) |
+# ARGV: id, score, record JSON, most ("" = no limit), audio ("" = in the blob directory),
+# the file's note ("" = none)
 # -> 1 stored, 0 the owner has `most` already, -1 the required record is gone
 _CREATE = """
-if KEYS[4] and redis.call('EXISTS', KEYS[4]) == 0 then return -1 end
+if KEYS[5] and redis.call('EXISTS', KEYS[5]) == 0 then return -1 end
 if ARGV[4] ~= '' and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return 0 end
 redis.call('SET', KEYS[2], ARGV[3])
 if ARGV[5] ~= '' then redis.call('SET', KEYS[3], ARGV[5]) end
+if ARGV[6] ~= '' then redis.call('ZREM', KEYS[4], ARGV[6]) end
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 return 1
 """
@@ -109,19 +118,16 @@ class VoiceStore:
         -1 when `consent` (a consent's id: the voice's) is gone."""
         object_id = record["id"]
         in_redis = self.blob_dir is None
-        if not in_redis:
-            assert self.blob_dir is not None
-            self.blob_dir.write(self._path(owner, object_id), audio)
+        note = "" if in_redis else await self._write_file(owner, object_id, audio)
         stored = await self._create(
             keys=[kind.index(owner), kind.record(owner, object_id),
-                  keys.voice_audio(owner, object_id),
+                  keys.voice_audio(owner, object_id), keys.voice_files(),
                   *([CONSENTS.record(owner, consent)] if consent is not None else [])],
             args=[object_id, created_ms(object_id) or int(time.time() * 1000),
                   json.dumps(record),
-                  "" if most is None else most, audio if in_redis else ""])
-        if stored != 1 and not in_redis:
-            assert self.blob_dir is not None
-            self.blob_dir.delete(self._path(owner, object_id))
+                  "" if most is None else most, audio if in_redis else "", note])
+        if stored != 1 and note:
+            await self._delete_file(owner, object_id, note)
         return int(stored)
 
     async def get(self, kind: Kind, owner: str, object_id: str) -> dict[str, Any] | None:
@@ -164,12 +170,55 @@ class VoiceStore:
 
     async def delete(self, kind: Kind, owner: str, object_id: str) -> bool:
         """Remove the object and its audio; False (nothing touched) if it is not `kind`'s."""
+        # only an id the store made names a file
+        note = (self._note(owner, object_id)
+                if self.blob_dir is not None and OBJECT_ID.fullmatch(object_id) else "")
+        if note:
+            await self.redis.zadd(keys.voice_files(), {note: time.time()})
         removed = await self._delete(keys=[kind.record(owner, object_id), kind.index(owner),
                                            keys.voice_audio(owner, object_id)],
                                      args=[object_id])
-        if removed and self.blob_dir is not None:  # only an id the store made names a file
-            self.blob_dir.delete(self._path(owner, object_id))
+        if note:
+            if removed:
+                await self._delete_file(owner, object_id, note)
+            else:
+                await self.redis.zrem(keys.voice_files(), note)
         return bool(removed)
+
+    async def sweep(self, older_than_seconds: float = FILE_NOTE_SECONDS) -> int:
+        """Delete the files whose notes are older than `older_than_seconds` and whose record
+        is missing (a gateway stopped between a file and its record); the number deleted."""
+        if self.blob_dir is None:
+            return 0
+        files = keys.voice_files()
+        removed = 0
+        for note in await self.redis.zrangebyscore(files, "-inf",
+                                                   time.time() - older_than_seconds):
+            name, records = json.loads(note)
+            if not await self.redis.exists(*records):
+                self.blob_dir.delete(self.blob_dir.root / name)
+                removed += 1
+            await self.redis.zrem(files, note)
+        return removed
+
+    def _note(self, owner: str, object_id: str) -> str:
+        """The file's name, and every record that may name it (a delete of a consent's id as
+        a voice notes the consent's file too: it must stay while the consent exists)."""
+        return json.dumps([self._path(owner, object_id).name,
+                           [kind.record(owner, object_id) for kind in (CONSENTS, VOICES)]])
+
+    async def _write_file(self, owner: str, object_id: str, audio: bytes) -> str:
+        """The audio's file, noted first: the note, for the create script to take away."""
+        assert self.blob_dir is not None
+        note = self._note(owner, object_id)
+        await self.redis.zadd(keys.voice_files(), {note: time.time()})
+        self.blob_dir.write(self._path(owner, object_id), audio)
+        return note
+
+    async def _delete_file(self, owner: str, object_id: str, note: str) -> None:
+        assert self.blob_dir is not None
+        self.blob_dir.delete(self._path(owner, object_id))
+        await self.redis.zrem(keys.voice_files(), note)
 
     async def audio(self, owner: str, object_id: str) -> bytes | None:
         if self.blob_dir is not None:

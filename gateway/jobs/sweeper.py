@@ -3,7 +3,8 @@
 - a task still PENDING `max_queue_seconds` after it was queued is FAILED (`no_worker`);
 - a backend without a live worker for `no_worker_seconds` has its PENDING tasks, and its
   RUNNING tasks whose worker's heartbeat is gone, FAILED (`no_worker`);
-- stream entries past every retention are trimmed, and orphaned blob files deleted;
+- stream entries past every retention are trimmed, and orphaned blob files deleted (tasks'
+  and custom voices');
 - every enabled backend's queue has its consumer group (made by a worker otherwise: with its
   workers scaled to zero, KEDA's stream scalers read that group to wake them, and a fresh or
   flushed Redis would have none, so a backend at zero would never wake).
@@ -26,6 +27,7 @@ from common.schemas import ErrorCode, TaskState
 from common.settings import Settings
 from common.store import StoreError, Task, TaskStore, upkeep
 from common.store.upkeep import Entry
+from common.store.voices import VoiceStore
 
 log = logging.getLogger("gateway.sweeper")
 BATCH = 200
@@ -54,6 +56,7 @@ class Sweeper:
     def __init__(self, store: TaskStore, settings: Settings) -> None:
         self.store = store
         self.settings = settings
+        self.voices = VoiceStore.of(store)
         # (backend, lane) -> the last stream entry each walk has looked at ("(" + id:
         # exclusive); each walk covers both priority lanes
         self.overdue_cursor: dict[tuple[str, str], str] = {}
@@ -81,6 +84,7 @@ class Sweeper:
                        max(self.settings.retention_seconds, self.settings.max_queue_seconds))
             await upkeep.forget_idle_consumers(self.store, backend, IDLE_CONSUMER_SECONDS)
         await self.store.blobs.sweep()  # files no task can read any more (SPEECH_BLOB_DIR)
+        await self.voices.sweep()  # voices' files a stopped gateway left without a record
         try:  # last, and apart: a user without XGROUP (a restricted ACL) sweeps the rest
             await self.ensure_queues()
         except StoreError as exc:
