@@ -242,7 +242,6 @@ def test_a_keys_line_is_counted_once_through_cancel_start_and_deadline(tmp_path)
     counted at the end, and a caller with keys off (no owner) is never held."""
     from common.schemas import TaskState
     from common.store import Task, TaskStore
-    from common.store.queue import Delivery
     from common.store.record import QueueFull
     from common.store.worker import WorkerStore
     from tests import inprocess
@@ -309,7 +308,12 @@ def test_a_keys_line_is_counted_once_through_cancel_start_and_deadline(tmp_path)
         # then; t5's start counts nothing again (t7 stays counted)
         assert (await submit("t7")).entry_id == ""
         worker = WorkerStore(redis, inprocess.worker_settings(server.url), "w1")
-        await worker.taken([Delivery("0-1", "t5")])
+        await store.ensure_queue(backend)  # the workers' group, from the stream's start
+        read = await worker.sweep(10)  # the worker's own read: every entry so far
+        # an entry says whether its task is counted (keys off: a1 is not, so no call for it)
+        assert [(d.task_id, d.counted) for d in read] == [
+            ("t1", True), ("a1", False), ("t2", True), ("t4", True), ("t5", True)]
+        await worker.taken([d for d in read if d.task_id == "t5"])
         assert await stream() == ["t1", "a1", "t2", "t4", "t5", "t7"] and await held() == []
         assert await store.start("t5", "w1", 1, backend) == 1
         assert await redis.get(share) == b"1"

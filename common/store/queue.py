@@ -65,6 +65,7 @@ class Delivery:
     entry_id: str
     task_id: str | None  # None: the entry was deleted (its task was cancelled)
     lane: str = keys.BATCH  # the lane whose stream holds the entry (acks and leases go there)
+    counted: bool = False  # its task holds a share of its key's (common/store/shares.py)
 
 
 class Queue:
@@ -207,4 +208,5 @@ class Queue:
 
 def _delivery(entry_id: bytes, fields: dict[bytes, bytes] | None, lane: str) -> Delivery:
     task_id = fields.get(b"task_id") if fields else None
-    return Delivery(entry_id.decode(), task_id.decode() if task_id else None, lane)
+    return Delivery(entry_id.decode(), task_id.decode() if task_id else None, lane,
+                    bool(fields and b"counted" in fields))

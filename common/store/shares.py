@@ -17,7 +17,8 @@ start, any terminal write), take it out of the count or the line and let the nex
 task's fields say where it is counted, so nothing is counted twice: `share` (the owner's
 keys.lane_share) and `line` (its keys.held) while it waits in the stream; `held` (the line),
 `held_all` (keys.lines) and `held_queue`, `held_counter` (where it goes in) while it waits
-in the line.
+in the line. A counted task's stream entry says so (`counted`), so a worker's read calls
+TAKEN only for entries that hold a share (none at all with keys off).
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ local function admit(line, share, backlog, most)
     if f[5] then redis.call('LREM', f[5], 1, task) end
     if f[1] and f[2] and f[3] and f[4] == 'PENDING' then
       local seq = redis.call('INCR', f[2])
-      local entry = redis.call('XADD', f[1], '*', 'task_id', f[3], 'seq', seq)
+      local entry = redis.call('XADD', f[1], '*', 'task_id', f[3], 'seq', seq, 'counted', 1)
       redis.call('HDEL', task, 'held', 'held_queue', 'held_counter', 'held_all')
       redis.call('HSET', task, 'entry_id', entry, 'queue_seq', seq, 'share', share,
                  'line', line, 'share_most', most)
@@ -71,7 +72,12 @@ local function share_or_hold(task, stream, counter, share, line, lines, backlog,
   if redis.call('LLEN', line) == 0
       and (most == 0 or tonumber(redis.call('GET', share) or '0') < most) then
     local seq = redis.call('INCR', counter)
-    local entry = redis.call('XADD', stream, '*', 'task_id', task_id, 'seq', seq)
+    local entry
+    if most > 0 then
+      entry = redis.call('XADD', stream, '*', 'task_id', task_id, 'seq', seq, 'counted', 1)
+    else
+      entry = redis.call('XADD', stream, '*', 'task_id', task_id, 'seq', seq)
+    end
     redis.call('HSET', task, 'entry_id', entry, 'queue_seq', seq, ...)
     if most > 0 then
       redis.call('INCR', share)
@@ -91,7 +97,8 @@ local function share_or_hold(task, stream, counter, share, line, lines, backlog,
 end
 """
 
-# KEYS: the backend's backlog, then tasks a worker has just read from the stream
+# KEYS: the backend's backlog, then tasks a worker has just read from the stream (those whose
+# entries are `counted`)
 # A task read is taken: it waits in the lane no more, so its owner's next one comes in now,
 # not when it starts (a worker gathering a batch starts its calls one after another, and a
 # share held by entries one worker gathered would starve the others and the batch's size).

@@ -83,7 +83,8 @@ class WorkerStore:
     async def taken(self, deliveries: list[Delivery]) -> None:
         """New entries this worker read wait in the lane no more: their owners' next tasks in
         line come in (common/store/shares.py; their starts would, later)."""
-        tasks = [keys.task(d.task_id) for d in deliveries if d.task_id is not None]
+        tasks = [keys.task(d.task_id) for d in deliveries
+                 if d.task_id is not None and d.counted]
         if tasks:
             await self._taken(keys=[keys.backlog(self.backend), *tasks])
 
