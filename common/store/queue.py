@@ -144,10 +144,7 @@ class Queue:
         """Whether the oldest batch entry not yet handed out was added more than
         `promotion_seconds` ago (its id is its add time)."""
         stream = self.streams[keys.BATCH]
-        delivered = "0-0"
-        for group in await self.redis.xinfo_groups(stream):
-            if text(group["name"]) == keys.WORKER_GROUP:
-                delivered = text(group["last-delivered-id"])
+        delivered = await last_delivered(self.redis, stream)
         head = await self.redis.xrange(stream, f"({delivered}", "+", count=1)
         if not head:
             return False
@@ -204,6 +201,15 @@ class Queue:
         await self.redis.xadd(keys.dead_letter(self.backend),
                               {"task_id": task_id, "reason": reason,
                                "deliveries": deliveries, "at": repr(time.time())})
+
+
+async def last_delivered(redis: Redis, stream: str) -> str:
+    """The id of the last entry the workers' group read from `stream` ("0-0": none; a
+    ResponseError without the stream)."""
+    for group in await redis.xinfo_groups(stream):
+        if text(group["name"]) == keys.WORKER_GROUP:
+            return text(group["last-delivered-id"])
+    return "0-0"
 
 
 def _delivery(entry_id: bytes, fields: dict[bytes, bytes] | None, lane: str) -> Delivery:

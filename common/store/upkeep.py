@@ -13,7 +13,7 @@ from redis.exceptions import ResponseError
 from common import keys
 from common.schemas import TERMINAL_STATES
 from common.store import admission
-from common.store.queue import FORGET_CONSUMER
+from common.store.queue import FORGET_CONSUMER, last_delivered
 from common.store.record import Task
 from common.store.tasks import TaskStore
 from common.store.values import text
@@ -47,7 +47,7 @@ async def owed(store: TaskStore, backend: str, cursor: str, most: int,
         return [], cursor
     delivered = "0-0"
     try:
-        delivered = await _last_delivered(store, stream)
+        delivered = await last_delivered(store.redis, stream)
         handed_out = await redis.xpending_range(stream, keys.WORKER_GROUP, min="-", max="+",
                                                 count=most)
     except ResponseError:  # no consumer group yet: no worker ever read this stream
@@ -82,18 +82,10 @@ async def undelivered(store: TaskStore, backend: str, most: int,
     """The first `most` entries of the lane no worker has read yet."""
     stream = keys.queue(backend, lane)
     try:
-        delivered = await _last_delivered(store, stream)
+        delivered = await last_delivered(store.redis, stream)
     except ResponseError:  # no stream or no group yet: every entry is undelivered
         delivered = "0-0"
     return _entries(await store.redis.xrange(stream, f"({delivered}", "+", count=most))
-
-
-async def _last_delivered(store: TaskStore, stream: str) -> str:
-    """The id of the last entry the workers' group read from `stream` ("0-0": none)."""
-    for group in await store.redis.xinfo_groups(stream):
-        if group["name"] == keys.WORKER_GROUP.encode():
-            return group["last-delivered-id"].decode()
-    return "0-0"
 
 
 async def deadlines_passed(store: TaskStore, backend: str, most: int) -> list[str]:
@@ -131,10 +123,7 @@ async def trim(store: TaskStore, backend: str, older_than: float) -> None:
         floor = cutoff
         try:
             pending = await store.redis.xpending(stream, keys.WORKER_GROUP)
-            delivered = "0-0"
-            for group in await store.redis.xinfo_groups(stream):
-                if text(group["name"]) == keys.WORKER_GROUP:
-                    delivered = text(group["last-delivered-id"])
+            delivered = await last_delivered(store.redis, stream)
         except ResponseError:  # no stream or no group yet: every entry is still to hand out
             pending, delivered = {"min": None}, "0-0"
         if pending["min"] is not None:
