@@ -94,6 +94,47 @@ def test_an_aged_backlog_gets_one_entry_per_n_interactive(tmp_path) -> None:
     assert "".join(order) == "biiiibiiiibiibb"
 
 
+def test_a_task_from_a_keys_line_is_as_old_as_its_submit_for_the_promotion(tmp_path) -> None:
+    """A task that waited in its key's line gets its stream entry when it comes in; its age
+    for the batch lane's promotion is still its submit's (the entry carries it), so a flood's
+    line does not make its tasks younger than interactive work submitted after them."""
+    from common.schemas import TaskState
+    from common.store import Task, TaskStore
+    from common.store.worker import WorkerStore
+    from tests import inprocess
+
+    server = procs.RedisServer(tmp_path / "redis").start()
+    backend = "faster-whisper"
+
+    async def scenario() -> list[str | None]:
+        redis = Redis.from_url(server.url)
+        store = TaskStore(redis, 600)
+        await store.ensure_queue(backend)
+        for task_id, lane in (("b1", keys.BATCH), ("b2", keys.BATCH)):
+            await store.submit(Task(id=task_id, backend=backend, model="tiny.en", owner="a",
+                                    state=TaskState.PENDING, lane=lane), b"\0" * 64,
+                               lane_share=1)
+        await asyncio.sleep(0.6)  # b2 waits in line past the promotion age
+        first = Queue(redis, backend, "w1", promotion_seconds=0.5)
+        taken = await first.read(block_ms=None)
+        worker = WorkerStore(redis, inprocess.worker_settings(server.url), "w1")
+        await worker.taken(taken)  # b2 comes in now, behind an interactive task below
+        await store.submit(Task(id="i1", backend=backend, model="tiny.en", owner="b",
+                                state=TaskState.PENDING, lane=keys.INTERACTIVE), b"\0" * 64,
+                           lane_share=1)
+        second = Queue(redis, backend, "w2", promotion_seconds=0.5)
+        order = [d.task_id for d in taken] + [
+            (await second.read(block_ms=None))[0].task_id for _ in range(2)]
+        await redis.aclose()
+        return order
+
+    try:
+        order = asyncio.run(scenario())
+    finally:
+        server.stop()
+    assert order == ["b1", "b2", "i1"]  # b2 overdue: promoted before the interactive one
+
+
 def test_an_interactive_call_waits_for_the_running_task_not_an_aged_backlog(
         env: dict[str, Any]) -> None:
     batch = [task_id(submit(env, "batchy")) for _ in range(25)]

@@ -141,15 +141,17 @@ class Queue:
                 for stream, entries in reply or [] for entry_id, fields in entries]
 
     async def _batch_overdue(self) -> bool:
-        """Whether the oldest batch entry not yet handed out was added more than
-        `promotion_seconds` ago (its id is its add time)."""
+        """Whether the oldest batch entry not yet handed out was queued more than
+        `promotion_seconds` ago (its id is its add time; an entry that came in from a key's
+        line carries its submit's: common/store/shares.py)."""
         stream = self.streams[keys.BATCH]
         delivered = await last_delivered(self.redis, stream)
         head = await self.redis.xrange(stream, f"({delivered}", "+", count=1)
         if not head:
             return False
-        added_ms = int(text(head[0][0]).partition("-")[0])
-        return added_ms < (time.time() - self.promotion_seconds) * 1000
+        entry_id, fields = head[0]
+        queued_ms = int(fields.get(b"queued_ms") or text(entry_id).partition("-")[0])
+        return queued_ms < (time.time() - self.promotion_seconds) * 1000
 
     async def forget_me(self) -> None:
         """Leave the group (both lanes) unless entries are still pending to this consumer."""

@@ -18,7 +18,9 @@ task's fields say where it is counted, so nothing is counted twice: `share` (the
 keys.lane_share) and `line` (its keys.held) while it waits in the stream; `held` (the line),
 `held_all` (keys.lines) and `held_queue`, `held_counter` (where it goes in) while it waits
 in the line. A counted task's stream entry says so (`counted`), so a worker's read calls
-TAKEN only for entries that hold a share (none at all with keys off).
+TAKEN only for entries that hold a share (none at all with keys off); one that came in from
+a line also carries its submit time (`queued_ms`), its age for the batch lane's promotion
+(its entry's id is when it came in).
 """
 from __future__ import annotations
 
@@ -35,11 +37,12 @@ local function admit(line, share, backlog, most)
     local task = redis.call('LPOP', line)
     if not task then return end
     local f = redis.call('HMGET', task, 'held_queue', 'held_counter', 'id', 'state', 'held_all',
-                         'lane', 'work', 'audio_seconds')
+                         'lane', 'work', 'audio_seconds', 'created_at')
     if f[5] then redis.call('LREM', f[5], 1, task) end
     if f[1] and f[2] and f[3] and f[4] == 'PENDING' then
       local seq = redis.call('INCR', f[2])
-      local entry = redis.call('XADD', f[1], '*', 'task_id', f[3], 'seq', seq, 'counted', 1)
+      local entry = redis.call('XADD', f[1], '*', 'task_id', f[3], 'seq', seq, 'counted', 1,
+                               'queued_ms', string.format('%d', (tonumber(f[9]) or 0) * 1000))
       redis.call('HDEL', task, 'held', 'held_queue', 'held_counter', 'held_all')
       redis.call('HSET', task, 'entry_id', entry, 'queue_seq', seq, 'share', share,
                  'line', line, 'share_most', most)
