@@ -3,6 +3,7 @@ environment, on tiny checkpoints loaded through the production code path (issues
 
 from __future__ import annotations
 
+import json
 import shutil
 import tarfile
 from collections.abc import Iterator
@@ -125,6 +126,31 @@ def test_sage_and_openai_endpoints(e2e: dict, backend: str) -> None:
     translation = http.post(f"{gateway}/v1/audio/translations", files={"file": JFK.open("rb")},
                              data={"model": f"{backend}/tiny"}, timeout=60)
     assert translation.status_code == 400 and "translate" in translation.json()["error"]["message"]
+
+
+def streamed(gateway: str, backend: str, **data: str) -> tuple[list[dict], dict]:
+    """The deltas and the done event of a `stream=true` transcription."""
+    events = []
+    with http.stream("POST", f"{gateway}/v1/audio/transcriptions", timeout=240,
+                     files={"file": (JFK.name, JFK.read_bytes())},
+                     data={"model": f"{backend}/tiny", "stream": "true", **data}) as reply:
+        assert reply.status_code == 200, reply.read()
+        events = [json.loads(line[len("data: "):]) for line in reply.iter_lines()
+                  if line.startswith("data: ")]
+    deltas = [e for e in events if e["type"] == "transcript.text.delta"]
+    assert events[-1]["type"] == "transcript.text.done", events[-1]
+    return deltas, events[-1]
+
+
+def test_streamed_deltas_add_up_to_the_text(e2e: dict, backend: str) -> None:
+    """Whatever the engine joins its segments with (Whisper's carry their own space; these
+    engines join theirs with one), a client that concatenates the deltas, as OpenAI's do,
+    reads the transcript: live, and from a diarized stream's segments."""
+    deltas, done = streamed(e2e["gateway"], backend)
+    assert deltas and "".join(d["delta"] for d in deltas) == done["text"], (deltas, done)
+    if TABLE[backend].diarization:
+        deltas, done = streamed(e2e["gateway"], backend, response_format="diarized_json")
+        assert "".join(d["delta"] for d in deltas) == done["text"], (deltas, done)
 
 
 def test_same_file_twice_gives_the_same_result(e2e: dict, backend: str) -> None:

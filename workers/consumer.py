@@ -536,12 +536,16 @@ class Consumer:
         # a segment counts as delivered (kept charged if the task fails later) only where a
         # stream sends it out: a whole reply's client gets nothing of a task that fails
         streamed = bool(task.params.get("streamed"))
+        separator = getattr(self.host.engine, "segment_separator", "")
+        texts_sent = [0]
 
         def on_segment(segment: Segment) -> None:
             # Runs on the engine thread. Waiting for each publish keeps segments in order;
             # streaming is best effort, so a slow or absent Redis only skips the event.
             event = {"type": "segment", "id": segment.id, "start": segment.start,
-                     "end": segment.end, "text": segment.text}
+                     "end": segment.end, "text": segment.text,
+                     "delta": segment_delta(segment.text, texts_sent[0], separator)}
+            texts_sent[0] += bool(segment.text)
             future = asyncio.run_coroutine_threadsafe(self.store.publish_segment(
                 task.id, attempt, segment.end if streamed else 0.0, event), loop)
             with contextlib.suppress(Exception):
@@ -684,3 +688,12 @@ class Consumer:
             self.load_seconds = report.seconds  # for this task's metrics
             self.device_wait_seconds = report.device_wait_seconds
         await self.breakers.load_reported(task, report)
+
+
+def segment_delta(text: str, texts_before: int, separator: str) -> str:
+    """A segment's text as a stream's delta, so that the deltas add up to the transcript the
+    engine joins with `separator`: the first without its leading space, later ones with the
+    separator where the text does not begin with a space of its own."""
+    if not texts_before:
+        return text.lstrip()
+    return text if not text or text[:1].isspace() else separator + text

@@ -45,7 +45,7 @@ from gateway.realtime.protocol import (
     updated,
 )
 from gateway.realtime.vad import SAMPLE_RATE
-from gateway.serving.calls import SyncCalls, still_running, task_failed
+from gateway.serving.calls import SyncCalls, segment_delta, still_running, task_failed
 from gateway.submit.asr import MAX_PROMPT_CHARACTERS, AsrRequest, asr_options
 from gateway.submit.audio import AudioInput
 from gateway.submit.terms import SubmitTerms
@@ -346,10 +346,10 @@ class Session:
                 if event["type"] == "segment":
                     if not event.get("text"):
                         continue
-                    sent += 1
-                    text = event["text"].lstrip() if sent == 1 else event["text"]
                     await self._send(server_event(f"{TRANSCRIPTION}.delta", item_id=item,
-                                                  content_index=0, delta=text))
+                                                  content_index=0,
+                                                  delta=segment_delta(event, sent > 0)))
+                    sent += 1
                 elif event["type"] == "done":
                     await self._finished(item, event["task"])
                     return

@@ -221,6 +221,15 @@ def task_failed(task: Task) -> RequestError:
     return RequestError(code.http_status, message, code=code.value, headers=headers)
 
 
+def segment_delta(event: dict[str, Any], started: bool) -> str:
+    """A streamed segment event's text as a stream's delta (`started`: an earlier one was
+    sent): the worker's (workers/consumer.segment_delta: the deltas add up to the engine's
+    transcript), else (an older worker's event) its text, the first without its space."""
+    if "delta" in event:
+        return str(event["delta"])
+    return event["text"] if started else event["text"].lstrip()
+
+
 def still_running(task_id: str, headers: dict[str, str] | None = None) -> RequestError:
     """The 504 of a wait past the request timeout: the task goes on, under `task_id`, so a
     retry would queue the same work again (`x-should-retry: false`)."""

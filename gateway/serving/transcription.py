@@ -28,6 +28,7 @@ from gateway.serving.calls import (
     TimedStreamingResponse,
     public_model,
     response_format,
+    segment_delta,
     sse_error,
     sse_event,
     still_running,
@@ -228,7 +229,7 @@ async def _sse(events: Events, task_id: str, asked: Asked) -> AsyncIterator[byte
         async for event in events:
             if event["type"] == "segment" and event["text"] and not diarized:
                 yield sse_event({"type": "transcript.text.delta",
-                                 "delta": event["text"] if started else event["text"].lstrip()})
+                                 "delta": segment_delta(event, started)})
                 started = True
             elif event["type"] == "tick":
                 yield KEEPALIVE
@@ -241,16 +242,33 @@ async def _sse(events: Events, task_id: str, asked: Asked) -> AsyncIterator[byte
         await events.aclose()  # the waiter, released as soon as the stream ends
 
 
+def _deltas(text: str, pieces: list[str]) -> list[str]:
+    """The segments' texts as deltas that add up to `text` (whatever the engine joined them
+    with): each runs from where the one before ended to the end of its own text in `text`;
+    a piece not found there (it should not happen) is sent as it is."""
+    deltas, at = [], 0
+    for piece in pieces:
+        found = text.find(piece.strip(), at) if piece.strip() else -1
+        if found < 0:
+            deltas.append(piece if deltas else piece.lstrip())
+            continue
+        end = found + len(piece.strip())
+        deltas.append(text[at:end])
+        at = end
+    return deltas
+
+
 def _finish(task: Task, asked: Asked) -> list[bytes]:
     """The events that end a stream: a diarized one's segments, then the text; or an error."""
     if task.state != TaskState.SUCCEEDED or task.result is None:
         return [sse_error(task_failed(task))]
     chunks = []
     if asked.response_format == "diarized_json":
-        for index, segment in enumerate(speakers_lettered(task.result["segments"], asked)):
+        segments = speakers_lettered(task.result["segments"], asked)
+        deltas = _deltas(task.result["text"], [segment["text"] for segment in segments])
+        for segment, delta in zip(segments, deltas, strict=True):
             event = _diarized(segment)
-            text = segment["text"] if index else segment["text"].lstrip()
-            chunks.append(sse_event({"type": "transcript.text.delta", "delta": text,
+            chunks.append(sse_event({"type": "transcript.text.delta", "delta": delta,
                                      "segment_id": event["id"]}))
             chunks.append(sse_event(event))
     chunks.append(sse_event({"type": "transcript.text.done", "text": task.result["text"],

@@ -83,6 +83,10 @@ class Engine(Protocol):
 
 @runtime_checkable
 class TranscriptionEngine(Engine, Protocol):
+    #: what its transcript puts between two segments' texts ("" where each segment's text
+    #: carries its own leading space, as Whisper's does): streamed deltas add up to the text
+    segment_separator: str
+
     def transcribe(
         self,
         handle: Any,

@@ -27,6 +27,7 @@ def bundled_model_dir() -> Path:
 class FasterWhisperEngine:
     sample_rate = 16000
     uses_torch = False
+    segment_separator = ""  # Whisper's segments begin with their space
 
     def __init__(self, settings: Settings, compute_type: str | None = None,
                  cpu_threads: int | None = None) -> None:

@@ -22,6 +22,7 @@ class HfAsrEngine:
 
     name = ""
     uses_torch = True
+    segment_separator = " "
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings  # no option of these engines comes from the settings yet

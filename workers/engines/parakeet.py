@@ -45,6 +45,7 @@ class ParakeetEngine:
 
     sample_rate = 16000
     uses_torch = True
+    segment_separator = " "
 
     def __init__(self, settings: Settings, window_seconds: float | None = None,
                  warmup_seconds: Sequence[float] | None = None,
