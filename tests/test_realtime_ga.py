@@ -206,6 +206,44 @@ def test_unknown_session_values_are_still_refused(live: dict[str, Any]) -> None:
     asyncio.run(run())
 
 
+def test_every_threshold_the_sdk_allows_is_taken_and_a_low_one_still_ends_turns(
+        live: dict[str, Any]) -> None:
+    """0 and 1 are thresholds (the SDK's range is inclusive); a threshold at or below the
+    hysteresis still finds silence (silero's floor: a frame below 0.01), so a turn ends at
+    the speaker's pause, not at the buffer's limit; a number past a float's range is refused
+    as an error event, the session kept."""
+    async def run() -> Raw:
+        client = await connect(live)
+        vad = {"type": "server_vad", "silence_duration_ms": 300}
+        for threshold in (0.0, 1.0, 0.1):
+            updated = len(client.of("session.updated"))
+            await client.send(type="session.update", session={"type": "transcription", "audio": {
+                "input": {"format": {"type": "audio/pcm", "rate": 16000},
+                          "transcription": {"model": "whisper-1", "language": "en"},
+                          "turn_detection": {**vad, "threshold": threshold}}}})
+            await client.wait(lambda seen=updated: len(client.of("session.updated")) > seen, 10)
+        errors = len(client.of("error"))
+        await client.send(type="session.update", session={"type": "transcription", "audio": {
+            "input": {"turn_detection": {**vad, "threshold": 10 ** 400}}}})
+        error = (await client.next_error(errors))["error"]
+        assert error["param"] == "session.audio.input.turn_detection.threshold", error
+        audio = np.concatenate([np.zeros(8000, np.float32),
+                                espeak(SENTENCES[0], live["workdir"] / "low.wav"),
+                                np.zeros(24000, np.float32)])
+        pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+        await client.send(type="input_audio_buffer.append", audio=base64.b64encode(pcm).decode())
+        await client.wait(lambda: client.of(f"{TRANSCRIPTION}.completed"), 60)
+        await client.socket.close()
+        return client
+
+    client = asyncio.run(run())
+    assert client.of("session.updated")[-1]["session"]["audio"]["input"]["turn_detection"][
+        "threshold"] == 0.1
+    assert len(client.of("input_audio_buffer.speech_stopped")) == 1
+    (completed,) = client.of(f"{TRANSCRIPTION}.completed")
+    assert wer(SENTENCES[0], completed["transcript"]) <= 0.5, completed
+
+
 def test_completed_events_match_their_turns_by_item_id(live: dict[str, Any]) -> None:
     """Three manual commits in a row, each its own item: every completed event names the item
     its audio was committed as (whatever order they finish in)."""

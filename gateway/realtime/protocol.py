@@ -309,7 +309,7 @@ def _vad(current: VadConfig, given: dict[str, Any], fail: Any) -> VadConfig:
                                     "manual commits", f"{path}.type")
     result = current
     if (value := given.get("threshold")) is not None:
-        if not _number(value) or not 0.0 < value < 1.0:
+        if not _number(value) or not 0.0 <= value <= 1.0:
             raise fail("invalid_value", "threshold must be a number between 0 and 1",
                        f"{path}.threshold")
         result = replace(result, threshold=float(value))
@@ -323,4 +323,9 @@ def _vad(current: VadConfig, given: dict[str, Any], fail: Any) -> VadConfig:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past a float's range: no setting's value
+        return False

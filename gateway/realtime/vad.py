@@ -20,8 +20,9 @@ import numpy as np
 SAMPLE_RATE = 16_000
 FRAME = 512  # samples per model call at 16 kHz (32 ms): the model's fixed window
 CONTEXT = 64  # samples of the previous frame the model sees again
-#: a frame below `threshold - HYSTERESIS` counts as silence (silero's own streaming rule)
-HYSTERESIS = 0.15
+#: a frame below `threshold - HYSTERESIS` counts as silence, and always one below
+#: SILENCE_FLOOR (silero's own rule: a threshold at or under the hysteresis still ends turns)
+HYSTERESIS, SILENCE_FLOOR = 0.15, 0.01
 
 
 def model_path() -> Path:
@@ -94,7 +95,7 @@ class Change:
 class TurnDetector:
     """Frames in, speech starts and stops out: a start at the first frame at or above the
     threshold, a stop once the speech has been followed by `silence_duration_ms` of frames
-    below `threshold - HYSTERESIS`."""
+    below `threshold - HYSTERESIS` (at least SILENCE_FLOOR)."""
 
     def __init__(self, config: VadConfig) -> None:
         self.config = config
@@ -112,7 +113,7 @@ class TurnDetector:
     def feed(self, probabilities: np.ndarray, first_sample: int) -> list[Change]:
         """The changes within frames whose first one begins at `first_sample`."""
         changes: list[Change] = []
-        low = self.config.threshold - HYSTERESIS
+        low = max(self.config.threshold - HYSTERESIS, SILENCE_FLOOR)
         for i, prob in enumerate(probabilities):
             start = first_sample + i * FRAME
             if not self.in_speech:
