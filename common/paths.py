@@ -42,10 +42,16 @@ def _candidates(raw: str, roots: Sequence[Path]) -> tuple[list[Path], list[Path]
 def resolve_allowed_path(raw: str, roots: Sequence[Path]) -> Path:
     """A regular file strictly under one of `roots`, after resolving every symlink."""
     options, real_roots = _candidates(raw, roots)
+    under_a_root = False
     for option in options:
-        real = Path(os.path.realpath(option))
+        try:
+            real = Path(os.path.realpath(option))
+        except OSError:  # a name too long for the file system, or a symlink loop: no file
+            under_a_root = under_a_root or _inside(Path(os.path.abspath(option)), real_roots)
+            continue
         if not _inside(real, real_roots):
             continue
+        under_a_root = True
         try:
             mode = real.stat().st_mode
         except OSError:
@@ -53,7 +59,8 @@ def resolve_allowed_path(raw: str, roots: Sequence[Path]) -> Path:
         if not stat.S_ISREG(mode):
             raise PathNotAllowed("the path is not a regular file")
         return real
-    if any(Path(os.path.realpath(option)).exists() for option in options):
+    # outside every root whether or not it exists: the reply tells nothing of other files
+    if not under_a_root:
         raise PathNotAllowed("the path is outside the allowed roots")
     raise PathNotAllowed("no such file under the allowed roots")
 

@@ -179,8 +179,16 @@ def test_engine_options_are_checked_at_submit(hostile: dict) -> None:
             refused(hostile, route, "vad_filter", value)
         refused(hostile, route, "prompt", "word " * 1000)
     sage, openai = ASR_ROUTES[0], ROUTES[5]
-    for value in ("1", "16", "+4"):
+    for value in ("1", "16", "+4", "5\x1c", "\x1f3"):  # int() keeps what strip() drops
         accepted(hostile, sage, "beam_size", value)
+    for value in ("2\x1c", "\x1e2"):
+        for route in ASR_ROUTES:
+            check(hostile, route, {**route.base, "diarize": "true", "num_speakers": value})
+    paths = ASR_ROUTES[1]
+    for value in ("a" * 300, "/" + "a/" * 3000 + "x", "/etc/passwd", "/etc/no-such-file"):
+        reply = check(hostile, paths, {**paths.base, "audio_path": value})
+        assert reply.status_code == 400, (value[:40], reply.text)
+        assert ("outside" if value.startswith("/") else "no such file") in reply.text, value
     for value in ("0", "1", "0.25"):
         accepted(hostile, sage, "temperature", value)
     for value in ("en", "EN", "en-US", "auto"):
@@ -197,6 +205,27 @@ def test_engine_options_are_checked_at_submit(hostile: dict) -> None:
         refused(hostile, route, "language", "xx")
         refused(hostile, route, "voice", "nobody")
     refused(hostile, ROUTES[-1], "response_format", "ogg")
+
+
+def test_a_client_secret_is_made_only_of_text_and_numbers_it_can_keep(hostile: dict) -> None:
+    """A lone surrogate (a \\ud800 escape) or a number past a float's range in the session
+    is a 400, and no key is made (one made then would live its TTL, its caller never told)."""
+    url = f"{hostile['url']}/v1/realtime/client_secrets"
+    transcription = '{"session": {"type": "transcription", "audio": {"input": %s}}}'
+    for body in (transcription % '{"transcription": {"languages": ["\\ud800"]}}',
+                 transcription % '{"transcription": {"prompt": "a \\udfff b"}}',
+                 transcription % ('{"turn_detection": {"type": "server_vad", "threshold": %s}}'
+                                  % ("9" * 400))):
+        reply = http.post(url, content=body, headers={"content-type": "application/json"},
+                          timeout=30)
+        assert reply.status_code == 400, (body[:120], reply.text)
+        assert reply.json()["error"]["message"], reply.text
+    assert not list(hostile["redis"].scan_iter(match=keys.client_secret("*")))
+    fine = http.post(url, json={"session": {"type": "transcription"}}, timeout=30)
+    assert fine.status_code == 200, fine.text  # the emoji's pair is text: 200 below too
+    emoji = transcription % '{"transcription": {"prompt": "\\ud83d\\ude00"}}'
+    assert http.post(url, content=emoji, headers={"content-type": "application/json"},
+                     timeout=30).status_code == 200
 
 
 def test_a_list_or_object_where_a_value_belongs_is_refused(hostile: dict) -> None:

@@ -114,3 +114,20 @@ def test_open_allowed_checks_what_it_opened(dirs: dict[str, Path]) -> None:
             pass
     with pytest.raises(PathNotAllowed, match="disabled"), open_allowed(str(allowed), ()):
         pass
+
+
+def test_a_path_outside_the_roots_tells_nothing_and_no_path_raises_more(
+        dirs: dict[str, Path]) -> None:
+    """Outside the roots, a file that exists and one that does not get one answer (no caller
+    learns which files the host has); a name too long for the file system, in the roots or
+    out, or a loop of symlinks is a missing file, not an error of the server."""
+    allowed, roots = dirs["allowed"], (dirs["allowed"],)
+    (allowed / "loop.wav").symlink_to(allowed / "loop.wav")
+    for raw, message in ((str(dirs["secret"]), "outside the allowed roots"),
+                         (str(dirs["outside"] / "missing.wav"), "outside the allowed roots"),
+                         (str(allowed / ("a" * 300)), "no such file"),
+                         ("a" * 300, "no such file"),
+                         ("/" + "a/" * 3000 + "x", "outside the allowed roots"),
+                         (str(allowed / "loop.wav"), "no such file")):
+        with pytest.raises(PathNotAllowed, match=message), open_allowed(raw, roots):
+            pass

@@ -200,6 +200,10 @@ def test_unknown_session_values_are_still_refused(live: dict[str, Any]) -> None:
                                                               **session})
             error = (await client.next_error(errors))["error"]
             assert error["param"] == param, error
+        errors = len(client.of("error"))  # a lone surrogate is no text for a prompt
+        await client.send(type="session.update", session={"type": "transcription", "audio": {
+            "input": {"transcription": {"model": "whisper-1", "prompt": "a \ud800 b"}}}})
+        assert "surrogate" in (await client.next_error(errors))["error"]["message"]
         assert not client.of("session.updated")
         await client.socket.close()
 

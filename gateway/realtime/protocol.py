@@ -79,6 +79,22 @@ class ClientEvent:
     body: dict[str, Any]
 
 
+LONE_SURROGATE = "the JSON holds a lone surrogate escape (\\ud800-\\udfff): not Unicode text"
+
+
+def holds_lone_surrogate(raw: str | bytes | bytearray, body: Any) -> bool:
+    """Whether parsed JSON holds a lone surrogate (from a \\ud800 escape): no text to pass
+    on, since a reply or a task would fail to encode it. Only JSON with a \\u escape can, so
+    an audio append's body is not walked."""
+    if ("\\u" if isinstance(raw, str) else b"\\u") not in raw:
+        return False
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def read_event(text: str) -> ClientEvent:
     """One client message as an event of a type this session answers; ProtocolError if not."""
     try:
@@ -87,6 +103,8 @@ def read_event(text: str) -> ClientEvent:
         raise ProtocolError("invalid_json", f"the event is not valid JSON ({exc})") from None
     if not isinstance(body, dict):
         raise ProtocolError("invalid_json", "an event must be a JSON object")
+    if holds_lone_surrogate(text, body):
+        raise ProtocolError("invalid_json", LONE_SURROGATE)
     event_id = body.get("event_id")
     if event_id is not None and (not isinstance(event_id, str) or len(event_id) > MAX_EVENT_ID):
         raise ProtocolError("invalid_value", f"event_id must be a string of at most "

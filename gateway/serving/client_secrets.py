@@ -16,7 +16,14 @@ from fastapi import Request
 from common.settings import Settings
 from common.store.client_secrets import ClientSecretStore
 from gateway.errors import RequestError
-from gateway.realtime.protocol import ProtocolError, SessionConfig, new_id, updated
+from gateway.realtime.protocol import (
+    LONE_SURROGATE,
+    ProtocolError,
+    SessionConfig,
+    holds_lone_surrogate,
+    new_id,
+    updated,
+)
 from gateway.realtime.session import resolve
 from gateway.submit.enqueue import guard_store
 
@@ -61,6 +68,8 @@ async def _json_object(request: Request) -> dict[str, Any]:
         raise RequestError(400, "the JSON body is not valid JSON") from None
     if not isinstance(body, dict):
         raise RequestError(400, "the JSON body must be an object")
+    if holds_lone_surrogate(raw, body):
+        raise RequestError(400, LONE_SURROGATE)
     return body
 
 

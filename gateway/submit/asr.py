@@ -38,7 +38,9 @@ class AsrRequest:
         """The request's fields; a 400 naming the one that is not a value of its type."""
         beam_size = None
         if (raw := params.get("beam_size")) is not None:
-            if not _INTEGER.fullmatch(raw.strip()) or not 1 <= int(raw) <= MAX_BEAM_SIZE:
+            # int() reads what strip() took off (U+001C-U+001F): it gets the stripped value
+            raw = raw.strip()
+            if not _INTEGER.fullmatch(raw) or not 1 <= int(raw) <= MAX_BEAM_SIZE:
                 raise RequestError(400, f"beam_size must be an integer from 1 to "
                                         f"{MAX_BEAM_SIZE}", param="beam_size")
             beam_size = int(raw)

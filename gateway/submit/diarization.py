@@ -97,7 +97,8 @@ def diarization_options(params: Params, backend: str) -> dict[str, Any] | None:
     options: dict[str, Any] = {}
     for name in COUNTS:
         if (raw := params.get(name)) is not None:
-            if not _INTEGER.fullmatch(raw.strip()) or not 1 <= int(raw) <= MAX_SPEAKERS:
+            raw = raw.strip()  # as int() would not take it: U+001C-U+001F are stripped
+            if not _INTEGER.fullmatch(raw) or not 1 <= int(raw) <= MAX_SPEAKERS:
                 raise RequestError(400, f"{name} must be an integer from 1 to {MAX_SPEAKERS}",
                                    param=name)
             options[name] = int(raw)

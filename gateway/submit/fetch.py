@@ -51,7 +51,7 @@ async def _download(url: str, limit: int, timeout: float) -> bytes:
         if reply.status_code != 200:
             raise _refuse(f"audio_url answered HTTP {reply.status_code}")
         declared = reply.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
+        if declared.isascii() and declared.isdigit() and int(declared) > limit:
             raise _refuse(f"audio_url is larger than {limit} bytes", 413)
         chunks, size = [], 0
         async for chunk in reply.aiter_bytes():
