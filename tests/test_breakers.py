@@ -116,14 +116,20 @@ def test_a_repaired_model_heals_by_itself(tmp_path: Path, redis: procs.RedisServ
     worker = InProcessWorker(worker_settings(redis.url, **settings)).start()
     try:
         # three failures open the breaker
-        for _ in range(3):
-            final = wait_done(gateway.url, submit_file(gateway.url, JFK, model="fixable")
-                              .json()["taskid"])
+        first = ""
+        for attempt in range(3):
+            task_id = submit_file(gateway.url, JFK, model="fixable",
+                                  idempotency_key=f"try-{attempt}").json()["taskid"]
+            first = first or task_id
+            final = wait_done(gateway.url, task_id)
             assert final["status"] == "FAILED" and "model.bin" in final["error"], final
         opened = breakers(gateway.url)["fixable"]
         assert opened["state"] == "open" and opened["trips"] == 1, opened
         refused = submit_file(gateway.url, JFK, model="fixable")
         assert refused.status_code == 503 and "unavailable" in refused.json()["error"]
+        # a retried submit (its reply lost) still gets its own task, not the breaker's 503
+        again = submit_file(gateway.url, JFK, model="fixable", idempotency_key="try-0")
+        assert again.status_code == 200 and again.json()["taskid"] == first, again.text
         # a task already queued fails fast: no load attempt, no exit
         queued = asyncio.run(_submit_directly(redis.url, "fixable"))
         final = wait_done(gateway.url, queued)

@@ -430,6 +430,11 @@ class TaskStore:
         if not stored:
             raise Duplicate(text(value))
 
+    async def idempotent(self, owner: str, idempotency_key: str) -> str | None:
+        """The id of the task a submit with this owner's key made (within its retention)."""
+        found = await self.redis.get(keys.idempotency(owner, idempotency_key))
+        return None if found is None else text(found)
+
     async def get(self, task_id: str) -> Task | None:
         raw = await self.redis.hgetall(keys.task(task_id))
         return Task.from_hash(raw) if raw else None

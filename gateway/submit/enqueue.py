@@ -49,6 +49,11 @@ async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: 
 async def _enqueue(store: TaskStore, settings: Settings, *, backend: str, model: str,
                    options: dict[str, Any], audio: AudioInput, owner: str,
                    terms: SubmitTerms, task_id: str | None) -> Task:
+    # A repeated key gets its original task before any refusal a new task could meet (an
+    # open breaker, a full queue): the submit's own check below closes the race.
+    if terms.idempotency_key and (earlier := await guard_store(
+            store.idempotent(owner, terms.idempotency_key))):
+        return await _original(store, backend, earlier, audio)
     # An open breaker refuses at once; past its cool-down the task goes through as its probe.
     guarded = {model: settings.backend_models(backend).get(model, "")}
     if options.get("diarization") is not None:  # a diarizer that keeps failing stops these
@@ -84,17 +89,23 @@ async def _enqueue(store: TaskStore, settings: Settings, *, backend: str, model:
     except QuotaExceeded as refused:
         raise quota_exceeded(refused, time.time()) from None
     except Duplicate as repeat:
-        await store.blobs.unstage(audio.staged)  # the original task has its own input
-        original = await guard_store(store.get(repeat.task_id))
-        if original is None:
-            raise RequestError(409, "this idempotency key was used for a task that has expired",
-                               param="idempotency_key", code="idempotency_key_expired") from None
-        if original.backend != backend:  # another kind of call could not render it
-            raise RequestError(409, f"this idempotency key was used for a {original.backend} "
-                                    f"task, not {backend}: use a new key for another request",
-                               param="idempotency_key", code="idempotency_key_reused") from None
-        return original
+        return await _original(store, backend, repeat.task_id, audio)
     return task
+
+
+async def _original(store: TaskStore, backend: str, task_id: str, audio: AudioInput) -> Task:
+    """The task a repeated idempotency key made; a 409 when it expired or is another
+    backend's."""
+    await store.blobs.unstage(audio.staged)  # the original task has its own input
+    original = await guard_store(store.get(task_id))
+    if original is None:
+        raise RequestError(409, "this idempotency key was used for a task that has expired",
+                           param="idempotency_key", code="idempotency_key_expired")
+    if original.backend != backend:  # another kind of call could not render it
+        raise RequestError(409, f"this idempotency key was used for a {original.backend} "
+                                f"task, not {backend}: use a new key for another request",
+                           param="idempotency_key", code="idempotency_key_reused")
+    return original
 
 
 async def guard_store(awaitable: Awaitable[T], headers: dict[str, str] | None = None) -> T:
