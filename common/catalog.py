@@ -108,6 +108,12 @@ def resolve_model(settings: Settings, backend: str, model: str | None) -> str:
     alias = settings.aliases.get(model, "")
     if alias.startswith(f"{backend}/") and alias.split("/", 1)[1] in models:
         return alias.split("/", 1)[1]
+    if not alias and OPENAI_DEFAULTS.get(model) == BACKENDS[backend].kind:
+        # a built-in alias (whisper-1, tts-1 …), as /api/config lists it: here where it
+        # names this backend
+        named, default = resolve_public_model(settings, model, BACKENDS[backend].kind)
+        if named == backend:
+            return default
     raise UnknownModel(
         f"unknown model {_shown(model)!r} for backend {backend!r}; available: {', '.join(models)}"
     )

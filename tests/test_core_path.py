@@ -227,6 +227,17 @@ def test_ready_and_config(stack: dict) -> None:
     config = http.get(f"{stack['gateway']}/api/config").json()
     assert config["backends"]["faster-whisper"]["default_model"] == "tiny.en"
     assert config["aliases"]["whisper-1"] == "faster-whisper/tiny.en"
+    # every alias the config lists is a model name the Sage submit takes where it names
+    # that backend (built-in ones too), and another kind's is no model of it
+    for alias, target in config["aliases"].items():
+        backend, model = target.split("/", 1)
+        if backend == "faster-whisper":
+            reply = submit_file(stack["gateway"], JFK, model=alias)
+            assert reply.status_code == 200, (alias, reply.text)
+            final = wait_done(stack["gateway"], reply.json()["taskid"])
+            assert final["result"]["model"] == model, (alias, final)
+    refused = submit_file(stack["gateway"], JFK, model="tts-1")
+    assert refused.status_code == 404 and "tts-1" in refused.json()["error"], refused.text
 
 
 def test_worker_direct_transcribe_and_health(stack: dict) -> None:
