@@ -211,6 +211,12 @@ def test_limits_of_samples_and_voices_per_key(stack: dict[str, Any]) -> None:
     with pytest.raises(openai.BadRequestError) as rambling:
         sdk.audio.voice_consents.create(name="me", language="en", recording=("r.wav", longer))
     assert rambling.value.param == "recording" and "60 s" in str(rambling.value.message)
+    # a tag its consent phrase's language matches, but longer than any tag in use
+    with clip(stack, "consent").open("rb") as recording, \
+            pytest.raises(openai.BadRequestError) as tagged:
+        sdk.audio.voice_consents.create(name="me", language="en-" + "-".join(["abcdefgh"] * 9),
+                                        recording=recording)
+    assert tagged.value.param == "language", tagged.value.body
     # past SPEECH_MAX_CONSENTS_PER_KEY (2 here) a consent is refused before its check runs
     with clip(stack, "consent").open("rb") as recording:
         second = sdk.audio.voice_consents.create(name="again", language="en",

@@ -47,6 +47,8 @@ MAX_AUDIO_BYTES = 10 * 1024 * 1024
 #: body limit: gateway/app.py, so a 200 MiB body is refused as it arrives, not read first)
 MAX_BODY_BYTES = MAX_AUDIO_BYTES + 1024 * 1024
 MAX_NAME_CHARACTERS = 256
+#: the longest language tag a consent keeps (BCP 47 tags in use stay well under it)
+MAX_LANGUAGE_TAG = 35
 VOICEPRINT = "voiceprint"
 VOICE_PREFIX = "voice_"
 CONSENT_FIELDS = ("id", "object", "name", "language", "created_at")
@@ -75,6 +77,9 @@ class VoiceServing:
         if not language:
             raise RequestError(400, "missing 'language' (a BCP 47 tag such as en-US)",
                                param="language")
+        if len(language) > MAX_LANGUAGE_TAG:  # kept on the record, shown in every list
+            raise RequestError(400, f"language must be a BCP 47 tag of at most "
+                                    f"{MAX_LANGUAGE_TAG} characters", param="language")
         phrase = consent_phrase(self.settings, language)
         if phrase is None:
             raise RequestError(400, f"no consent phrase for language {language[:20]!r}; "
