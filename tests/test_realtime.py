@@ -401,6 +401,8 @@ def test_bad_events_get_error_events_and_the_session_survives(live: dict[str, An
               "event_id": "e4"}, "invalid_audio", "audio"),
             ({"type": "input_audio_buffer.append", "audio": 12, "event_id": "e5"},
              "invalid_type", "audio"),
+            ({"type": "input_audio_buffer.append", "event_id": "e5b"},
+             "missing_required_parameter", "audio"),
             ({"type": "session.update", "event_id": "e6", "session": {
                 "type": "transcription", "audio": {"input": {"format": {
                     "type": "audio/pcm", "rate": 44100}}}}},

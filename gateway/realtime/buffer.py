@@ -67,6 +67,9 @@ def decode_chunk(audio: object, max_samples: int, rate: int, event_id: str | Non
                  encoding: str) -> np.ndarray:
     """An append's `audio` (base64 of `encoding`: PCM16 LE mono, or G.711 μ-law / A-law) as
     float32 at its own rate, checked before it is decoded."""
+    if audio is None:
+        raise ProtocolError("missing_required_parameter", "the append has no 'audio'", "audio",
+                            event_id)
     if not isinstance(audio, str):
         raise ProtocolError("invalid_type", "audio must be a base64 string", "audio", event_id)
     width = 2 if encoding == PCM else 1
