@@ -145,6 +145,7 @@ def _add_pairs(params: Params, pairs: list[tuple[str, str]]) -> None:
     counts = Counter(key for key, _ in pairs)
     for key in counts:  # what this source says replaces what an earlier one said
         params.problems.pop(key, None)
+        params.lists.pop(key, None)  # a list too: the body's, not the query's and the body's
     for key, value in pairs:
         params.values[key] = value
         params.lists.setdefault(key, []).append(value)
