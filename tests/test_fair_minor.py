@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import websockets
 
@@ -112,6 +114,28 @@ def test_a_deadline_in_the_past_is_a_400(env: dict[str, Any], field: str, value:
                             files={"file": ("jfk.flac", handle)},
                             data={"model": "whisper-1", field: value}, timeout=30)
     assert openai.status_code == 400 and openai.json()["error"]["code"] == "deadline_passed"
+
+
+def test_a_repeat_after_its_deadline_passed_gets_its_task_and_a_new_key_a_400(
+        env: dict[str, Any]) -> None:
+    """A client whose reply was lost retries with the same key and the same body: past the
+    deadline it set, the repeat still names its task (whatever became of it); the same body
+    under a new key is a new submit, refused as past."""
+    deadline = str(time.time() + 1.5)
+
+    def submit(key: str) -> httpx.Response:
+        with JFK.open("rb") as handle:
+            return http.post(f"{env['gateway']}/api/faster-whisper-submit",
+                             headers={**AUTH, "Idempotency-Key": key}, timeout=30,
+                             files={"file": ("jfk.flac", handle)}, data={"deadline": deadline})
+
+    first = submit("late-retry")
+    assert first.status_code == 200, first.text
+    time.sleep(max(0.0, float(deadline) - time.time()) + 0.2)
+    again = submit("late-retry")
+    assert again.status_code == 200 and again.json()["task_id"] == first.json()["task_id"]
+    fresh = submit("late-new")
+    assert fresh.status_code == 400 and "past" in fresh.json()["error"], fresh.text
 
 
 def test_vtt_cue_text_is_escaped() -> None:

@@ -175,8 +175,10 @@ def retry_after(seconds: float | None) -> dict[str, str]:
     return {"Retry-After": str(max(1, math.ceil(seconds)))}
 
 
-def deadline_of(raw_deadline: str | None, raw_wait: str | None) -> float | None:
-    """The task's deadline (epoch seconds) from `deadline` or `max_wait_seconds`."""
+def deadline_of(raw_deadline: str | None, raw_wait: str | None,
+                past_ok: bool = False) -> float | None:
+    """The task's deadline (epoch seconds) from `deadline` or `max_wait_seconds`; one already
+    past is a 400 unless `past_ok` (then `refuse_past` checks it later)."""
     try:
         if raw_deadline:
             value = float(raw_deadline)
@@ -190,8 +192,14 @@ def deadline_of(raw_deadline: str | None, raw_wait: str | None) -> float | None:
         value, name = math.nan, "deadline" if raw_deadline else "max_wait_seconds"
     if not math.isfinite(value):
         raise RequestError(400, f"{name} must be a number of seconds", param=name)
-    if value <= time.time():  # no wait could meet it: not a 429 to retry in a second
+    if not past_ok:
+        refuse_past(value, name)
+    return value
+
+
+def refuse_past(deadline: float | None, name: str = "deadline") -> None:
+    """A 400 when `deadline` has passed: no wait could meet it (not a 429 to retry)."""
+    if deadline is not None and deadline <= time.time():
         raise RequestError(400, f"{name} is already past: give a deadline in the future "
                                 "(epoch seconds) or a positive max_wait_seconds",
                            param=name, code="deadline_passed")
-    return value

@@ -21,7 +21,7 @@ from common.store import (
     new_task_id,
 )
 from gateway.errors import RequestError, store_unavailable
-from gateway.policy.admission import admit, queue_full, retry_after
+from gateway.policy.admission import admit, queue_full, refuse_past, retry_after
 from gateway.policy.quotas import charge_of, quota_exceeded
 from gateway.submit.audio import AudioInput
 from gateway.submit.terms import NO_TERMS, SubmitTerms
@@ -54,6 +54,7 @@ async def _enqueue(store: TaskStore, settings: Settings, *, backend: str, model:
     if terms.idempotency_key and (earlier := await guard_store(
             store.idempotent(owner, terms.idempotency_key))):
         return await _original(store, backend, earlier, audio)
+    refuse_past(terms.deadline)
     # An open breaker refuses at once; past its cool-down the task goes through as its probe.
     guarded = {model: settings.backend_models(backend).get(model, "")}
     if options.get("diarization") is not None:  # a diarizer that keeps failing stops these

@@ -53,8 +53,12 @@ class SubmitTerms:
     @classmethod
     def of(cls, request: Request, params: Params, default_lane: str,
            settings: Settings) -> SubmitTerms:
-        return cls(idempotency_key(request, params), priority(params, default_lane),
-                   deadline_of(params.get("deadline"), params.get("max_wait_seconds")),
+        key = idempotency_key(request, params)
+        # a repeat of a submit whose deadline has passed since gets its task, not a 400: with
+        # a key, a past deadline is refused after the key is looked up (submit/enqueue.py)
+        return cls(key, priority(params, default_lane),
+                   deadline_of(params.get("deadline"), params.get("max_wait_seconds"),
+                               past_ok=bool(key)),
                    callback_url(params.get("callback_url"), settings))
 
 
