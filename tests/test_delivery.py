@@ -81,6 +81,44 @@ def test_preload_lease_and_janitor(pair: dict) -> None:
     assert pending_count(pair["redis"].client()) == 0
 
 
+def test_an_abandoned_entry_is_found_behind_any_number_of_leased_ones(
+        redis: procs.RedisServer) -> None:
+    """Two workers hold 30 entries leased (their gathered batches), a third died holding one
+    more: another worker's janitor takes the dead one's within a few turns (XAUTOCLAIM looks
+    at ten pending entries a call), and never a leased one."""
+    import asyncio
+
+    from redis.asyncio import Redis
+
+    from common import keys
+    from common.store.queue import Queue
+
+    stream = keys.queue("faster-whisper", keys.BATCH)
+
+    async def scenario() -> tuple[list[str], str]:
+        client = Redis.from_url(redis.url)
+        for lane in keys.LANES:
+            await client.xgroup_create(keys.queue("faster-whisper", lane), keys.WORKER_GROUP,
+                                       id="0", mkstream=True)
+        ids = [await client.xadd(stream, {"task_id": f"t{i}"}) for i in range(31)]
+        for holder in ("w1", "w2"):
+            await client.xreadgroup(keys.WORKER_GROUP, holder, {stream: ">"}, count=15)
+        await client.xreadgroup(keys.WORKER_GROUP, "dead", {stream: ">"}, count=1)
+        await client.xclaim(stream, keys.WORKER_GROUP, "dead", 0, [ids[-1]], idle=60_000,
+                            justid=True)  # its lease long lapsed
+        janitor = Queue(client, "faster-whisper", "w3")
+        found = []
+        for _ in range(3):  # turns; the leased entries stay fresh (idle well under 30 s)
+            found += [d.task_id or "" for d in await janitor.claim_abandoned(30.0)]
+        owner = (await client.xpending_range(stream, keys.WORKER_GROUP, min=ids[-1],
+                                             max=ids[-1], count=1))[0]["consumer"]
+        await client.aclose()
+        return found, owner.decode()
+
+    found, owner = asyncio.run(scenario())
+    assert found == ["t30"] and owner == "w3", (found, owner)
+
+
 def test_memory_cap_refuses_work_and_the_worker_keeps_serving(redis: procs.RedisServer,
                                                                gateway: str) -> None:
     worker = InProcessWorker(worker_settings(redis.url, memory_cap_mib=1),  # below any RSS

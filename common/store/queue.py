@@ -17,6 +17,9 @@ from common import keys
 from common.store.values import text
 
 # KEYS: queue | ARGV: group, consumer, entry -> 1 the lease was extended (we still own it),
+#: XAUTOCLAIM calls a lane's search for abandoned entries makes a turn (10 entries each)
+CLAIM_CALLS = 8
+
 # 0 the entry is no longer pending (acked: its task is done), -1 another consumer owns it
 _EXTEND_LEASE = """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
@@ -85,6 +88,8 @@ class Queue:
         self.promotion_every = max(1, promotion_every)
         #: interactive entries taken since the last batch one (a new worker owes batch one)
         self.interactive_run = self.promotion_every
+        #: where each lane's search for abandoned entries goes on (XAUTOCLAIM's cursor)
+        self._claim_from = dict.fromkeys(keys.LANES, "0-0")
         self._extend = redis.register_script(_EXTEND_LEASE)
         self._release = redis.register_script(_RELEASE)
         self._forget = redis.register_script(FORGET_CONSUMER)
@@ -159,14 +164,21 @@ class Queue:
             await self._forget(keys=[stream], args=[keys.WORKER_GROUP, self.consumer])
 
     async def claim_abandoned(self, min_idle_seconds: float) -> list[Delivery]:
-        """Take over one entry (of either lane) whose worker stopped extending its lease."""
+        """Take over one entry (of either lane) whose worker stopped extending its lease.
+        XAUTOCLAIM looks at no more than ten pending entries a call (COUNT 1): past leased
+        ones (other workers' batches), the search goes on from its cursor, a few calls a
+        turn and on at the next turn, so an abandoned entry is found behind any number."""
         for lane in keys.LANES:
-            reply = await self.redis.xautoclaim(self.streams[lane], keys.WORKER_GROUP,
-                                                self.consumer,
-                                                min_idle_time=int(min_idle_seconds * 1000),
-                                                start_id="0-0", count=1)
-            if reply[1]:
-                return [_delivery(entry_id, fields, lane) for entry_id, fields in reply[1]]
+            for _ in range(CLAIM_CALLS):
+                reply = await self.redis.xautoclaim(self.streams[lane], keys.WORKER_GROUP,
+                                                    self.consumer,
+                                                    min_idle_time=int(min_idle_seconds * 1000),
+                                                    start_id=self._claim_from[lane], count=1)
+                self._claim_from[lane] = text(reply[0])
+                if reply[1]:
+                    return [_delivery(entry_id, fields, lane) for entry_id, fields in reply[1]]
+                if self._claim_from[lane] == "0-0":  # the whole list looked at
+                    break
         return []
 
     async def extend_lease(self, delivery: Delivery) -> Lease:
