@@ -160,6 +160,40 @@ def _task(url: str, task_id: str) -> dict:
     return http.get(f"{url}/v1/tasks/{task_id}", timeout=10).json()
 
 
+def test_a_sweep_cut_short_leaves_its_work_for_the_next(redis: procs.RedisServer) -> None:
+    """A pass that read the tasks past their deadline, or the waiting entries of a backend
+    with no worker, and then stopped (Redis gone, the gateway stopped) before failing them:
+    the next pass finds them again, so each still fails."""
+
+    async def scenario() -> list[str]:
+        client = Redis.from_url(redis.url)
+        store = TaskStore(client, 60)
+        late = Task(id=new_task_id(), backend=BACKEND, model="tiny.en",
+                    state=TaskState.PENDING, input_path=str(JFK), deadline=time.time() + 0.2)
+        await store.submit(late, None)
+        await asyncio.sleep(0.3)
+        assert await upkeep.deadlines_passed(store, BACKEND, 10) == [late.id]  # then cut
+        sweeper = Sweeper(store, Settings(no_worker_seconds=0.5))
+        assert await sweeper.fail_past_deadline(BACKEND) == 1
+        stranded = await _queued(store)
+        await upkeep.no_worker_since(store, BACKEND, 60)
+        await asyncio.sleep(0.6)
+
+        async def cut_short(tasks: list[Task], *_: object) -> int:
+            raise ConnectionError("the pass ends here")
+
+        failing, sweeper.fail_tasks = sweeper.fail_tasks, cut_short  # type: ignore[method-assign]
+        with pytest.raises(ConnectionError):
+            await sweeper.fail_stranded(BACKEND, live=False)
+        sweeper.fail_tasks = failing  # type: ignore[method-assign]
+        assert await sweeper.fail_stranded(BACKEND, live=False) == 1
+        codes = [(await store.get(task_id)) for task_id in (late.id, stranded.id)]
+        await client.aclose()
+        return [task.error_code if task else "gone" for task in codes]
+
+    assert asyncio.run(scenario()) == ["deadline_exceeded", "no_worker"]
+
+
 async def _queued(store: TaskStore) -> Task:
     task = Task(id=new_task_id(), backend=BACKEND, model="tiny.en", state=TaskState.PENDING,
                 input_path=str(JFK))

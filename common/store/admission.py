@@ -214,9 +214,13 @@ async def _text_hash(redis: Redis, key: str) -> dict[str, str]:
 
 
 async def deadlines_passed(redis: Redis, backend: str, most: int) -> list[str]:
-    """Ids of queued tasks whose deadline has passed (at most `most`), and forget them."""
+    """Ids of queued tasks whose deadline has passed (at most `most`); kept until their
+    caller has handled them (`forget_deadlines`)."""
     found = await redis.zrangebyscore(keys.deadlines(backend), "-inf", repr(time.time()),
                                       start=0, num=most)
-    if found:
-        await redis.zrem(keys.deadlines(backend), *found)
     return [task_id.decode() for task_id in found]
+
+
+async def forget_deadlines(redis: Redis, backend: str, task_ids: list[str]) -> None:
+    if task_ids:
+        await redis.zrem(keys.deadlines(backend), *task_ids)

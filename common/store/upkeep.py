@@ -89,9 +89,13 @@ async def undelivered(store: TaskStore, backend: str, most: int,
 
 
 async def deadlines_passed(store: TaskStore, backend: str, most: int) -> list[str]:
-    """Ids of queued tasks of `backend` whose deadline has passed (at most `most`); they are
-    forgotten here, so each is looked at once."""
+    """Ids of queued tasks of `backend` whose deadline has passed (at most `most`), until
+    `forget_deadlines` (after they are handled: a pass cut short looks at them again)."""
     return await admission.deadlines_passed(store.redis, backend, most)
+
+
+async def forget_deadlines(store: TaskStore, backend: str, task_ids: list[str]) -> None:
+    await admission.forget_deadlines(store.redis, backend, task_ids)
 
 
 async def no_worker_since(store: TaskStore, backend: str, ttl_seconds: int) -> float:

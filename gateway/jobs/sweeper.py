@@ -134,9 +134,9 @@ class Sweeper:
         limit = self.settings.no_worker_seconds
         if time.time() - since < limit:
             return 0
-        entries = []
+        entries, cursors = [], {}
         for lane in upkeep.LANES:
-            found, self.owed_cursor[(backend, lane)] = await upkeep.owed(
+            found, cursors[(backend, lane)] = await upkeep.owed(
                 self.store, backend, self.owed_cursor.get((backend, lane), "0-0"),
                 BATCH * MAX_BATCHES, lane)
             entries += found
@@ -156,7 +156,9 @@ class Sweeper:
                         f"has been live for {limit:.0f} s (see /ready)")
             return None
 
-        return await self.fail_tasks(tasks, error)
+        failed = await self.fail_tasks(tasks, error)
+        self.owed_cursor.update(cursors)  # past what was read only once it is handled
+        return failed
 
     async def fail_past_deadline(self, backend: str) -> int:
         """FAIL (`deadline_exceeded`) the queued tasks of `backend` whose deadline passed
@@ -168,6 +170,9 @@ class Sweeper:
             failed += await self.fail_tasks(
                 tasks, lambda task: "its deadline passed before a worker could start it"
                 if task.state == TaskState.PENDING else None, ErrorCode.DEADLINE_EXCEEDED)
+            # forgotten once handled: a pass cut short (Redis gone, the gateway stopped)
+            # leaves them for the next
+            await upkeep.forget_deadlines(self.store, backend, task_ids)
             if len(task_ids) < BATCH:
                 break
         return failed
