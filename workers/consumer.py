@@ -42,7 +42,7 @@ from common.store.queue import Delivery, Lease
 from common.store.replicas import NotReplicated
 from workers import batching
 from workers.breakers import ModelBreakers
-from workers.engine_host import EngineHost
+from workers.engine_host import EngineHost, call_limit
 from workers.execute import OnDecoded, Outcome, Source, SpeechProgress, TaskError
 from workers.models import LoadReport
 
@@ -113,7 +113,7 @@ class Consumer:
         # our own unacked entries of each lane first (after a restart): lane -> cursor
         pending_cursors: dict[str, str] = {lane: "0" for lane in self.store.lanes}
         next_janitor = 0.0
-        while not self.stopping.is_set():
+        while not self.stopping.is_set() and not self.host.stalled:
             try:
                 if pending_cursors:
                     lane, cursor = next(iter(pending_cursors.items()))
@@ -141,6 +141,8 @@ class Consumer:
                     if not deliveries and self.burst:
                         return  # drained: nothing new, nothing abandoned
                 await self._handle_leased(deliveries)
+                if self.host.stalled:  # its engine thread is stuck: the worker leaves
+                    return
             except ResponseError as exc:
                 if not str(exc).startswith(("NOGROUP", "UNBLOCKED")):
                     raise
@@ -431,7 +433,9 @@ class Consumer:
                     model, len(members), prepare, on_load=loaded,
                     audio_seconds=max((task.audio_seconds or 0.0 for task, _ in members),
                                       default=0.0),
-                    on_call=call_done)
+                    on_call=call_done,
+                    limit_seconds=call_limit(self.settings, self.host.kind,
+                                             sum(task.work_units for task, _ in members)))
             except TaskError as exc:  # the breaker, the load or the cap: every task's
                 for index in range(len(members)):  # (opened for it, as alone)
                     if index in unstarted:
@@ -512,7 +516,9 @@ class Consumer:
         return await self.host.execute(task.model, task.params, source, on_segment,
                                        on_load=functools.partial(self._loaded, task),
                                        speech=speech, audio_seconds=task.audio_seconds,
-                                       on_decoded=self._top_up(task, attempt))
+                                       on_decoded=self._top_up(task, attempt),
+                                       limit_seconds=call_limit(self.settings, self.host.kind,
+                                                                task.work_units))
 
     async def _admit(self, model: str) -> None:
         breaker_error = await self.breakers.admit(model)

@@ -55,6 +55,24 @@ async def _no_report(report: LoadReport) -> None:
     del report
 
 
+#: an engine call's bound when SPEECH_MAX_ENGINE_CALL_SECONDS is 0: this much, plus
+#: CALL_SECONDS_PER_WORK_SECOND for each second of the call's audio (TTS: of speech, at
+#: SPOKEN_CHARACTERS_PER_SECOND), far past any engine's real time on a CPU
+CALL_FLOOR_SECONDS, CALL_SECONDS_PER_WORK_SECOND = 600.0, 20.0
+SPOKEN_CHARACTERS_PER_SECOND = 10.0
+
+
+def call_limit(settings: Settings, kind: str, work: float) -> float | None:
+    """The longest an engine call of `work` (audio-seconds; TTS: characters) may run; None:
+    no bound (SPEECH_MAX_ENGINE_CALL_SECONDS below 0)."""
+    if settings.max_engine_call_seconds < 0:
+        return None
+    if settings.max_engine_call_seconds > 0:
+        return settings.max_engine_call_seconds
+    seconds = work / SPOKEN_CHARACTERS_PER_SECOND if kind == "tts" else work
+    return CALL_FLOOR_SECONDS + CALL_SECONDS_PER_WORK_SECOND * seconds
+
+
 class EngineHost:
     def __init__(self, settings: Settings, engine: Engine, on_load: OnLoad = _no_report,
                  budget: DeviceBudget = NO_BUDGET) -> None:
@@ -78,6 +96,9 @@ class EngineHost:
         # the device memory broker: a reservation before every load, back after every unload
         self.holding = DeviceHolding(budget, self.slot, self._call, engine.uses_torch,
                                      self.device)
+        #: an engine call ran past its bound (`call_limit`) and never returned: its thread is
+        #: stuck (a driver call), so nothing may run on it again; the worker leaves
+        self.stalled = False
 
     @property
     def busy(self) -> bool:
@@ -110,17 +131,19 @@ class EngineHost:
                       on_load: OnLoad | None = None,
                       speech: SpeechProgress | None = None,
                       audio_seconds: float | None = None,
-                      on_decoded: OnDecoded | None = None) -> Outcome:
+                      on_decoded: OnDecoded | None = None,
+                      limit_seconds: float | None = None) -> Outcome:
         """Load `model` if needed and run one engine call, serialised with every other;
         a TaskError says why it failed. `speech`: see workers.execute.SpeechProgress;
         `audio_seconds`: the task's length as known before decoding (its memory class);
-        `on_decoded`: told the decoded length (see workers.execute.OnDecoded)."""
+        `on_decoded`: told the decoded length (see workers.execute.OnDecoded);
+        `limit_seconds`: the longest the call may run (`call_limit`; None: no bound)."""
         diarize = params.get("diarization") is not None
         decoded = self._on_decoded(model, diarize, on_decoded)
 
         async def run(handle: Any) -> Outcome:
-            return await self._call(
-                run_engine, self.engine, handle, backend=self.backend, model=model,
+            return await self._bounded(
+                limit_seconds, run_engine, self.engine, handle, backend=self.backend, model=model,
                 params=params, source=source, on_segment=on_segment,
                 max_audio_seconds=self.settings.max_audio_seconds,
                 allowed_roots=tuple(self.settings.allowed_roots),
@@ -133,7 +156,7 @@ class EngineHost:
                             on_load: OnLoad | None = None,
                             audio_seconds: float | None = None,
                             on_call: Callable[[list[int], list[Outcome | TaskError]], object]
-                            | None = None) -> None:
+                            | None = None, limit_seconds: float | None = None) -> None:
         """`execute` for `count` tasks that share calls (workers/batching.py). The batch is
         split into calls that fit the memory cap and the device reservation, and each
         call's tasks are `prepare`d (their attempts opened) only as that call begins: one
@@ -159,7 +182,8 @@ class EngineHost:
                 items = [dataclasses.replace(
                     item, on_decoded=self._on_decoded(model, False, item.on_decoded))
                     for _, item in chosen]
-                outcomes = await self._call(self._run_batch, engine, handle, model, items)
+                outcomes = await self._bounded(limit_seconds, self._run_batch, engine, handle,
+                                               model, items)
                 if on_call is not None:
                     on_call([index for index, _ in chosen], outcomes)
             if len(sizes) > 1:
@@ -212,6 +236,10 @@ class EngineHost:
                 outcome = await run(handle)
             except Exception as exc:
                 failure = task_error(exc)
+            if self.stalled:  # the engine thread is taken for good: nothing more runs on it
+                self.running_calls -= 1
+                assert failure is not None
+                raise failure
             # Past the except block the engine's exception is gone, and with its traceback
             # the tensors its frames held: only now can releasing memory return them.
             handle = None
@@ -340,6 +368,24 @@ class EngineHost:
                         await self._call(self.slot.unload)
                         await self.holding.settle()
                         return
+
+    async def _bounded(self, limit_seconds: float | None, fn: Callable[..., T], *args: Any,
+                       **kwargs: Any) -> T:
+        """`_call` for an engine call: past `limit_seconds` the call is taken for stuck
+        (nothing can stop a thread inside a driver call), the host `stalled`, and a TaskError
+        fails its tasks."""
+        call = asyncio.ensure_future(self._call(fn, *args, **kwargs))
+        if limit_seconds is None:
+            return await call
+        done, _ = await asyncio.wait({call}, timeout=limit_seconds)
+        if call in done:
+            return call.result()
+        self.stalled = True
+        log.critical("the engine call has run %.0f s, past its bound, and not returned: "
+                     "the worker leaves so that a fresh process takes the work", limit_seconds)
+        raise TaskError(f"the engine call ran past {limit_seconds:.0f} s "
+                        "(SPEECH_MAX_ENGINE_CALL_SECONDS) without returning; its worker "
+                        "restarted", ErrorCode.ENGINE_ERROR)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run on the engine thread, carrying the task id into its log lines."""

@@ -176,6 +176,11 @@ class Worker:
         stop_requested = asyncio.create_task(self.consumer.stopping.wait())
         await asyncio.wait({consumer, stop_requested, *background},
                            return_when=asyncio.FIRST_COMPLETED)
+        if self.host.stalled:  # an engine call never returned (its tasks are FAILED): the
+            # thread cannot be stopped or joined, and what it holds goes only with the process
+            await cancel_all({consumer, stop_requested, *background})
+            await self._leave(1)
+            return
         drained = (self.burst and consumer.done() and not consumer.cancelled()
                    and consumer.exception() is None)
         if not drained and not self.consumer.stopping.is_set():
