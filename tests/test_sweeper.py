@@ -97,6 +97,10 @@ def test_tasks_waiting_in_a_keys_line_are_swept_by_their_age_and_with_no_worker(
         client = Redis.from_url(redis.url)
         store = TaskStore(client, 60)
         sweeper = Sweeper(store, Settings(api_keys=[key], max_queue_seconds=1.0))
+        # lines exist where any key has a share: the default's, or its own with none
+        own = ApiKey(key="sha256:" + "cd" * 32, max_queued=2)
+        assert Sweeper(store, Settings(api_keys=[own], queued_per_key=0)).lines_used
+        assert not Sweeper(store, Settings(api_keys=[key], queued_per_key=0)).lines_used
 
         async def submit(count: int) -> list[str]:
             made = [Task(id=new_task_id(), backend=BACKEND, model="tiny.en", owner=key.owner,

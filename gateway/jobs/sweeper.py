@@ -63,7 +63,7 @@ class Sweeper:
         self.owed_cursor: dict[tuple[str, str], str] = {}
         #: whether entries may have come in from keys' lines, younger than their tasks (with
         #: keys off nobody waits in one: the age walk alone is exact)
-        self.lines_used = bool(settings.api_keys) and settings.queued_per_key > 0
+        self.lines_used = any(settings.lane_share(key.owner) > 0 for key in settings.api_keys)
         bounds = [limit / 4 for limit in (settings.max_queue_seconds, settings.no_worker_seconds)
                   if limit > 0]
         self.period = max(0.2, min([30.0, *bounds]))
