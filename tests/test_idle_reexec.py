@@ -28,6 +28,7 @@ from harness.procs import wait_until
 from tests import inprocess
 from tests.helpers import JFK, JFK_TEXT, normalise, submit_file, wait_done
 from workers import runtime
+from workers.cancelling import cancel_all
 from workers.engines.faster_whisper import FasterWhisperEngine
 
 IDLE_UNLOAD_SECONDS = 2
@@ -124,7 +125,7 @@ def test_a_lost_cancel_does_not_keep_the_heartbeat_running(stack: dict[str, Any]
             loop.cancel()
             ended, _ = await asyncio.wait({loop}, timeout=0.2)
             lost += not ended
-            await asyncio.wait_for(runtime.cancel_all({loop}, every=0.05), 10)
+            await asyncio.wait_for(cancel_all({loop}, every=0.05), 10)
             assert loop.done()
         await client.aclose()
         return lost

@@ -42,6 +42,7 @@ from common.store.queue import Delivery, Lease
 from common.store.replicas import NotReplicated
 from workers import batching
 from workers.breakers import ModelBreakers
+from workers.cancelling import cancel_all
 from workers.engine_host import EngineHost, call_limit
 from workers.execute import OnDecoded, Outcome, Source, SpeechProgress, TaskError
 from workers.models import LoadReport
@@ -167,8 +168,7 @@ class Consumer:
                 for delivery in deliveries:
                     await self._handle(delivery)
         finally:
-            lease.cancel()
-            await asyncio.wait({lease})  # stopped: a last extension would undo the release
+            await cancel_all({lease})  # stopped: a last extension would undo the release
         if left:  # gathered entries not started (a stop, a Redis error starting them): any
             with contextlib.suppress(RedisError):  # worker's claim takes them now
                 released = await self.store.release(
