@@ -105,15 +105,11 @@ def resolve_model(settings: Settings, backend: str, model: str | None) -> str:
         model = model.removeprefix(f"{backend}/")
     if model in models:
         return model
-    alias = settings.aliases.get(model, "")
+    # an alias (/api/config lists them, built-in ones too) where it names this backend
+    alias = settings.aliases.get(model) or (
+        aliases(settings).get(model, "") if model in OPENAI_DEFAULTS else "")
     if alias.startswith(f"{backend}/") and alias.split("/", 1)[1] in models:
         return alias.split("/", 1)[1]
-    if not alias and OPENAI_DEFAULTS.get(model) == BACKENDS[backend].kind:
-        # a built-in alias (whisper-1, tts-1 …), as /api/config lists it: here where it
-        # names this backend
-        named, default = resolve_public_model(settings, model, BACKENDS[backend].kind)
-        if named == backend:
-            return default
     raise UnknownModel(
         f"unknown model {_shown(model)!r} for backend {backend!r}; available: {', '.join(models)}"
     )
@@ -147,6 +143,16 @@ def _shown(value: str) -> str:
     return value if len(value) <= 40 else value[:40] + "…"
 
 
+def aliases(settings: Settings) -> dict[str, str]:
+    """Every public model name -> "backend/model": the configured aliases, then the built-in
+    OpenAI names (whisper-1, tts-1 …) where an enabled backend serves their kind."""
+    found = dict(settings.aliases)
+    for public, kind in OPENAI_DEFAULTS.items():
+        with contextlib.suppress(UnknownModel):
+            found.setdefault(public, "/".join(resolve_public_model(settings, public, kind)))
+    return found
+
+
 def public_config(settings: Settings) -> dict[str, Any]:
     """The single source of truth for clients: backends, models, aliases and defaults."""
     backends = {}
@@ -156,13 +162,9 @@ def public_config(settings: Settings) -> dict[str, Any]:
             "models": list(settings.backend_models(name)),
             "default_model": settings.default_model(name),
         }
-    aliases = dict(settings.aliases)
-    for public, kind in OPENAI_DEFAULTS.items():
-        with contextlib.suppress(UnknownModel):
-            aliases.setdefault(public, "/".join(resolve_public_model(settings, public, kind)))
     return {
         "backends": backends,
-        "aliases": aliases,
+        "aliases": aliases(settings),
         "limits": {
             "max_upload_mib": settings.max_upload_mib,
             "max_audio_seconds": settings.max_audio_seconds,

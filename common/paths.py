@@ -44,17 +44,13 @@ def resolve_allowed_path(raw: str, roots: Sequence[Path]) -> Path:
     options, real_roots = _candidates(raw, roots)
     under_a_root = False
     for option in options:
-        try:
-            real = Path(os.path.realpath(option))
-        except OSError:  # a name too long for the file system, or a symlink loop: no file
-            under_a_root = under_a_root or _inside(Path(os.path.abspath(option)), real_roots)
-            continue
+        real = Path(os.path.realpath(option))  # (not strict: a loop or a long name resolves)
         if not _inside(real, real_roots):
             continue
         under_a_root = True
         try:
             mode = real.stat().st_mode
-        except OSError:
+        except OSError:  # missing, a name too long for the file system, a symlink loop …
             continue
         if not stat.S_ISREG(mode):
             raise PathNotAllowed("the path is not a regular file")

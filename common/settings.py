@@ -211,9 +211,10 @@ class Settings(BaseSettings):
     #: a worker whose model load failed exits only once it has run this long: longer than
     #: supervisord's `startsecs` (3), so the exit is a restart and never a failed start
     min_uptime_seconds: float = 5.0
-    #: the longest one engine call may run: past it its tasks FAIL and the worker restarts
-    #: (a call stuck in a driver never returns, and its worker would look alive holding them
-    #: RUNNING); 0 = 600 s plus 20 s for each second of the call's audio, -1 = no bound
+    #: the longest one engine call may run (its load not counted): past it its tasks FAIL
+    #: and the worker restarts (a call stuck in a driver never returns, and its worker would
+    #: look alive holding them RUNNING); 0 = 600 s plus 20 s for each second of the call's
+    #: audio, -1 = no bound
     max_engine_call_seconds: float = 0.0
     #: a backend without a live worker this long has its PENDING tasks, and its RUNNING
     #: tasks whose worker is gone, FAILED (`no_worker`); 0 = never

@@ -122,19 +122,31 @@ def test_an_abandoned_entry_is_found_behind_any_number_of_leased_ones(
 def test_an_engine_call_past_its_bound_fails_its_task_and_the_worker_leaves(
         redis: procs.RedisServer, gateway: str) -> None:
     """A call that does not return within SPEECH_MAX_ENGINE_CALL_SECONDS is taken for stuck
-    (a driver call never returns; its worker would beat on, holding the task RUNNING): the
-    task FAILS engine_error at once, and the worker leaves (its thread cannot be stopped).
-    Here the call is a real one, only longer than the bound the test sets."""
-    worker = InProcessWorker(worker_settings(redis.url, max_engine_call_seconds=0.3)).start()
+    (a driver call never returns; its worker would beat on, holding the task RUNNING): its
+    task FAILS engine_error at once, a task the worker had gathered but not started goes
+    back to the others, and the worker leaves (its thread cannot be stopped). Here the call
+    is a real one, only longer than the bound the test sets."""
+    stuck = submit_file(gateway, LONG, beam_size="1").json()["taskid"]
+    other = submit_file(gateway, LONG, beam_size="2").json()["taskid"]  # its own call
+    bounded = worker_settings(redis.url, max_engine_call_seconds=0.3,
+                              visibility_timeout_seconds=VISIBILITY)
+    worker = InProcessWorker(bounded).start()
     try:
-        task_id = submit_file(gateway, LONG).json()["taskid"]
-        final = wait_done(gateway, task_id, timeout=60)
+        final = wait_done(gateway, stuck, timeout=60)
         assert final["status"] == "FAILED" and "ran past" in final["error"], final
-        view = http.get(f"{gateway}/v1/tasks/{task_id}", timeout=10).json()
+        view = http.get(f"{gateway}/v1/tasks/{stuck}", timeout=10).json()
         assert view["error_code"] == "engine_error" and view["attempts"] == 1, view
         wait_until(lambda: worker.exits == [1], 30, "the worker left", 0.1)
+        assert http.get(f"{gateway}/v1/tasks/{other}", timeout=10).json()["status"] == "PENDING"
     finally:
         worker.stop()
+    fresh = InProcessWorker(worker_settings(redis.url, consumer="fresh",
+                                            visibility_timeout_seconds=VISIBILITY)).start()
+    try:  # the gathered task was given back: another worker runs it, as its first attempt
+        final = wait_done(gateway, other, timeout=120)
+        assert final["status"] == "SUCCEEDED", final
+    finally:
+        fresh.stop()
 
 
 def test_memory_cap_refuses_work_and_the_worker_keeps_serving(redis: procs.RedisServer,

@@ -35,6 +35,9 @@ def test_a_submit_no_replica_confirmed_is_refused_even_with_an_idle_worker(
     gateway = procs.gateway(redis.url, tmp_path, **settings).start()
     try:
         replies = [submit_file(gateway.url, JFK) for _ in range(3)]
+        # with a key the task stays queued for the retry to find; the retry is refused too
+        # while no replica holds it (its 200 would promise what a failover loses)
+        keyed = [submit_file(gateway.url, JFK, idempotency_key="k1") for _ in range(2)]
         time.sleep(1.0)  # what a worker would have started by now
         client = redis.client()
         records = [client.hgetall(key) for key in client.keys(keys.task("*"))]
@@ -44,9 +47,12 @@ def test_a_submit_no_replica_confirmed_is_refused_even_with_an_idle_worker(
         redis.stop()
     assert [reply.status_code for reply in replies] == [503] * 3, [r.text for r in replies]
     assert all(reply.headers.get("retry-after") for reply in replies)
-    assert len(records) == 3
-    for record in records:  # withdrawn, never started
-        assert record[b"state"] == b"CANCELLED" and record[b"attempt"] == b"0", record
+    assert [reply.status_code for reply in keyed] == [503] * 2, [r.text for r in keyed]
+    assert len(records) == 4
+    withdrawn = [record for record in records if record[b"state"] == b"CANCELLED"]
+    assert len(withdrawn) == 3 and all(r[b"attempt"] == b"0" for r in withdrawn), records
+    (kept,) = [record for record in records if record[b"state"] != b"CANCELLED"]
+    assert kept[b"state"] == b"PENDING" and b"unconfirmed" in kept, kept  # never started
 
 
 def test_cancel_and_the_sweepers_fail_wait_for_a_replica(tmp_path: Path) -> None:

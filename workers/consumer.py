@@ -44,7 +44,14 @@ from workers import batching
 from workers.breakers import ModelBreakers
 from workers.cancelling import cancel_all
 from workers.engine_host import EngineHost, call_limit
-from workers.execute import OnDecoded, Outcome, Source, SpeechProgress, TaskError
+from workers.execute import (
+    OnDecoded,
+    Outcome,
+    Source,
+    SpeechProgress,
+    TaskError,
+    stream_delta,
+)
 from workers.models import LoadReport
 
 log = logging.getLogger("worker")
@@ -114,7 +121,7 @@ class Consumer:
         # our own unacked entries of each lane first (after a restart): lane -> cursor
         pending_cursors: dict[str, str] = {lane: "0" for lane in self.store.lanes}
         next_janitor = 0.0
-        while not self.stopping.is_set() and not self.host.stalled:
+        while not self.stopping.is_set() and not self.host.stalled:  # (stalled: it leaves)
             try:
                 if pending_cursors:
                     lane, cursor = next(iter(pending_cursors.items()))
@@ -142,8 +149,6 @@ class Consumer:
                     if not deliveries and self.burst:
                         return  # drained: nothing new, nothing abandoned
                 await self._handle_leased(deliveries)
-                if self.host.stalled:  # its engine thread is stuck: the worker leaves
-                    return
             except ResponseError as exc:
                 if not str(exc).startswith(("NOGROUP", "UNBLOCKED")):
                     raise
@@ -165,7 +170,10 @@ class Consumer:
             if self.gatherer is not None and len(deliveries) > 1:
                 left = await self._handle_together(deliveries)
             else:
-                for delivery in deliveries:
+                for index, delivery in enumerate(deliveries):
+                    if self.host.stalled:  # its engine thread is stuck: the rest go to others
+                        left = deliveries[index:]
+                        break
                     await self._handle(delivery)
         finally:
             await cancel_all({lease})  # stopped: a last extension would undo the release
@@ -313,7 +321,7 @@ class Consumer:
             self.settings.batch_max_size)
         ordered = batching.urgent_first(groups, lambda member: member[1].lane != BATCH)
         for index, members in enumerate(ordered):
-            if self.stopping.is_set():  # asked to stop (or exit): the rest go to the others
+            if self.stopping.is_set() or self.host.stalled:  # the rest go to the others
                 return [delivery for group in ordered[index:] for _, delivery in group]
             # gathered batch entries that cannot share a call run one group after another:
             # interactive work that arrived meanwhile goes first, as it would had each been
@@ -440,6 +448,9 @@ class Consumer:
                 for index in range(len(members)):  # (opened for it, as alone)
                     if index in unstarted:
                         continue
+                    if self.host.stalled and index not in opened:  # a later call's: it never
+                        unstarted[index] = members[index][1]  # ran, so another worker runs it
+                        continue
                     try:
                         if index in opened or await open_one(index):
                             settle(index, exc)
@@ -543,15 +554,18 @@ class Consumer:
         # stream sends it out: a whole reply's client gets nothing of a task that fails
         streamed = bool(task.params.get("streamed"))
         separator = getattr(self.host.engine, "segment_separator", "")
-        texts_sent = [0]
+        texts_sent = 0
 
         def on_segment(segment: Segment) -> None:
+            nonlocal texts_sent
             # Runs on the engine thread. Waiting for each publish keeps segments in order;
             # streaming is best effort, so a slow or absent Redis only skips the event.
+            if loop.is_closed():  # a call that outlived its worker's loop (it was stuck)
+                return
             event = {"type": "segment", "id": segment.id, "start": segment.start,
                      "end": segment.end, "text": segment.text,
-                     "delta": segment_delta(segment.text, texts_sent[0], separator)}
-            texts_sent[0] += bool(segment.text)
+                     "delta": stream_delta(segment.text, texts_sent, separator)}
+            texts_sent += bool(segment.text)
             future = asyncio.run_coroutine_threadsafe(self.store.publish_segment(
                 task.id, attempt, segment.end if streamed else 0.0, event), loop)
             with contextlib.suppress(Exception):
@@ -694,12 +708,3 @@ class Consumer:
             self.load_seconds = report.seconds  # for this task's metrics
             self.device_wait_seconds = report.device_wait_seconds
         await self.breakers.load_reported(task, report)
-
-
-def segment_delta(text: str, texts_before: int, separator: str) -> str:
-    """A segment's text as a stream's delta, so that the deltas add up to the transcript the
-    engine joins with `separator`: the first without its leading space, later ones with the
-    separator where the text does not begin with a space of its own."""
-    if not texts_before:
-        return text.lstrip()
-    return text if not text or text[:1].isspace() else separator + text

@@ -60,6 +60,7 @@ async def _no_report(report: LoadReport) -> None:
 #: SPOKEN_CHARACTERS_PER_SECOND), far past any engine's real time on a CPU
 CALL_FLOOR_SECONDS, CALL_SECONDS_PER_WORK_SECOND = 600.0, 20.0
 SPOKEN_CHARACTERS_PER_SECOND = 10.0
+STALLED = "this worker's engine is stuck in an earlier call; the worker is restarting"
 
 
 def call_limit(settings: Settings, kind: str, work: float) -> float | None:
@@ -223,6 +224,8 @@ class EngineHost:
     async def _engine_call(self, model: str, on_load: OnLoad | None,
                            run: Callable[[Any], Awaitable[T]], peak_class: PeakClass) -> T:
         """`peak_class` names the diarizer the call loads, if any (and sizes its memory)."""
+        if self.stalled:  # (a direct HTTP call, while the worker leaves)
+            raise TaskError(STALLED, ErrorCode.ENGINE_ERROR)
         async with self.lock:
             self.running_calls += 1
             outcome: T | None = None
@@ -374,10 +377,14 @@ class EngineHost:
         """`_call` for an engine call: past `limit_seconds` the call is taken for stuck
         (nothing can stop a thread inside a driver call), the host `stalled`, and a TaskError
         fails its tasks."""
-        call = asyncio.ensure_future(self._call(fn, *args, **kwargs))
         if limit_seconds is None:
-            return await call
-        done, _ = await asyncio.wait({call}, timeout=limit_seconds)
+            return await self._call(fn, *args, **kwargs)
+        call = asyncio.ensure_future(self._call(fn, *args, **kwargs))
+        try:
+            done, _ = await asyncio.wait({call}, timeout=limit_seconds)
+        except asyncio.CancelledError:  # as an awaited call would be, with its caller
+            call.cancel()
+            raise
         if call in done:
             return call.result()
         self.stalled = True

@@ -54,6 +54,15 @@ class TaskError(Exception):
         self.code = code
 
 
+def stream_delta(text: str, texts_before: int, separator: str) -> str:
+    """A segment's text as a stream's delta, so that the deltas add up to the transcript the
+    engine joins with `separator` (its `segment_separator`): the first without its leading
+    space, later ones with the separator where the text does not begin with a space."""
+    if not texts_before:
+        return text.lstrip()
+    return text if not text or text[:1].isspace() else separator + text
+
+
 def task_error(exc: Exception) -> TaskError:
     """A fresh, traceback-free TaskError saying why an engine call failed."""
     if isinstance(exc, TaskError):

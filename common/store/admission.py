@@ -222,5 +222,6 @@ async def deadlines_passed(redis: Redis, backend: str, most: int) -> list[str]:
 
 
 async def forget_deadlines(redis: Redis, backend: str, task_ids: list[str]) -> None:
+    """Take handled tasks out of `backend`'s deadline set."""
     if task_ids:
         await redis.zrem(keys.deadlines(backend), *task_ids)

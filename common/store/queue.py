@@ -16,10 +16,10 @@ from redis.asyncio import Redis
 from common import keys
 from common.store.values import text
 
-# KEYS: queue | ARGV: group, consumer, entry -> 1 the lease was extended (we still own it),
 #: XAUTOCLAIM calls a lane's search for abandoned entries makes a turn (10 entries each)
 CLAIM_CALLS = 8
 
+# KEYS: queue | ARGV: group, consumer, entry -> 1 the lease was extended (we still own it),
 # 0 the entry is no longer pending (acked: its task is done), -1 another consumer owns it
 _EXTEND_LEASE = """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
@@ -146,9 +146,9 @@ class Queue:
                 for stream, entries in reply or [] for entry_id, fields in entries]
 
     async def _batch_overdue(self) -> bool:
-        """Whether the oldest batch entry not yet handed out was queued more than
-        `promotion_seconds` ago (its id is its add time; an entry that came in from a key's
-        line carries its submit's: common/store/shares.py)."""
+        """Whether the batch lane's head (its first entry not yet handed out) was queued more
+        than `promotion_seconds` ago (its id is its add time; an entry that came in from a
+        key's line carries its submit's: common/store/shares.py)."""
         stream = self.streams[keys.BATCH]
         delivered = await last_delivered(self.redis, stream)
         head = await self.redis.xrange(stream, f"({delivered}", "+", count=1)

@@ -41,8 +41,13 @@ local function admit(line, share, backlog, most)
     if f[5] then redis.call('LREM', f[5], 1, task) end
     if f[1] and f[2] and f[3] and f[4] == 'PENDING' then
       local seq = redis.call('INCR', f[2])
-      local entry = redis.call('XADD', f[1], '*', 'task_id', f[3], 'seq', seq, 'counted', 1,
-                               'queued_ms', string.format('%d', (tonumber(f[9]) or 0) * 1000))
+      local entry
+      if tonumber(f[9]) then
+        entry = redis.call('XADD', f[1], '*', 'task_id', f[3], 'seq', seq, 'counted', 1,
+                           'queued_ms', string.format('%d', tonumber(f[9]) * 1000))
+      else  -- (its age is then its entry's)
+        entry = redis.call('XADD', f[1], '*', 'task_id', f[3], 'seq', seq, 'counted', 1)
+      end
       redis.call('HDEL', task, 'held', 'held_queue', 'held_counter', 'held_all')
       redis.call('HSET', task, 'entry_id', entry, 'queue_seq', seq, 'share', share,
                  'line', line, 'share_most', most)

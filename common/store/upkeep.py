@@ -95,6 +95,7 @@ async def deadlines_passed(store: TaskStore, backend: str, most: int) -> list[st
 
 
 async def forget_deadlines(store: TaskStore, backend: str, task_ids: list[str]) -> None:
+    """Take tasks a pass has handled (failed, or found past waiting) out of the deadlines."""
     await admission.forget_deadlines(store.redis, backend, task_ids)
 
 

@@ -45,7 +45,7 @@ from gateway.realtime.protocol import (
     updated,
 )
 from gateway.realtime.vad import SAMPLE_RATE
-from gateway.serving.calls import SyncCalls, segment_delta, still_running, task_failed
+from gateway.serving.calls import SyncCalls, delta_of, still_running, task_failed
 from gateway.submit.asr import MAX_PROMPT_CHARACTERS, AsrRequest, asr_options
 from gateway.submit.audio import AudioInput
 from gateway.submit.terms import SubmitTerms
@@ -348,7 +348,7 @@ class Session:
                         continue
                     await self._send(server_event(f"{TRANSCRIPTION}.delta", item_id=item,
                                                   content_index=0,
-                                                  delta=segment_delta(event, sent > 0)))
+                                                  delta=delta_of(event, sent > 0)))
                     sent += 1
                 elif event["type"] == "done":
                     await self._finished(item, event["task"])

@@ -221,9 +221,9 @@ def task_failed(task: Task) -> RequestError:
     return RequestError(code.http_status, message, code=code.value, headers=headers)
 
 
-def segment_delta(event: dict[str, Any], started: bool) -> str:
+def delta_of(event: dict[str, Any], started: bool) -> str:
     """A streamed segment event's text as a stream's delta (`started`: an earlier one was
-    sent): the worker's (workers/consumer.segment_delta: the deltas add up to the engine's
+    sent): the worker's (workers/execute.stream_delta: the deltas add up to the engine's
     transcript), else (an older worker's event) its text, the first without its space."""
     if "delta" in event:
         return str(event["delta"])

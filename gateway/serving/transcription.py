@@ -26,9 +26,9 @@ from gateway.serving.calls import (
     Events,
     SyncCalls,
     TimedStreamingResponse,
+    delta_of,
     public_model,
     response_format,
-    segment_delta,
     sse_error,
     sse_event,
     still_running,
@@ -229,7 +229,7 @@ async def _sse(events: Events, task_id: str, asked: Asked) -> AsyncIterator[byte
         async for event in events:
             if event["type"] == "segment" and event["text"] and not diarized:
                 yield sse_event({"type": "transcript.text.delta",
-                                 "delta": segment_delta(event, started)})
+                                 "delta": delta_of(event, started)})
                 started = True
             elif event["type"] == "tick":
                 yield KEEPALIVE

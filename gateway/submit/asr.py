@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,12 +10,11 @@ from common.catalog import UnknownBackend, asr_language, backend_info
 from common.schemas import MAX_BEAM_SIZE
 from common.settings import Settings
 from gateway.errors import RequestError
-from gateway.submit.inputs import Params, text_problem
+from gateway.submit.inputs import Params, integer_option, text_problem
 
 ASR_TASKS = ("transcribe", "translate")
 #: longest `prompt` (Whisper keeps only its last 224 tokens anyway)
 MAX_PROMPT_CHARACTERS = 2000
-_INTEGER = re.compile(r"\+?[0-9]{1,4}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,14 +34,7 @@ class AsrRequest:
     @classmethod
     def read(cls, params: Params) -> AsrRequest:
         """The request's fields; a 400 naming the one that is not a value of its type."""
-        beam_size = None
-        if (raw := params.get("beam_size")) is not None:
-            # int() reads what strip() took off (U+001C-U+001F): it gets the stripped value
-            raw = raw.strip()
-            if not _INTEGER.fullmatch(raw) or not 1 <= int(raw) <= MAX_BEAM_SIZE:
-                raise RequestError(400, f"beam_size must be an integer from 1 to "
-                                        f"{MAX_BEAM_SIZE}", param="beam_size")
-            beam_size = int(raw)
+        beam_size = integer_option(params, "beam_size", 1, MAX_BEAM_SIZE)
         temperature = params.get("temperature")
         return cls(task=(params.get("task") or "transcribe").strip().lower(),
                    language=params.get("language"),

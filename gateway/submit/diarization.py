@@ -33,13 +33,12 @@ from common.store.blobs import BlobStore
 from gateway.errors import RequestError
 from gateway.submit.asr import asr_params
 from gateway.submit.audio import AudioInput, probe_clip, read_audio_input
-from gateway.submit.inputs import Params, read_upload, resolve_allowed_path
+from gateway.submit.inputs import Params, integer_option, read_upload, resolve_allowed_path
 
 NAMES = ("known_speaker_names[]", "known_speaker_names")
 REFERENCES = ("known_speaker_references[]", "known_speaker_references")
 COUNTS = ("num_speakers", "min_speakers", "max_speakers")
 MAX_NAME_CHARACTERS = 64
-_INTEGER = re.compile(r"\+?[0-9]{1,4}")
 _DATA_URL = re.compile(r"data:[\w/+.-]*(;[\w=.-]+)*;base64,", re.IGNORECASE)
 
 
@@ -96,12 +95,8 @@ def diarization_options(params: Params, backend: str) -> dict[str, Any] | None:
                            param="diarize")
     options: dict[str, Any] = {}
     for name in COUNTS:
-        if (raw := params.get(name)) is not None:
-            raw = raw.strip()  # as int() would not take it: U+001C-U+001F are stripped
-            if not _INTEGER.fullmatch(raw) or not 1 <= int(raw) <= MAX_SPEAKERS:
-                raise RequestError(400, f"{name} must be an integer from 1 to {MAX_SPEAKERS}",
-                                   param=name)
-            options[name] = int(raw)
+        if (count := integer_option(params, name, 1, MAX_SPEAKERS)) is not None:
+            options[name] = count
     if "num_speakers" in options and ("min_speakers" in options or "max_speakers" in options):
         raise RequestError(400, "give num_speakers, or min_speakers/max_speakers, not both",
                            param="num_speakers")

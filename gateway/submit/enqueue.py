@@ -49,23 +49,14 @@ async def enqueue(store: TaskStore, settings: Settings, *, backend: str, model: 
 async def _enqueue(store: TaskStore, settings: Settings, *, backend: str, model: str,
                    options: dict[str, Any], audio: AudioInput, owner: str,
                    terms: SubmitTerms, task_id: str | None) -> Task:
-    # A repeated key gets its original task before any refusal a new task could meet (an
-    # open breaker, a full queue): the submit's own check below closes the race.
-    if terms.idempotency_key and (earlier := await guard_store(
-            store.idempotent(owner, terms.idempotency_key))):
-        return await _original(store, backend, earlier, audio)
-    refuse_past(terms.deadline)
-    # An open breaker refuses at once; past its cool-down the task goes through as its probe.
-    guarded = {model: settings.backend_models(backend).get(model, "")}
-    if options.get("diarization") is not None:  # a diarizer that keeps failing stops these
-        guarded[DIARIZER] = settings.diarization_model
-    breakers = await guard_store(store.breakers.read(backend, guarded,
-                                                BreakerPolicy.of(settings)))
-    for name, breaker in breakers.items():
-        if breaker.state == "open":
-            what = f"the diarizer of {backend}" if name == DIARIZER else f"model {backend}/{model}"
-            raise RequestError(503, f"{what} is unavailable: {breaker.error}",
-                               param="model", code="model_unavailable")
+    # A repeated key skips every refusal a new task could meet (a deadline passed since, an
+    # open breaker, the predicted wait): its submit answers with the original task, as the
+    # store confirms it (a replica's wait included); the submit's own check closes the race.
+    repeat = bool(terms.idempotency_key) and await guard_store(
+        store.idempotent(owner, terms.idempotency_key)) is not None
+    if not repeat:
+        refuse_past(terms.deadline, terms.deadline_param)
+        await _refuse_if_broken(store, settings, backend, model, options)
     seconds = round(audio.info.duration, 3)
     # what it costs its key is also its size for the backlog: audio-seconds, or characters
     charge = charge_of(settings, owner, backend, options, seconds)
@@ -74,7 +65,8 @@ async def _enqueue(store: TaskStore, settings: Settings, *, backend: str, model:
                 audio_seconds=seconds, work=charge.amount,
                 lane=settings.lane_for(owner, terms.lane),
                 deadline=terms.deadline, callback_url=terms.callback_url)
-    await guard_store(admit(store, settings, task))
+    if not repeat:
+        await guard_store(admit(store, settings, task))
     most = settings.max_queued_tasks.get(backend, 0)
     try:
         await guard_store(store.submit(task, audio.blob, terms.idempotency_key, most, charge,
@@ -92,6 +84,22 @@ async def _enqueue(store: TaskStore, settings: Settings, *, backend: str, model:
     except Duplicate as repeat:
         return await _original(store, backend, repeat.task_id, audio)
     return task
+
+
+async def _refuse_if_broken(store: TaskStore, settings: Settings, backend: str, model: str,
+                            options: dict[str, Any]) -> None:
+    """A 503 while the model's breaker (or its diarizer's) is open; past its cool-down the
+    task goes through as its probe."""
+    guarded = {model: settings.backend_models(backend).get(model, "")}
+    if options.get("diarization") is not None:  # a diarizer that keeps failing stops these
+        guarded[DIARIZER] = settings.diarization_model
+    breakers = await guard_store(store.breakers.read(backend, guarded,
+                                                BreakerPolicy.of(settings)))
+    for name, breaker in breakers.items():
+        if breaker.state == "open":
+            what = f"the diarizer of {backend}" if name == DIARIZER else f"model {backend}/{model}"
+            raise RequestError(503, f"{what} is unavailable: {breaker.error}",
+                               param="model", code="model_unavailable")
 
 
 async def _original(store: TaskStore, backend: str, task_id: str, audio: AudioInput) -> Task:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -174,6 +175,21 @@ def _add_json(params: Params, key: str, value: Any) -> None:
         params.values[key] = _scalar(value)
         if problem := text_problem(params.values[key]):
             params.problems[key] = problem
+
+
+_INTEGER = re.compile(r"\+?[0-9]{1,4}")
+
+
+def integer_option(params: Params, name: str, low: int, high: int) -> int | None:
+    """The integer option `name` (None when absent), from `low` to `high`; a 400 naming it
+    otherwise. Read as stripped, as its check reads it (int() refuses what strip() takes
+    off: U+001C-U+001F)."""
+    if (raw := params.get(name)) is None:
+        return None
+    raw = raw.strip()
+    if not _INTEGER.fullmatch(raw) or not low <= int(raw) <= high:
+        raise RequestError(400, f"{name} must be an integer from {low} to {high}", param=name)
+    return int(raw)
 
 
 def text_problem(value: str) -> str | None:

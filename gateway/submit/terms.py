@@ -48,6 +48,7 @@ class SubmitTerms:
     idempotency_key: str = ""
     lane: str = BATCH
     deadline: float | None = None  # epoch seconds
+    deadline_param: str = "deadline"  # the parameter that set it (its refusal names it)
     callback_url: str = ""  # checked against SPEECH_CALLBACK_URL_HOSTS
 
     @classmethod
@@ -59,6 +60,7 @@ class SubmitTerms:
         return cls(key, priority(params, default_lane),
                    deadline_of(params.get("deadline"), params.get("max_wait_seconds"),
                                past_ok=bool(key)),
+                   "deadline" if params.get("deadline") else "max_wait_seconds",
                    callback_url(params.get("callback_url"), settings))
 
 
