@@ -6,6 +6,7 @@ blob directory keeps the same lifetimes. One redis-server, gateway and in-proces
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import io
 import os
@@ -19,11 +20,14 @@ import httpx
 import numpy as np
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 
 from common import keys
 from common.blobs import BlobDir
 from common.schemas import TaskState
-from common.store import Duplicate, Task, TaskStore
+from common.store import Duplicate, Task, TaskStore, new_task_id
 from harness import procs
 from harness.http_client import http
 from harness.procs import wait_until
@@ -298,3 +302,90 @@ def test_a_staged_upload_becomes_the_input_or_the_submit_carries_it(service: dic
         await redis.aclose()
 
     asyncio.run(scenario())
+
+
+class ReplyDropper:
+    """A TCP proxy in front of a real Redis that passes every command and every reply, but
+    for the connection that sends the next command once `drop_next` is set: its replies are
+    lost from then on (its server acted; its client hears nothing, as when a network fault
+    or a timeout breaks a connection after the command went through)."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.drop_next = False
+        self.server: asyncio.Server | None = None
+        self.connections: set[asyncio.Task] = set()
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections.add(asyncio.current_task())  # type: ignore[arg-type]
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        lost = False
+
+        async def commands() -> None:
+            nonlocal lost
+            while data := await reader.read(65536):
+                if self.drop_next:
+                    self.drop_next, lost = False, True
+                upstream_writer.write(data)
+                await upstream_writer.drain()
+            upstream_writer.close()  # the client left: so does the server's side
+
+        async def replies() -> None:
+            while data := await upstream_reader.read(65536):
+                if not lost:
+                    writer.write(data)
+                    await writer.drain()
+
+        try:
+            with contextlib.suppress(ConnectionError):
+                await asyncio.gather(commands(), replies())
+        finally:
+            for side in (writer, upstream_writer):
+                side.close()
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        if self.connections:  # each ends as its client closes it
+            await asyncio.wait(self.connections, timeout=5)
+
+
+def test_a_submit_whose_reply_is_lost_withdraws_a_task_without_a_key(
+        module_redis: procs.RedisServer) -> None:
+    """Redis ran the submit, its reply never came: the caller is told the store is away (a
+    503) and, without an idempotency key, sends the work again as a new task; the first is
+    withdrawn where it was written, so the 503 queued nothing. With a key it stays queued:
+    the retry finds it."""
+
+    # no worker of this backend runs beside the test's (the module's worker would take them)
+    backend = "vibevoice"
+
+    async def scenario() -> dict[str, bytes | None]:
+        proxy = ReplyDropper(module_redis.port)
+        port = await proxy.start()
+        client = Redis(host="127.0.0.1", port=port, socket_timeout=0.5,
+                       retry=Retry(NoBackoff(), 0))
+        store = TaskStore(client, 60)
+        states: dict[str, bytes | None] = {}
+        warm = Task(id=new_task_id(), backend=backend, model="tiny",
+                    state=TaskState.PENDING, input_path="x.wav")
+        await store.submit(warm, None)  # the scripts are cached before any reply is lost
+        await store.cancel(warm.id, warm.backend)
+        direct = Redis.from_url(module_redis.url)
+        for name, key in (("no key", ""), ("a key", "lost-reply")):
+            task = Task(id=new_task_id(), backend=backend, model="tiny",
+                        state=TaskState.PENDING, input_path="x.wav")
+            proxy.drop_next = True
+            with pytest.raises(RedisError):
+                await store.submit(task, None, idempotency_key=key)
+            states[name] = await direct.hget(keys.task(task.id), "state")
+        await client.aclose()
+        await direct.aclose()
+        await proxy.stop()
+        return states
+
+    assert asyncio.run(scenario()) == {"no key": b"CANCELLED", "a key": b"PENDING"}

@@ -383,9 +383,14 @@ class TaskStore:
                           "" if max_in_flight is None else max_in_flight,
                           lane_share if task.owner else 0, *flat])
             except (RedisConnectionError, RedisTimeoutError):
-                # the reply was lost: the task may be queued (a retry with its key finds
-                # it), so its input stays; BlobStore.sweep removes it if it was not
+                # the reply was lost: the task may be queued. A retry with its key finds it,
+                # so its input stays (BlobStore.sweep removes it if it was not); without a
+                # key its caller is told 503 and sends it again, so it is withdrawn where it
+                # was written (best effort: Redis may be gone for the cancel too)
                 keep_file = True
+                if not idempotency_key:
+                    with contextlib.suppress(RedisError):
+                        await self.cancel(task.id, task.backend)
                 raise
             except NotReplicated as short:
                 if short.result[0] != 1:
