@@ -196,6 +196,13 @@ def usage_total(owner: str) -> str:
     return f"{PREFIX}usage-total:{owner or '-'}"
 
 
+def session_billed(meter: str) -> str:
+    """String with a TTL: the seconds of one live session's audio charged outside any task
+    so far (its meter's id: gateway/realtime/metering.py), so a charge sent again after its
+    reply was lost charges only what it adds."""
+    return f"{PREFIX}session-billed:{meter}"
+
+
 def webhooks_due() -> str:
     """Sorted set: ids of finished tasks whose webhook is owed, scored by when the next
     attempt is due (epoch ms); a claimed entry is scored at the end of its claim."""

@@ -6,7 +6,6 @@ blob directory keeps the same lifetimes. One redis-server, gateway and in-proces
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import io
 import os
@@ -31,6 +30,7 @@ from common.store import Duplicate, Task, TaskStore, new_task_id
 from harness import procs
 from harness.http_client import http
 from harness.procs import wait_until
+from harness.reply_dropper import ReplyDropper
 from tests.helpers import JFK, status, submit_file, wait_done
 from tests.inprocess import InProcessWorker, worker_settings
 
@@ -304,56 +304,6 @@ def test_a_staged_upload_becomes_the_input_or_the_submit_carries_it(service: dic
     asyncio.run(scenario())
 
 
-class ReplyDropper:
-    """A TCP proxy in front of a real Redis that passes every command and every reply, but
-    for the connection that sends the next command once `drop_next` is set: its replies are
-    lost from then on (its server acted; its client hears nothing, as when a network fault
-    or a timeout breaks a connection after the command went through)."""
-
-    def __init__(self, port: int) -> None:
-        self.target = port
-        self.drop_next = False
-        self.server: asyncio.Server | None = None
-        self.connections: set[asyncio.Task] = set()
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return int(self.server.sockets[0].getsockname()[1])
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections.add(asyncio.current_task())  # type: ignore[arg-type]
-        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self.target)
-        lost = False
-
-        async def commands() -> None:
-            nonlocal lost
-            while data := await reader.read(65536):
-                if self.drop_next:
-                    self.drop_next, lost = False, True
-                upstream_writer.write(data)
-                await upstream_writer.drain()
-            upstream_writer.close()  # the client left: so does the server's side
-
-        async def replies() -> None:
-            while data := await upstream_reader.read(65536):
-                if not lost:
-                    writer.write(data)
-                    await writer.drain()
-
-        try:
-            with contextlib.suppress(ConnectionError):
-                await asyncio.gather(commands(), replies())
-        finally:
-            for side in (writer, upstream_writer):
-                side.close()
-
-    async def stop(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        if self.connections:  # each ends as its client closes it
-            await asyncio.wait(self.connections, timeout=5)
-
-
 def test_a_submit_whose_reply_is_lost_withdraws_a_task_without_a_key(
         module_redis: procs.RedisServer) -> None:
     """Redis ran the submit, its reply never came: the caller is told the store is away (a
@@ -389,3 +339,40 @@ def test_a_submit_whose_reply_is_lost_withdraws_a_task_without_a_key(
         return states
 
     assert asyncio.run(scenario()) == {"no key": b"CANCELLED", "a key": b"PENDING"}
+
+
+def test_a_live_sessions_charge_sent_again_after_a_lost_reply_counts_once(
+        module_redis: procs.RedisServer) -> None:
+    """A session's meter charges its audio outside tasks as it goes; a charge whose reply was
+    lost (Redis ran it) is sent again with the next, and the owner's usage and all-time total
+    count each second once, not the lost charge twice."""
+    from common.store.usage import Charge, UsageStore
+
+    owner = f"owner-{new_task_id()}"
+
+    async def scenario() -> tuple[list[float], bytes | None]:
+        proxy = ReplyDropper(module_redis.port)
+        port = await proxy.start()
+        client = Redis(host="127.0.0.1", port=port, socket_timeout=0.5,
+                       retry=Retry(NoBackoff(), 0))
+        usage = UsageStore(client)
+        meter = "meter-a"
+        await usage.charge_now(Charge(owner, "faster-whisper", "audio_seconds", 2.0),
+                               session=(meter, 2.0))
+        proxy.drop_next = True  # 3 s more, run but never answered: the meter still says 2
+        with pytest.raises(RedisError):
+            await usage.charge_now(Charge(owner, "faster-whisper", "audio_seconds", 3.0),
+                                   session=(meter, 5.0))
+        # sent again with the next second of audio: from 2 to 6, of which Redis has 5
+        await usage.charge_now(Charge(owner, "faster-whisper", "audio_seconds", 4.0),
+                               session=(meter, 6.0))
+        await usage.charge_now(Charge(owner, "faster-whisper", "audio_seconds", 1.0),
+                               session=("meter-b", 1.0))  # another session's own count
+        used = [period.used.get("audio_seconds", 0.0) for period in await usage.periods(owner)]
+        total = await client.hget(keys.usage_total(owner), "audio_seconds:faster-whisper")
+        await client.aclose()
+        await proxy.stop()
+        return used, total
+
+    used, total = asyncio.run(scenario())
+    assert used == [7.0, 7.0] and total is not None and float(total) == 7.0, (used, total)

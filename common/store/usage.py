@@ -92,16 +92,28 @@ end
 """
 
 
-# KEYS: the day and month hashes, the all-time hash | ARGV: charge_usage's 9 arguments
+# KEYS: the day and month hashes, the all-time hash, and (optional) keys.session_billed |
+# ARGV: charge_usage's 9 arguments, then (with that key) the session's total this charge
+# brings it to, and the key's TTL
 # -> nil charged (and counted in the all-time totals at once), or charge_usage's refusal.
 # For work that is no task (a live session's audio with transcription off): nothing is
-# settled later, so it is final here.
+# settled later, so it is final here. With a session's key the amount is what the total adds
+# to what that key says was charged: a charge sent again (its reply lost) adds nothing twice.
 CHARGE_NOW = LUA + """
-local refused = charge_usage({KEYS[1], KEYS[2]}, ARGV)
+local a = {unpack(ARGV)}
+if KEYS[4] then
+  local more = tonumber(ARGV[10]) - tonumber(redis.call('GET', KEYS[4]) or '0')
+  if more <= 0 then return nil end
+  a[1] = tostring(more)
+end
+local refused = charge_usage({KEYS[1], KEYS[2]}, a)
 if refused then return refused end
-redis.call('HINCRBYFLOAT', KEYS[3], ARGV[2] .. ':' .. ARGV[3], tonumber(ARGV[1]))
+redis.call('HINCRBYFLOAT', KEYS[3], a[2] .. ':' .. a[3], tonumber(a[1]))
+if KEYS[4] then redis.call('SET', KEYS[4], ARGV[10], 'EX', ARGV[11]) end
 return nil
 """
+#: how long a session's charged total is kept after its last charge (longer than any session)
+SESSION_BILLED_SECONDS = 86_400
 
 
 # KEYS: the task hash | ARGV: the audio it decoded (in its charge's unit), its attempt, the
@@ -266,12 +278,18 @@ class UsageStore:
             found[owner] = per_field
         return found
 
-    async def charge_now(self, charge: Charge, now: float | None = None) -> None:
-        """Charge `charge` at once, final (no task settles it); QuotaExceeded past a quota."""
+    async def charge_now(self, charge: Charge, now: float | None = None,
+                         session: tuple[str, float] | None = None) -> None:
+        """Charge `charge` at once, final (no task settles it); QuotaExceeded past a quota.
+        `session`: (a live session's meter id, the total this charge brings it to): then
+        only what that total adds to what the session was charged so far is charged."""
         now = time.time() if now is None else now
         hashes, args, _ = charge.script_args(now)
-        refused = await self._charge_now(keys=[*hashes, keys.usage_total(charge.owner)],
-                                         args=args)
+        extra_keys, extra_args = ([keys.session_billed(session[0])],
+                                  [repr(session[1]), str(SESSION_BILLED_SECONDS)]) \
+            if session is not None else ([], [])
+        refused = await self._charge_now(
+            keys=[*hashes, keys.usage_total(charge.owner), *extra_keys], args=[*args, *extra_args])
         if refused:
             raise charge.refusal(int(refused[1]), float(refused[2]), now)
 

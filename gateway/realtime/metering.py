@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import math
+import secrets
 import time
 from collections import Counter
 
@@ -41,6 +42,8 @@ class SessionMeter:
         self.store = store
         self.owner = owner
         self.billed = 0.0  # seconds of the session's audio the meter has charged
+        #: its charges' id in Redis: one sent again after its reply was lost adds nothing twice
+        self.id = secrets.token_hex(12)
 
     def check_speed(self, session: Session) -> SessionEnded | None:
         """The session's audio against the wall clock: past `realtime_max_speed` x real time
@@ -76,7 +79,7 @@ class SessionMeter:
         if final:  # sent and listened to already: charged past the quota too (as a task's
             charge = dataclasses.replace(charge, quotas=None)  # settlement may), never free
         try:
-            await self.store.usage.charge_now(charge)
+            await self.store.usage.charge_now(charge, session=(self.id, self.billed + due))
         except QuotaExceeded as refused:
             message = quota_exceeded(refused, time.time()).message
             return SessionEnded("quota_exceeded", message, "audio")
