@@ -7,9 +7,9 @@ directory when one is configured (`SPEECH_BLOB_DIR`/voices, so every host reads 
 Redis. Every key names the owner, so another owner's id is simply not found.
 
 A file and its record cannot change in one step: a file is noted in keys.voice_files before
-it is written (or its record deleted), the create script (or the file's delete) takes the
-note away, and `sweep` deletes the file of a note older than FILE_NOTE_SECONDS whose record
-is missing (a gateway stopped between the two).
+it is written (or by the script that deletes its record), the create script (or the file's
+delete) takes the note away, and `sweep` deletes the file of a note older than
+FILE_NOTE_SECONDS whose record is missing (a gateway stopped between the two).
 """
 
 from __future__ import annotations
@@ -73,13 +73,15 @@ redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 return 1
 """
 
-# KEYS: record, index, audio key | ARGV: id -> 1 removed, 0 there was no such record (its
-# audio left alone: consents and voices share the audio keyspace, and a voice's delete must
-# not take a consent's recording of the same id)
+# KEYS: record, index, audio key, keys.voice_files | ARGV: id, now, the file's note ("" =
+# none) -> 1 removed (its file noted, for its delete to take the note away), 0 there was no
+# such record (its audio left alone: consents and voices share the audio keyspace, and a
+# voice's delete must not take a consent's recording of the same id)
 _DELETE = """
 if redis.call('DEL', KEYS[1]) == 0 then return 0 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('DEL', KEYS[3])
+if ARGV[3] ~= '' then redis.call('ZADD', KEYS[4], ARGV[2], ARGV[3]) end
 return 1
 """
 
@@ -173,16 +175,12 @@ class VoiceStore:
         # only an id the store made names a file
         note = (self._note(owner, object_id)
                 if self.blob_dir is not None and OBJECT_ID.fullmatch(object_id) else "")
-        if note:
-            await self.redis.zadd(keys.voice_files(), {note: time.time()})
         removed = await self._delete(keys=[kind.record(owner, object_id), kind.index(owner),
-                                           keys.voice_audio(owner, object_id)],
-                                     args=[object_id])
-        if note:
-            if removed:
-                await self._delete_file(owner, object_id, note)
-            else:
-                await self.redis.zrem(keys.voice_files(), note)
+                                           keys.voice_audio(owner, object_id),
+                                           keys.voice_files()],
+                                     args=[object_id, time.time(), note])
+        if removed and note:
+            await self._delete_file(owner, object_id, note)
         return bool(removed)
 
     async def sweep(self, older_than_seconds: float = FILE_NOTE_SECONDS) -> int:
