@@ -10,6 +10,7 @@ import base64
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from common import g711, keys
 from common.audio import decode_audio, encode_wav
 from common.settings import Settings
 from gateway.auth import digest
-from gateway.realtime.protocol import Transcription
+from gateway.realtime.protocol import ProtocolError, SessionConfig, Transcription, updated
 from gateway.realtime.session import resolve, turn_prompt
 from harness import procs
 from harness.conversation import speak_to
@@ -121,6 +122,54 @@ def test_ga_transcription_fields_reach_the_task_options() -> None:
     assert 0 < len(long) <= 800 and long.startswith("word")
 
 
+def test_unknown_session_fields_are_refused_and_nothing_applies() -> None:
+    """A beta-shaped update (its fields at the session's top level) or a misspelt GA field is
+    refused by name, as OpenAI's GA server refuses it; the valid parts beside it are not
+    applied. A session object echoed back from session.created applies as it is."""
+    config = SessionConfig()
+    for session, param in (
+            ({"input_audio_format": "g711_ulaw",
+              "audio": {"input": {"format": {"type": "audio/pcmu"}}}},
+             "session.input_audio_format"),
+            ({"input_audio_transcription": {"model": "whisper-1"}},
+             "session.input_audio_transcription"),
+            ({"audio": {"output": {"voice": "alloy"}}}, "session.audio.output"),
+            ({"audio": {"input": {"format": {"type": "audio/pcmu"}, "noise": None}}},
+             "session.audio.input.noise"),
+            ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000,
+                                             "channels": 2}}}},
+             "session.audio.input.format.channels"),
+            ({"audio": {"input": {"transcription": {"model": "whisper-1", "temperature": 0}}}},
+             "session.audio.input.transcription.temperature"),
+            ({"audio": {"input": {"noise_reduction": {"type": "near_field", "gain": 2}}}},
+             "session.audio.input.noise_reduction.gain"),
+            ({"audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 0.2,
+                                                     "eagerness": "low"}}}},
+             "session.audio.input.turn_detection.eagerness"),
+            ({"audio": {"input": {"turn_detection": {"type": "semantic_vad",
+                                                     "threshold": 0.2}}}},
+             "session.audio.input.turn_detection.threshold")):
+        with pytest.raises(ProtocolError) as refused:
+            updated(config, {"type": "transcription", **session}, "evt_1")
+        assert (refused.value.code, refused.value.param) == ("unknown_parameter", param)
+        assert refused.value.message == f"Unknown parameter: '{param}'."
+        assert refused.value.event_id == "evt_1"
+    for bad, param in (({"create_response": "yes"}, "create_response"),
+                       ({"idle_timeout_ms": -5}, "idle_timeout_ms")):
+        with pytest.raises(ProtocolError) as refused:
+            updated(config, {"type": "transcription", "audio": {"input": {
+                "turn_detection": {"type": "server_vad", **bad}}}}, None)
+        assert refused.value.param == f"session.audio.input.turn_detection.{param}"
+    ga = updated(config, {"type": "transcription", "audio": {"input": {"turn_detection": {
+        "type": "server_vad", "threshold": 0.3, "create_response": True,
+        "interrupt_response": False, "idle_timeout_ms": None}}}}, None)
+    assert ga.turn_detection is not None and ga.turn_detection.threshold == 0.3
+    changed = replace(config, rate=16000, transcription=Transcription(
+        model="whisper-1", language="en", keywords=("Kennedy",)))
+    echoed = changed.public("sess_1")
+    assert updated(config, echoed, None) == changed
+
+
 def test_ga_fields_are_echoed_and_checked(live: dict[str, Any]) -> None:
     async def run() -> None:
         client = await connect(live)
@@ -194,7 +243,10 @@ def test_unknown_session_values_are_still_refused(live: dict[str, Any]) -> None:
                  f"{path}.turn_detection.type"),
                 ({"audio": {"input": {"turn_detection": {"type": "semantic_vad",
                                                          "eagerness": "eager"}}}},
-                 f"{path}.turn_detection.eagerness")):
+                 f"{path}.turn_detection.eagerness"),
+                ({"input_audio_format": "g711_ulaw",
+                  "audio": {"input": {"format": {"type": "audio/pcmu"}}}},
+                 "session.input_audio_format")):
             errors = len(client.of("error"))
             await client.send(type="session.update", session={"type": "transcription",
                                                               **session})
@@ -400,16 +452,22 @@ def test_an_ephemeral_key_opens_a_session_until_it_expires(live: dict[str, Any])
 
 def test_a_client_secret_keeps_only_the_checked_session(live: dict[str, Any]) -> None:
     """What a key is minted with is stored for its life: only the fields a session reads,
-    from a body of at most 64 KiB."""
+    from a body of at most 64 KiB; a field no session has is refused by name."""
     url = f"{live['gateway']}/v1/realtime/client_secrets"
     padded = {"type": "transcription", "ballast": "x" * 70_000}
     assert http.post(url, json={"session": padded}, headers=AUTH).status_code == 413
     padded["ballast"] = "x" * 1000
-    minted = http.post(url, json={"session": padded}, headers=AUTH)
+    refused = http.post(url, json={"session": padded}, headers=AUTH)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["code"] == "unknown_parameter"
+    assert refused.json()["error"]["param"] == "session.ballast"
+    minted = http.post(url, headers=AUTH, json={"session": {
+        "type": "transcription", "id": "sess_" + "x" * 1000, "audio": {"input": {
+            "transcription": {"model": "whisper-1", "prompt": "p" * 500}}}}})
     assert minted.status_code == 200, minted.text
     client = live["redis"].client()
     stored = [client.get(key) for key in client.scan_iter(match=keys.client_secret("*"))]
-    assert stored and all(b"ballast" not in one and len(one) < 2000 for one in stored), stored
+    assert stored and all(b"x" * 100 not in one and len(one) < 2000 for one in stored), stored
 
 
 def test_live_audio_without_an_asr_backend_keeps_the_session(

@@ -33,6 +33,21 @@ EAGERNESS = ("low", "medium", "high", "auto")
 MAX_KEYWORDS = 100
 MAX_KEYWORD_CHARACTERS = 100
 MAX_EVENT_ID = 128
+#: the fields each object of a session.update may hold (GA's, our extensions, and `id` /
+#: `object`, so that a session object echoed back from session.created applies); any other
+#: is refused as OpenAI's GA server refuses it (`unknown_parameter`), which is how a
+#: beta-shaped update (`input_audio_format`, `input_audio_transcription`) is told apart from
+#: one that applies: it is never half-applied
+SESSION_FIELDS = ("type", "audio", "include", "id", "object")
+AUDIO_FIELDS = ("input",)
+INPUT_FIELDS = ("format", "noise_reduction", "transcription", "turn_detection")
+FORMAT_FIELDS = ("type", "rate")
+NOISE_REDUCTION_FIELDS = ("type", "strength")
+TRANSCRIPTION_FIELDS = ("model", "language", "prompt", "languages", "keywords", "delay",
+                        "previous_turns_prompt")
+VAD_FIELDS = {"server_vad": ("type", "threshold", "prefix_padding_ms", "silence_duration_ms",
+                             "create_response", "interrupt_response", "idle_timeout_ms"),
+              "semantic_vad": ("type", "eagerness", "create_response", "interrupt_response")}
 MAX_MS = 10_000  # the longest prefix padding or silence a server VAD config may ask for
 #: room in a client message for what is not audio: the event's JSON, an event_id, a
 #: session.update's prompt (2,000 characters, ≤ 12 bytes each as JSON escapes)
@@ -194,12 +209,16 @@ def updated(config: SessionConfig, session: Any, event_id: str | None) -> Sessio
     if not isinstance(session, dict):
         raise fail("missing_required_parameter" if session is None else "invalid_type",
                    "session.update needs a 'session' object", "session")
+    _known(session, SESSION_FIELDS, "session", fail)
     if session.get("type", "transcription") != "transcription":
         raise fail("invalid_value", "this endpoint serves transcription sessions only: "
                                     "session.type must be 'transcription'", "session.type")
     _include(session.get("include"), fail)
-    source = section(section(session, "audio", "session.audio"), "input", "session.audio.input")
+    audio = section(session, "audio", "session.audio")
+    _known(audio, AUDIO_FIELDS, "session.audio", fail)
+    source = section(audio, "input", "session.audio.input")
     path = "session.audio.input"
+    _known(source, INPUT_FIELDS, path, fail)
     _noise_reduction(source.get("noise_reduction"), fail, f"{path}.noise_reduction")
     if "format" in source:
         encoding, rate = _format(section(source, "format", f"{path}.format"), fail)
@@ -213,6 +232,13 @@ def updated(config: SessionConfig, session: Any, event_id: str | None) -> Sessio
         config = replace(config, turn_detection=None if given is None else _vad(
             config.turn_detection or VadConfig(), given, fail))
     return config
+
+
+def _known(given: dict[str, Any], fields: tuple[str, ...], path: str, fail: Any) -> None:
+    for name in given:
+        if name not in fields:
+            param = f"{path}.{str(name)[:60]}"
+            raise fail("unknown_parameter", f"Unknown parameter: '{param}'.", param)
 
 
 def _include(value: Any, fail: Any) -> None:
@@ -232,6 +258,7 @@ def _noise_reduction(value: Any, fail: Any, path: str) -> None:
         return
     if not isinstance(value, dict):
         raise fail("invalid_type", f"{path} must be an object or null", path)
+    _known(value, NOISE_REDUCTION_FIELDS, path, fail)
     if value.get("type") is not None and value["type"] not in NOISE_REDUCTIONS:
         raise fail("invalid_value", f"noise_reduction.type must be one of "
                                     f"{', '.join(NOISE_REDUCTIONS)}", f"{path}.type")
@@ -250,6 +277,7 @@ def _object_or_null(source: dict[str, Any], name: str, path: str,
 
 def _format(given: dict[str, Any], fail: Any) -> tuple[str, int]:
     path = "session.audio.input.format"
+    _known(given, FORMAT_FIELDS, path, fail)
     kind = given.get("type", PCM)
     if kind not in FORMATS:
         raise fail("invalid_value", f"unsupported audio format {str(kind)[:40]!r}: send "
@@ -268,6 +296,7 @@ def _format(given: dict[str, Any], fail: Any) -> tuple[str, int]:
 
 def _transcription(current: Transcription, given: dict[str, Any], fail: Any) -> Transcription:
     path = "session.audio.input.transcription"
+    _known(given, TRANSCRIPTION_FIELDS, path, fail)
     result = current
     for name in ("model", "language", "prompt"):
         if name not in given:
@@ -316,15 +345,23 @@ def _vad(current: VadConfig, given: dict[str, Any], fail: Any) -> VadConfig:
     as it is set, its `eagerness` checked and not used."""
     path = "session.audio.input.turn_detection"
     kind = given.get("type", "server_vad")
+    if not isinstance(kind, str) or kind not in VAD_FIELDS:
+        raise fail("invalid_value", "turn_detection.type must be 'server_vad' or "
+                                    "'semantic_vad' (served by server VAD), or send null for "
+                                    "manual commits", f"{path}.type")
+    _known(given, VAD_FIELDS[kind], path, fail)
+    for name in ("create_response", "interrupt_response"):
+        if given.get(name) is not None and not isinstance(given[name], bool):
+            raise fail("invalid_type", f"{name} must be true or false", f"{path}.{name}")
+    if (value := given.get("idle_timeout_ms")) is not None and (
+            not _number(value) or value != int(value) or value < 0):
+        raise fail("invalid_value", "idle_timeout_ms must be a whole number of milliseconds "
+                                    "or null", f"{path}.idle_timeout_ms")
     if kind == "semantic_vad":
         if given.get("eagerness") is not None and given["eagerness"] not in EAGERNESS:
             raise fail("invalid_value", f"eagerness must be one of {', '.join(EAGERNESS)}",
                        f"{path}.eagerness")
         return current
-    if kind != "server_vad":
-        raise fail("invalid_value", "turn_detection.type must be 'server_vad' or "
-                                    "'semantic_vad' (served by server VAD), or send null for "
-                                    "manual commits", f"{path}.type")
     result = current
     if (value := given.get("threshold")) is not None:
         if not _number(value) or not 0.0 <= value <= 1.0:
