@@ -155,8 +155,7 @@ class Queue:
         if not head:
             return False
         entry_id, fields = head[0]
-        queued_ms = int(fields.get(b"queued_ms") or text(entry_id).partition("-")[0])
-        return queued_ms < (time.time() - self.promotion_seconds) * 1000
+        return queued_ms(entry_id, fields) < (time.time() - self.promotion_seconds) * 1000
 
     async def forget_me(self) -> None:
         """Leave the group (both lanes) unless entries are still pending to this consumer."""
@@ -215,6 +214,12 @@ class Queue:
         await self.redis.xadd(keys.dead_letter(self.backend),
                               {"task_id": task_id, "reason": reason,
                                "deliveries": deliveries, "at": repr(time.time())})
+
+
+def queued_ms(entry_id: bytes | str, fields: dict[bytes, bytes]) -> int:
+    """When an entry's task was submitted (Unix ms): its id's time, or for an entry that came
+    in from a key's line, the submit time it carries (common/store/shares.py)."""
+    return int(fields.get(b"queued_ms") or text(entry_id).partition("-")[0])
 
 
 async def last_delivered(redis: Redis, stream: str) -> str:

@@ -13,7 +13,7 @@ from redis.exceptions import ResponseError
 from common import keys
 from common.schemas import TERMINAL_STATES
 from common.store import admission
-from common.store.queue import FORGET_CONSUMER, last_delivered
+from common.store.queue import FORGET_CONSUMER, last_delivered, queued_ms
 from common.store.record import Task
 from common.store.tasks import TaskStore
 from common.store.values import text
@@ -23,6 +23,7 @@ from common.store.values import text
 class Entry:
     entry_id: str
     task_id: str | None  # None: an entry without a task id
+    queued_ms: int  # its task's submit (Unix ms), also for an entry from a key's line
 
 
 #: the priority lanes: every walk below is per backend and lane
@@ -182,7 +183,8 @@ def _entries(raw: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Entry]:
     found = []
     for entry_id, fields in raw:
         task_id = fields.get(b"task_id")
-        found.append(Entry(entry_id.decode(), task_id.decode() if task_id is not None else None))
+        found.append(Entry(entry_id.decode(), task_id.decode() if task_id is not None else None,
+                           queued_ms(entry_id, fields)))
     return found
 
 

@@ -96,7 +96,8 @@ class Sweeper:
         becomes PENDING again, so the walk never goes back. A task that waited in its key's
         line (common/store/shares.py) got its entry when it came in, which would date its wait
         from then: the lines are looked at from their head, and the entries no worker has
-        read yet by their tasks' submit."""
+        read yet by the submit time they carry (their tasks' records are read only once
+        that is past the cutoff)."""
         cutoff_ms = int((time.time() - limit) * 1000)
         error = (f"no {backend} worker started this task within {limit:.0f} s "
                  "(see /ready for live workers)")
@@ -106,7 +107,8 @@ class Sweeper:
                     else None)
 
         unread = [entry for lane in (upkeep.LANES if self.lines_used else ())
-                  for entry in await upkeep.undelivered(self.store, backend, BATCH, lane)]
+                  for entry in await upkeep.undelivered(self.store, backend, BATCH, lane)
+                  if entry.queued_ms < cutoff_ms]
         failed = await self.fail_tasks(
             await upkeep.in_lines(self.store, backend, BATCH) + await self._tasks(unread),
             overdue)
