@@ -404,6 +404,72 @@ def test_a_short_clip_never_shares_a_call_with_a_long_one(redis: procs.RedisServ
     assert sizes["count"] == 2 and sizes["sum"] == 3, sizes  # the long alone, the shorts together
 
 
+def four_clips() -> bytes:
+    """~48 s of speech (the first four clips end to end)."""
+    return encode_wav(np.concatenate(
+        [decode_audio(clip, 16000, None) for clip in clips()[:4]]), 16000)
+
+
+def test_a_clip_longer_than_its_file_told_runs_after_its_company(
+        redis: procs.RedisServer) -> None:
+    """A file can tell the submit's probe a fraction of its length (tests/audio_fakes.py
+    builds such files): it is grouped with short clips, and decodes to ~48 s of speech. It
+    leaves their call once decoded and runs alone after it, so their results never wait
+    for its length (it was submitted first: with one call for all, its result came first)."""
+    short_clip = encode_wav(decode_audio(clips()[3], 16000, None)[:int(1.5 * 16000)], 16000)
+
+    async def scenario() -> list[Task]:
+        client = Redis.from_url(redis.url)
+        liar = Task(id=new_task_id(), backend=BACKEND, model="tiny.en",
+                    state=TaskState.PENDING, params=GREEDY, audio_seconds=1.5)
+        await TaskStore(client, 600).submit(liar, four_clips())
+        await client.aclose()
+        ids = [liar.id, await submit(redis.url, short_clip), await submit(redis.url, short_clip)]
+        await drain(settings_for(redis.url, batch_window_ms=200))
+        return await tasks(redis.url, ids)
+
+    liar, *shorts = asyncio.run(scenario())
+    assert all(task.state == TaskState.SUCCEEDED for task in (liar, *shorts))
+    assert all(task.finished_at < liar.finished_at for task in shorts), (  # type: ignore
+        [task.finished_at for task in (liar, *shorts)])
+    assert wer(JFK_TEXT, liar.result["text"][:len(JFK_TEXT)]) <= 0.2  # type: ignore[index]
+    sizes = histogram(redis, "batch_size")
+    assert sizes["count"] == 1 and sizes["sum"] == 3, sizes  # gathered as one batch
+
+
+def test_an_engine_calls_bound_follows_the_length_its_audio_decodes_to(
+        redis: procs.RedisServer, monkeypatch: Any) -> None:
+    """SPEECH_MAX_ENGINE_CALL_SECONDS=0 bounds a call by its audio's length: by what the
+    audio decodes to, not what its file told the probe, so a file that understates its
+    length is neither cut short (a stuck call, a worker restart, no charge) nor given less
+    time than an honest one. The bound's parts are made small here, so that the length the
+    file claims would give the call less than it takes."""
+    from workers import engine_host
+
+    monkeypatch.setattr(engine_host, "CALL_FLOOR_SECONDS", 0.2)
+    monkeypatch.setattr(engine_host, "CALL_SECONDS_PER_WORK_SECOND", 0.5)
+    bound = engine_host.CallBound(settings_for(redis.url), 0.95)
+    bound.decoded(190.0)
+    assert bound.seconds == 0.2 + 0.5 * 190.0
+    fixed = engine_host.CallBound(settings_for(redis.url, max_engine_call_seconds=5.0), 5.0)
+    fixed.decoded(1000.0)
+    assert fixed.seconds == 5.0  # an operator's own bound stays as set
+    long_clip = encode_wav(np.tile(decode_audio(four_clips(), 16000, None), 4), 16000)
+
+    async def scenario() -> tuple[Task, Worker]:
+        client = Redis.from_url(redis.url)
+        liar = Task(id=new_task_id(), backend=BACKEND, model="tiny.en",
+                    state=TaskState.PENDING, params=GREEDY, audio_seconds=1.5)
+        await TaskStore(client, 600).submit(liar, long_clip)  # ~190 s, bound 0.95 s as told
+        await client.aclose()
+        worker = await drain(settings_for(redis.url, batch_max_size=1))
+        return (await tasks(redis.url, [liar.id]))[0], worker
+
+    task, worker = asyncio.run(scenario())
+    assert task.state == TaskState.SUCCEEDED, (task.error, task.error_code)
+    assert not worker.host.stalled
+
+
 def test_the_window_holds_no_lone_task_and_a_burst_only_that_long(
         redis: procs.RedisServer) -> None:
     """With a 2 s window: a lone task (no company yet) starts at once; after a batch, a task

@@ -18,7 +18,9 @@
 - **Run** (`run_batch`, on the engine thread): each clip is decoded alone (a clip that
   fails to decode fails alone), the rest go to the engine's batch call, and each clip gets
   its own outcome. A batch call that fails as a whole is retried clip by clip, so one bad
-  clip never fails the others.
+  clip never fails the others. A clip whose audio decodes far longer than its file told
+  the probe (two length classes past the call's shortest) leaves the call (`Longer`) and
+  runs alone once the others' results are out.
 
 Everything else about a task (its attempt, fence, lease, deadline, cancellation, streamed
 segments, result, usage and backlog) stays the consumer's, per task (workers/consumer.py).
@@ -179,15 +181,22 @@ class BatchItem:
     on_decoded: OnDecoded | None = None
 
 
+class Longer:
+    """A clip's place in a batch call's outcomes when its audio decoded to a length class
+    past its company's (its file claimed far less to the probe it was grouped by): it runs
+    alone after them, so their results never wait for its length."""
+
+
 def run_batch(engine: BatchTranscriptionEngine, handle: Any, *, backend: str, model: str,
               items: list[BatchItem], max_audio_seconds: float | None,
-              allowed_roots: tuple[Path, ...]) -> list[Outcome | TaskError]:
-    """One batch call on the engine thread: each item's outcome, or why it failed."""
+              allowed_roots: tuple[Path, ...]) -> list[Outcome | TaskError | Longer]:
+    """One batch call on the engine thread: each item's outcome, or why it failed (or that
+    it runs alone after the call: `Longer`)."""
     if len(items) == 1:
         alone = _alone(engine, handle, backend, model, items[0], max_audio_seconds,
                        allowed_roots)
         return [task_error(alone) if isinstance(alone, Exception) else alone]
-    results: list[Outcome | TaskError | None] = [None] * len(items)
+    results: list[Outcome | TaskError | Longer | None] = [None] * len(items)
     audios: dict[int, np.ndarray] = {}
     options: dict[int, TranscriptionOptions] = {}
     for index, item in enumerate(items):
@@ -199,7 +208,10 @@ def run_batch(engine: BatchTranscriptionEngine, handle: Any, *, backend: str, mo
                                       max_audio_seconds, allowed_roots, item.on_decoded)
         except Exception as exc:
             results[index] = task_error(exc)
-    ready = list(audios)
+    ready = _alike(audios, engine.sample_rate)
+    for index in set(audios) - set(ready):
+        results[index] = Longer()
+        del audios[index]
     try:
         answers: list[Any] = engine.transcribe_batch(
             handle, [audios[i] for i in ready], [options[i] for i in ready],
@@ -219,6 +231,14 @@ def run_batch(engine: BatchTranscriptionEngine, handle: Any, *, backend: str, mo
             answer = Outcome(answer.to_result(backend, model, options[index].word_timestamps))
         results[index] = answer
     return [result if result is not None else TaskError("no result") for result in results]
+
+
+def _alike(audios: dict[int, np.ndarray], sample_rate: int) -> list[int]:
+    """The decoded clips that stay in the call: all but those two length classes or more
+    past the shortest (clips grouped by their probed class decode to it or next to it)."""
+    classes = {index: length_class(len(audio) / sample_rate) for index, audio in audios.items()}
+    floor = min(classes.values(), default=0)
+    return [index for index, found in classes.items() if found <= floor + 1]
 
 
 def _alone(engine: Engine, handle: Any, backend: str, model: str, item: BatchItem,

@@ -498,17 +498,17 @@ class Consumer:
                 observations["model_load_seconds"] = self.load_seconds
             if self.device_wait_seconds is not None:
                 observations["device_wait_seconds"] = self.device_wait_seconds
-        if state == TaskState.SUCCEEDED and task.audio_seconds:
-            observations["realtime_factor"] = inference / task.audio_seconds
+        work = task.work_units
+        decoded = ((result or {}).get("usage") or {}).get("audio_seconds")
+        if self.host.kind != "tts" and isinstance(decoded, int | float) and decoded > 0:
+            # audio-seconds: what was decoded, not what the file claimed to the probe (a
+            # file can overstate its length as well as understate it)
+            work = float(decoded)
+        if state == TaskState.SUCCEEDED and self.host.kind != "tts" and work:
+            observations["realtime_factor"] = inference / work
         with contextlib.suppress(RedisError):
             await self.store.record((f"tasks_{state.value}",),
                                     {name: max(0.0, value) for name, value in observations.items()})
-            work = task.work_units
-            decoded = ((result or {}).get("usage") or {}).get("audio_seconds")
-            if self.host.kind != "tts" and isinstance(decoded, int | float) and decoded > 0:
-                # audio-seconds: what was decoded, not what the file claimed to the probe (a
-                # file can overstate its length as well as understate it)
-                work = float(decoded)
             if state == TaskState.SUCCEEDED and work:
                 # the processing rate a predicted wait divides by: work (audio-seconds, or
                 # characters) per second of wall time, less a load

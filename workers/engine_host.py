@@ -74,6 +74,20 @@ def call_limit(settings: Settings, kind: str, work: float) -> float | None:
     return CALL_FLOOR_SECONDS + CALL_SECONDS_PER_WORK_SECOND * seconds
 
 
+class CallBound:
+    """An engine call's running bound: `call_limit` of the work the task declared, raised
+    when its audio decodes longer (a file can claim a fraction of its length to the probe;
+    the bound follows what it holds, as its charge does)."""
+
+    def __init__(self, settings: Settings, seconds: float) -> None:
+        self.settings, self.seconds = settings, seconds
+
+    def decoded(self, audio_seconds: float) -> None:
+        """Called on the engine thread with one clip's decoded length."""
+        if (limit := call_limit(self.settings, "asr", audio_seconds)) is not None:
+            self.seconds = max(self.seconds, limit)
+
+
 class EngineHost:
     def __init__(self, settings: Settings, engine: Engine, on_load: OnLoad = _no_report,
                  budget: DeviceBudget = NO_BUDGET) -> None:
@@ -140,11 +154,12 @@ class EngineHost:
         `on_decoded`: told the decoded length (see workers.execute.OnDecoded);
         `limit_seconds`: the longest the call may run (`call_limit`; None: no bound)."""
         diarize = params.get("diarization") is not None
-        decoded = self._on_decoded(model, diarize, on_decoded)
+        bound = self._bound(limit_seconds)
+        decoded = self._on_decoded(model, diarize, on_decoded, bound)
 
         async def run(handle: Any) -> Outcome:
             return await self._bounded(
-                limit_seconds, run_engine, self.engine, handle, backend=self.backend, model=model,
+                bound, run_engine, self.engine, handle, backend=self.backend, model=model,
                 params=params, source=source, on_segment=on_segment,
                 max_audio_seconds=self.settings.max_audio_seconds,
                 allowed_roots=tuple(self.settings.allowed_roots),
@@ -180,13 +195,26 @@ class EngineHost:
                 if not chosen:
                     continue
                 sizes.append(len(chosen))
+                bound = self._bound(limit_seconds)
                 items = [dataclasses.replace(
-                    item, on_decoded=self._on_decoded(model, False, item.on_decoded))
+                    item, on_decoded=self._on_decoded(model, False, item.on_decoded, bound))
                     for _, item in chosen]
-                outcomes = await self._bounded(limit_seconds, self._run_batch, engine, handle,
+                outcomes = await self._bounded(bound, self._run_batch, engine, handle,
                                                model, items)
+                done = [(index, outcome) for (index, _), outcome in zip(chosen, outcomes,
+                                                                        strict=True)
+                        if not isinstance(outcome, batching.Longer)]
                 if on_call is not None:
-                    on_call([index for index, _ in chosen], outcomes)
+                    on_call([index for index, _ in done], [outcome for _, outcome in done])
+                for (index, item), outcome in zip(chosen, outcomes, strict=True):
+                    if isinstance(outcome, batching.Longer):  # after the others: alone
+                        bound = self._bound(limit_seconds)
+                        alone = await self._bounded(bound, self._run_batch, engine, handle, model, [
+                            dataclasses.replace(item, on_decoded=self._on_decoded(
+                                model, False, item.on_decoded, bound))])
+                        if on_call is not None:
+                            on_call([index], [result for result in alone
+                                              if not isinstance(result, batching.Longer)])
             if len(sizes) > 1:
                 log.info("a batch of %d split to fit memory: calls of %s", sum(sizes), sizes)
             self.last_batch_calls = sizes
@@ -194,15 +222,21 @@ class EngineHost:
 
         await self._engine_call(model, on_load, run, self._peak_class(False, audio_seconds))
 
-    def _on_decoded(self, model: str, diarize: bool, told: OnDecoded | None) -> OnDecoded:
+    def _bound(self, limit_seconds: float | None) -> CallBound | None:
+        return None if limit_seconds is None else CallBound(self.settings, limit_seconds)
+
+    def _on_decoded(self, model: str, diarize: bool, told: OnDecoded | None,
+                    bound: CallBound | None = None) -> OnDecoded:
         """What the engine thread calls with a task's decoded length: `told` (the caller's:
-        its charge), then the reservation grows if the length is of a heavier class than
-        the one it was made for."""
+        its charge), then the call's bound and the reservation grow if the length is past
+        what they were made for."""
         loop = asyncio.get_running_loop()
 
         def decoded(seconds: float) -> None:
             if told is not None:
                 told(seconds)
+            if bound is not None:
+                bound.decoded(seconds)
             if not self.holding.budget.enabled:
                 return
             growing = asyncio.run_coroutine_threadsafe(
@@ -269,7 +303,7 @@ class EngineHost:
         return min(room) if room else None
 
     def _run_batch(self, engine: Any, handle: Any, model: str,
-                   items: list[batching.BatchItem]) -> list[Outcome | TaskError]:
+                   items: list[batching.BatchItem]) -> list[Outcome | TaskError | batching.Longer]:
         """One call of a batch (engine thread); its peak teaches `batch_item_mib`, except
         on a new load's first call, whose peak the device holding is measuring."""
         learn = len(items) > 1 and not self.holding.measuring
@@ -282,8 +316,9 @@ class EngineHost:
             grown = memory.peak_mib(self.engine.uses_torch, self.device) - before
             # the most measured: a call that fitted in memory already held (the CUDA
             # cache, what glibc kept) measures ~0, which says nothing of the next one
+            ran = sum(not isinstance(result, batching.Longer) for result in results)
             self.learned_item_mib = max(self.learned_item_mib or 0.0,
-                                        max(0.0, grown) / len(items))
+                                        max(0.0, grown) / max(1, ran))
         return results
 
     @property
@@ -372,21 +407,27 @@ class EngineHost:
                         await self.holding.settle()
                         return
 
-    async def _bounded(self, limit_seconds: float | None, fn: Callable[..., T], *args: Any,
+    async def _bounded(self, bound: CallBound | None, fn: Callable[..., T], *args: Any,
                        **kwargs: Any) -> T:
-        """`_call` for an engine call: past `limit_seconds` the call is taken for stuck
-        (nothing can stop a thread inside a driver call), the host `stalled`, and a TaskError
-        fails its tasks."""
-        if limit_seconds is None:
+        """`_call` for an engine call: past its `bound` (None: none) the call is taken for
+        stuck (nothing can stop a thread inside a driver call), the host `stalled`, and a
+        TaskError fails its tasks."""
+        if bound is None:
             return await self._call(fn, *args, **kwargs)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         call = asyncio.ensure_future(self._call(fn, *args, **kwargs))
         try:
-            done, _ = await asyncio.wait({call}, timeout=limit_seconds)
+            while (left := started + bound.seconds - loop.time()) > 0:  # (it may grow)
+                done, _ = await asyncio.wait({call}, timeout=left)
+                if call in done:
+                    return call.result()
         except asyncio.CancelledError:  # as an awaited call would be, with its caller
             call.cancel()
             raise
-        if call in done:
+        if call.done():
             return call.result()
+        limit_seconds = bound.seconds
         self.stalled = True
         log.critical("the engine call has run %.0f s, past its bound, and not returned: "
                      "the worker leaves so that a fresh process takes the work", limit_seconds)
