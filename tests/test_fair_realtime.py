@@ -23,9 +23,11 @@ from common import keys
 from gateway.auth import digest
 from harness import procs
 from harness.http_client import http
+from tests.inprocess import InProcessWorker, worker_settings
 
 pytestmark = pytest.mark.timeout(120)
-KEYS = {name: f"key-fair-live-{name}" for name in ("a", "b", "metered", "transcribed")}
+KEYS = {name: f"key-fair-live-{name}"
+        for name in ("a", "b", "metered", "transcribed", "failed", "cancelled")}
 RATE = 24000
 
 
@@ -42,7 +44,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                {"key": "sha256:" + digest(KEYS["metered"]), "name": "metered",
                 "quotas": {"audio_seconds_per_day": 4}},
                {"key": "sha256:" + digest(KEYS["transcribed"]), "name": "transcribed",
-                "quotas": {"audio_seconds_per_day": 4}}]
+                "quotas": {"audio_seconds_per_day": 4}},
+               *({"key": "sha256:" + digest(KEYS[name]), "name": name, "interactive": True,
+                  "quotas": {"audio_seconds_per_day": 100}} for name in ("failed", "cancelled"))]
     limits = {"realtime_max_sessions": "4", "realtime_key_share": "0.5",
               "realtime_max_buffer_seconds": "2", "max_waiting_requests": "4"}
     gateway = procs.gateway(server.url, workdir, api_keys=entries, **limits).start()
@@ -205,6 +209,48 @@ def test_a_closed_sessions_queued_turns_are_dropped(env: dict[str, Any]) -> None
 
     procs.wait_until(lambda: states() and all(s == b"CANCELLED" for s in states()), 10,
                      "the turn cancelled")
+
+
+@pytest.mark.parametrize("ending", ["failed", "cancelled"])
+def test_a_turn_whose_task_gives_its_charge_back_is_charged_as_session_audio(
+        env: dict[str, Any], ending: str) -> None:
+    """A committed turn is charged as its task; a task that FAILS (here: a worker whose
+    memory cap refuses it) or is cancelled (the session closed before any worker took it)
+    gives back what it did not deliver. The session's meter then charges that audio: every
+    second a session is sent is charged once, whatever becomes of its turns."""
+    worker = None
+    if ending == "failed":
+        worker = InProcessWorker(worker_settings(env["redis"], memory_cap_mib=1)).start()
+
+    async def scenario() -> list[str]:
+        socket = await opened(env, ending)
+        await configure(socket, {"model": "whisper-1"}, vad=False)
+        await socket.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": silence(1.5)}))
+        await socket.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        wanted = ("conversation.item.input_audio_transcription.failed" if ending == "failed"
+                  else "input_audio_buffer.committed")
+        seen = []
+        while not seen or seen[-1] != wanted:
+            seen.append(json.loads(await asyncio.wait_for(socket.recv(), 30))["type"])
+        if ending == "cancelled":
+            await asyncio.sleep(0.5)  # queued: no worker runs here
+        await socket.close()
+        return seen
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        if worker is not None:
+            worker.stop()
+
+    def used() -> float:
+        return http.get(f"{env['gateway']}/v1/usage", headers=auth(ending),
+                        timeout=30).json()["day"]["audio_seconds"]["used"]
+
+    procs.wait_until(lambda: used() > 0, 10, "the session's charge")
+    time.sleep(0.5)  # (a second charge, were there one, would land by now)
+    assert used() == pytest.approx(1.5, abs=0.01)
 
 
 def test_one_key_holds_at_most_its_share_of_waiting_calls(env: dict[str, Any]) -> None:

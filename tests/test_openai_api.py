@@ -13,6 +13,7 @@ import httpx
 import openai
 import pytest
 
+from common import keys
 from common.catalog import resolve_public_model
 from common.schemas import ErrorCode, TaskState
 from common.settings import Settings
@@ -303,11 +304,18 @@ def test_replies_of_failed_tasks_say_whether_to_retry(stack: dict) -> None:
     for code in ErrorCode:
         assert (reply(code).get("x-should-retry") == "false") == (code in final), code
     assert (still_running("t1").headers or {})["x-should-retry"] == "false"
-    # a real one: tiny.en refuses German on the worker (invalid_request, a 400)
-    failed = http.post(f"{stack['gateway']}/v1/audio/transcriptions", timeout=60,
-                       files={"file": JFK.open("rb")}, data={"language": "de"})
-    assert _openai_error(failed, 400)["code"] == "invalid_request"
-    assert failed.headers["x-should-retry"] == "false" and failed.headers["x-task-id"]
+    # German for the English-only tiny.en: refused at the submit (it would fail on the
+    # worker), with no task queued
+    def tasks() -> int:
+        return sum(1 for _ in stack["redis"].scan_iter(match=keys.task_pattern()))
+
+    queued = tasks()
+    refused = http.post(f"{stack['gateway']}/v1/audio/transcriptions", timeout=60,
+                        files={"file": JFK.open("rb")}, data={"language": "de"})
+    error = _openai_error(refused, 400)
+    assert error["code"] == "unsupported_language" and error["param"] == "language", error
+    assert "English-only" in error["message"] and "x-task-id" not in refused.headers
+    assert tasks() == queued
 
 
 def _raw_request(port: int, head: str, chunks: Iterator[bytes]) -> bytes:

@@ -109,6 +109,9 @@ def test_ga_transcription_fields_reach_the_task_options() -> None:
     target = resolve(settings, Transcription(languages=("xx", "EN-us", "de")))
     assert target.options["language"] == "en"  # the first one the backend supports
     assert "language" not in resolve(settings, Transcription(languages=("xx",))).options
+    # the first the model takes too: tiny.en is English-only
+    assert resolve(settings, Transcription(languages=("de", "en"))).options["language"] == "en"
+    assert "language" not in resolve(settings, Transcription(languages=("de",))).options
     target = resolve(settings, Transcription(prompt="A talk.", keywords=("Kennedy", "Americans")))
     assert target.options["prompt"] == "A talk. Kennedy, Americans"
     assert resolve(settings, Transcription(delay="minimal")).options["beam_size"] == 1
@@ -246,7 +249,10 @@ def test_unknown_session_values_are_still_refused(live: dict[str, Any]) -> None:
                  f"{path}.turn_detection.eagerness"),
                 ({"input_audio_format": "g711_ulaw",
                   "audio": {"input": {"format": {"type": "audio/pcmu"}}}},
-                 "session.input_audio_format")):
+                 "session.input_audio_format"),
+                ({"audio": {"input": {"transcription": {"model": "whisper-1",
+                                                        "language": "de"}}}},  # tiny.en
+                 f"{path}.transcription.language")):
             errors = len(client.of("error"))
             await client.send(type="session.update", session={"type": "transcription",
                                                               **session})

@@ -4,12 +4,14 @@ quota as it arrives, and one key at most its share of the sessions: of this proc
 (`realtime_key_share`) and of every gateway process's together (`realtime_sessions_per_key`,
 leased slots in Redis).
 
-A turn queued as a task is charged like any task (gateway/submit/enqueue.py: a turn that
-fails or is cancelled gives its charge back, as any task does); what the meter charges is
-the rest of the audio a session is sent, once it has left the buffer in no such turn (silence
-the VAD dropped, a clear, a turn with transcription off or refused before it was queued, what
-was buffered at the end), which would otherwise cost nothing and still take the gateway's CPU
-(the VAD) and memory: a session of hours of silence is charged its hours.
+A turn queued as a task is charged like any task (gateway/submit/enqueue.py); what the meter
+charges is the rest of the audio a session is sent, once it has left the buffer in no such
+turn (silence the VAD dropped, a clear, a turn with transcription off or refused before it was
+queued, what was buffered at the end), which would otherwise cost nothing and still take the
+gateway's CPU (the VAD) and memory: a session of hours of silence is charged its hours. A
+turn whose task fails or is cancelled (at the session's close) gives back what it did not
+deliver, as any task does, and the meter charges that part as session audio: every second a
+session is sent is charged once, whatever becomes of its turns.
 """
 
 from __future__ import annotations

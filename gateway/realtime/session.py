@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.audio import AudioInfo
-from common.catalog import UnknownBackend, UnknownModel, asr_language, resolve_public_model
+from common.catalog import (
+    UnknownBackend,
+    UnknownModel,
+    asr_language,
+    model_language_problem,
+    resolve_public_model,
+)
 from common.schemas import INTERACTIVE, TaskState
 from common.settings import Settings
 from common.store import Task, new_task_id
@@ -83,7 +89,8 @@ def resolve(settings: Settings, transcription: Transcription,
         raise ProtocolError("invalid_value", f"{exc}; GET /v1/models lists them",
                             f"{MODEL_PARAM}.model", event_id) from None
     request = AsrRequest(
-        language=transcription.language or _first_supported(backend, transcription.languages),
+        language=transcription.language or _first_supported(backend, model,
+                                                            transcription.languages),
         prompt=" ".join(filter(None, (transcription.prompt, ", ".join(transcription.keywords)))),
         beam_size=DELAYS.get(transcription.delay or "medium"))
     try:
@@ -92,16 +99,20 @@ def resolve(settings: Settings, transcription: Transcription,
         name = "keywords" if exc.param == "prompt" and transcription.keywords else exc.param
         raise ProtocolError("invalid_value", exc.message, f"{MODEL_PARAM}.{name}",
                             event_id) from None
+    if problem := model_language_problem(backend, model, options.get("language")):
+        raise ProtocolError("invalid_value", problem, f"{MODEL_PARAM}.language", event_id)
     return Target(backend, model, options)
 
 
-def _first_supported(backend: str, languages: tuple[str, ...]) -> str | None:
-    """`languages[]`: the first one the backend takes; none of them: detect."""
+def _first_supported(backend: str, model: str, languages: tuple[str, ...]) -> str | None:
+    """`languages[]`: the first one the backend and the model take; none of them: detect."""
     for language in languages:
         try:
-            return asr_language(backend, language) or None
+            code = asr_language(backend, language)
         except ValueError:
             continue
+        if not model_language_problem(backend, model, code):
+            return code
     return None
 
 
@@ -352,20 +363,25 @@ class Session:
                     sent += 1
                 elif event["type"] == "done":
                     await self._finished(item, event["task"])
+                    if event["task"].state != TaskState.SUCCEEDED:  # its charge went back
+                        self.turned -= turn.seconds - kept_charge(event["task"])
                     return
                 elif event["type"] == "timeout":
                     await self._failed(item, openai_error(still_running(call.task_id)))
                     return
         except asyncio.CancelledError:
-            await self._withdraw(call.task_id, target.backend)
+            if await self._withdraw(call.task_id, target.backend) == TaskState.CANCELLED:
+                self._queued.discard(item)  # its charge went back: the meter's again
             raise
         finally:
             await call.events.aclose()
 
-    async def _withdraw(self, task_id: str, backend: str) -> None:
-        """The session closed: a turn no worker has started yet is dropped, not run."""
+    async def _withdraw(self, task_id: str, backend: str) -> str:
+        """The session closed: a turn no worker has started yet is dropped, not run. The
+        task's state after ("" if unknown)."""
         with contextlib.suppress(Exception):
-            await asyncio.shield(self.calls.store.cancel(task_id, backend))
+            return await asyncio.shield(self.calls.store.cancel(task_id, backend))
+        return ""
 
     async def _finished(self, item: str, task: Task) -> None:
         if task.state == TaskState.SUCCEEDED and task.result is not None:
@@ -383,6 +399,15 @@ class Session:
         """A turn's one `...failed`: its error is what an SSE stream's `error` event carries."""
         await self._send(server_event(f"{TRANSCRIPTION}.failed", item_id=item, content_index=0,
                                       error=error))
+
+
+def kept_charge(task: Task) -> float:
+    """What a task that did not succeed stays charged (what it delivered; the rest of its
+    charge went back), in its charge's unit."""
+    try:
+        return max(0.0, float((task.charge or {}).get("amount") or 0.0))
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _ms(sample: int) -> int:

@@ -7,6 +7,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+from common.catalog import model_language_problem
 from common.schemas import DIARIZER, TaskState
 from common.settings import Settings
 from common.store import (
@@ -55,6 +56,8 @@ async def _enqueue(store: TaskStore, settings: Settings, *, backend: str, model:
     repeat = bool(terms.idempotency_key) and await guard_store(
         store.idempotent(owner, terms.idempotency_key)) is not None
     if not repeat:
+        if problem := model_language_problem(backend, model, options.get("language")):
+            raise RequestError(400, problem, param="language", code="unsupported_language")
         refuse_past(terms.deadline, terms.deadline_param)
         await _refuse_if_broken(store, settings, backend, model, options)
     seconds = round(audio.info.duration, 3)
