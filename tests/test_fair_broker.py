@@ -183,7 +183,9 @@ def test_a_resident_model_reserves_the_peak_its_first_long_task_measured(
         redis: procs.RedisServer) -> None:
     """A plain task, then two of 581 s (class len1) on the resident model: the first long one
     reserves from the plain peak and measures its own; the second holds a reservation of at
-    least that measured peak while it runs (the broker counts what the worker uses)."""
+    least that measured peak while it runs (the broker counts what the worker uses). A plain
+    task after them holds the plain reservation again: the long audio is gone, and the
+    memory its class held is the other backends' again while the model stays loaded."""
     settings = worker_settings(redis.url, {"tiny.en": "bundled"}).model_copy(update={
         "device_memory_mib": {"cpu": 100_000}, "idle_unload_seconds": -1,
         "batch_max_size": 1})
@@ -198,7 +200,7 @@ def test_a_resident_model_reserves_the_peak_its_first_long_task_measured(
         client = Redis.from_url(redis.url)
         store = TaskStore(client, 600)
         ids = []
-        for blob in (JFK.read_bytes(), long_audio, long_audio):
+        for blob in (JFK.read_bytes(), long_audio, long_audio, JFK.read_bytes()):
             task = Task(id=new_task_id(), backend="faster-whisper", model="tiny.en",
                         state=TaskState.PENDING, params={"vad_filter": True, "beam_size": 1},
                         audio_seconds=len(blob) / 32000 if blob is long_audio else 11.0)
@@ -226,6 +228,7 @@ def test_a_resident_model_reserves_the_peak_its_first_long_task_measured(
         # else the check proves nothing
         assert measured[0] > peaks["faster-whisper/tiny.en"] + 10, (measured, peaks)
         assert held[ids[2]][-1] >= measured[0], (held, measured)  # (reserved after its start)
+        assert held[ids[3]][-1] < measured[0], (held, measured)
 
     asyncio.run(scenario())
 

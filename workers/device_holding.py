@@ -50,12 +50,14 @@ class DeviceHolding:
         """Before `model` may load: hold a reservation for it on the device (waiting in line
         if need be), sized for tasks of `peak_class` (a diarized task also loads the
         diarizer; a long one holds more audio). A resident model only marks its reservation
-        busy, or grows it in place for a class its own does not cover, or for a peak a
-        task measured past it."""
+        busy, or resizes it in place: for the task's class (a long task's audio is gone once
+        it ends, so a reservation never stays at the longest class seen; a diarizer that is
+        loaded stays counted), or for a peak a task measured past it."""
         if not self.budget.enabled or model not in self.slot.sources:
             return
         if self.held == model and self.slot.name == model and self.slot.handle is not None:
-            wanted = self.held_class.join(peak_class)
+            loaded = self.held_class.diarizer if self.slot.diarizer_handle is not None else ""
+            wanted = PeakClass(loaded or peak_class.diarizer, peak_class.length)
             if wanted != self.held_class or self._short:
                 await self._reserve_in_place(model, wanted)
                 await self.call(memory.reset_peak, self.uses_torch, self.device)
