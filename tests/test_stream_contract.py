@@ -25,9 +25,10 @@ from redis.asyncio import Redis
 
 from common import keys
 from common.audio import decode_audio
-from common.schemas import INTERACTIVE, ErrorCode
+from common.schemas import INTERACTIVE, ErrorCode, TaskState
 from common.settings import DEFAULT_MODELS, Settings
 from common.store import TaskStore
+from common.store.segments import SegmentPublisher
 from harness import procs
 from harness.http_client import http
 from harness.procs import TEST_AUDIO, wait_until
@@ -93,8 +94,10 @@ def speech_stream(url: str, started: Future[str]) -> list[dict[str, Any]]:
                      "response_format": "wav", "stream_format": "sse"}, started=started)
 
 
-async def realtime_turn(ws_url: str, client: redis.Redis, started: Future[str]) -> dict[str, Any]:
-    """One manually committed turn of jfk.flac; its `...completed` or `...failed` event."""
+async def realtime_turn(ws_url: str, client: redis.Redis, started: Future[str],
+                        deltas: list[str] | None = None) -> dict[str, Any]:
+    """One manually committed turn of jfk.flac; its `...completed` or `...failed` event (and
+    its deltas in `deltas`)."""
     pcm = (decode_audio(JFK, 24000)[:24000 * 3] * 32767).astype("<i2").tobytes()
     before = queued_ids(client, "faster-whisper")
     async with websockets.connect(ws_url + "?intent=transcription") as socket:
@@ -110,6 +113,8 @@ async def realtime_turn(ws_url: str, client: redis.Redis, started: Future[str]) 
         started.set_result(task_id)
         async for message in socket:
             event = json.loads(message)
+            if event["type"] == f"{TRANSCRIPTION}.delta" and deltas is not None:
+                deltas.append(event["delta"])
             if event["type"] in (f"{TRANSCRIPTION}.completed", f"{TRANSCRIPTION}.failed"):
                 return event
     raise AssertionError("the session closed before its turn ended")
@@ -155,6 +160,94 @@ def test_every_stream_reads_a_task_outcome_with_the_same_code(env: dict[str, Any
         codes["realtime"] = event["error"]["code"]
     assert codes == {"transcription": outcome.value, "speech": outcome.value,
                      "realtime": outcome.value}
+
+
+def run_as_a_worker_losing_a_segment(env: dict[str, Any], task_id: str) -> None:
+    """Play the worker through the store's own calls: attempt 1 publishes its first segment,
+    the second never reaches the gateway (a message dropped while it reconnected, a publish
+    given up after its wait), and the task SUCCEEDS with both. (Anything amiss fails the
+    task, so that the stream waiting on it ends.)"""
+    async def run() -> None:
+        client = Redis.from_url(env["redis"].url)
+        store = TaskStore.for_settings(client, Settings(redis_url=env["redis"].url))
+        task = await store.get(task_id)
+        assert task is not None
+        attempt = await store.start(task_id, "w1", 1, "faster-whisper")
+        assert attempt == 1
+        await SegmentPublisher(client).publish(task_id, attempt, 2.0, {
+            "type": "segment", "id": 0, "start": 0.0, "end": 2.0,
+            "text": " And so my fellow Americans,", "delta": "And so my fellow Americans,"})
+        await asyncio.sleep(0.5)
+        text = "And so my fellow Americans, ask not."
+        segments = [{"id": 0, "start": 0.0, "end": 2.0, "text": " And so my fellow Americans,"},
+                    {"id": 1, "start": 2.0, "end": 3.0, "text": " ask not."}]
+        running = await store.get(task_id)
+        assert running is not None
+        await store.finish(running, TaskState.SUCCEEDED, attempt=attempt,
+                           entry_id=running.entry_id,
+                           result={"text": text, "segments": segments, "language": "en",
+                                   "duration": 3.0, "usage": {"audio_seconds": 3.0}})
+        await client.aclose()
+    try:
+        asyncio.run(run())
+    except BaseException:
+        end_task(env, task_id, ErrorCode.OUT_OF_MEMORY)
+        raise
+
+
+def test_a_segment_the_stream_never_got_is_sent_before_the_end(env: dict[str, Any]) -> None:
+    """The deltas add up to the final text even when a segment's event was lost: the rest
+    of the text is sent as one more delta before the stream's last event (SSE and realtime)."""
+    with ThreadPoolExecutor(1) as pool:
+        started: Future[str] = Future()
+        events = pool.submit(transcription_stream, env["url"], started)
+        run_as_a_worker_losing_a_segment(env, started.result(60))
+        streamed = events.result(60)
+    deltas = [e["delta"] for e in streamed if e["type"] == "transcript.text.delta"]
+    assert streamed[-1]["type"] == "transcript.text.done", streamed
+    assert "".join(deltas) == streamed[-1]["text"] == "And so my fellow Americans, ask not."
+    with ThreadPoolExecutor(1) as pool:
+        started = Future()
+        live: list[str] = []
+        turn = pool.submit(asyncio.run, realtime_turn(env["ws"], env["client"], started, live))
+        run_as_a_worker_losing_a_segment(env, started.result(60))
+        event = turn.result(60)
+    assert event["type"] == f"{TRANSCRIPTION}.completed", event
+    assert "".join(live) == event["transcript"] == "And so my fellow Americans, ask not."
+
+
+def test_a_streams_timeout_names_the_task_that_goes_on(env: dict[str, Any]) -> None:
+    """Past the request timeout a stream ends with `task_timeout`, and, as the whole reply's
+    body does, names the task that goes on (a realtime turn has no header to carry it)."""
+    (env["workdir"] / "timeout").mkdir(exist_ok=True)
+    gateway = procs.gateway(env["redis"].url, env["workdir"] / "timeout", models=MODELS,
+                            request_timeout_seconds="2", no_worker_seconds="3600").start()
+    try:
+        started: Future[str] = Future()
+        last = transcription_stream(gateway.url, started)[-1]
+        assert last["type"] == "error" and last["error"]["code"] == "task_timeout", last
+        assert last["task_id"] == started.result(1)
+        started = Future()
+        ws = gateway.url.replace("http", "ws") + "/v1/realtime"
+        event = asyncio.run(realtime_turn(ws, env["client"], started))
+        assert event["type"] == f"{TRANSCRIPTION}.failed", event
+        assert event["error"]["code"] == "task_timeout" and event["task_id"] == started.result(1)
+    finally:
+        gateway.stop()
+
+
+def test_diarized_deltas_add_up_to_the_text_whatever_the_pieces() -> None:
+    """A diarized stream's deltas come from its segments' texts found in the final text; a
+    piece not found there verbatim (rebuilt from words) or blank adds nothing twice."""
+    from gateway.serving.transcription import _deltas
+
+    for text, pieces in (("A B C", ["A", "X", "C"]),
+                         ("Hello there. How are you?", [" Hello there.", " ", " How are you?"]),
+                         ("one two three", [" one", " two"]),
+                         ("one two", [" one", " two"])):
+        deltas = _deltas(text, pieces)
+        assert len(deltas) == len(pieces) and "".join(deltas) == text, (text, deltas)
+    assert _deltas("one two", [" one", " two"]) == ["one", " two"]
 
 
 def test_a_queued_stream_gets_keep_alives(env: dict[str, Any]) -> None:

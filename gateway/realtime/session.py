@@ -51,7 +51,13 @@ from gateway.realtime.protocol import (
     updated,
 )
 from gateway.realtime.vad import SAMPLE_RATE
-from gateway.serving.calls import SyncCalls, delta_of, still_running, task_failed
+from gateway.serving.calls import (
+    SyncCalls,
+    closing_delta,
+    delta_of,
+    still_running,
+    task_failed,
+)
 from gateway.submit.asr import MAX_PROMPT_CHARACTERS, AsrRequest, asr_options
 from gateway.submit.audio import AudioInput
 from gateway.submit.terms import SubmitTerms
@@ -351,23 +357,24 @@ class Session:
             await self._withdraw(task_id, target.backend)
             raise
         self._queued.add(item)
-        sent = 0
+        sent = ""
         try:
             async for event in call.events:  # (each segment once, whatever the attempts)
                 if event["type"] == "segment":
                     if not event.get("text"):
                         continue
+                    delta = delta_of(event, bool(sent))
                     await self._send(server_event(f"{TRANSCRIPTION}.delta", item_id=item,
-                                                  content_index=0,
-                                                  delta=delta_of(event, sent > 0)))
-                    sent += 1
+                                                  content_index=0, delta=delta))
+                    sent += delta
                 elif event["type"] == "done":
-                    await self._finished(item, event["task"])
+                    await self._finished(item, event["task"], sent)
                     if event["task"].state != TaskState.SUCCEEDED:  # its charge went back
                         self.turned -= turn.seconds - kept_charge(event["task"])
                     return
                 elif event["type"] == "timeout":
-                    await self._failed(item, openai_error(still_running(call.task_id)))
+                    timeout = still_running(call.task_id)
+                    await self._failed(item, openai_error(timeout), **timeout.extra)
                     return
         except asyncio.CancelledError:
             if await self._withdraw(call.task_id, target.backend) == TaskState.CANCELLED:
@@ -383,9 +390,13 @@ class Session:
             return await asyncio.shield(self.calls.store.cancel(task_id, backend))
         return ""
 
-    async def _finished(self, item: str, task: Task) -> None:
+    async def _finished(self, item: str, task: Task, sent: str) -> None:
+        """The turn's last events; `sent`: what its deltas added up to."""
         if task.state == TaskState.SUCCEEDED and task.result is not None:
             self._texts[item] = str(task.result.get("text", ""))
+            if rest := closing_delta(self._texts[item], sent):
+                await self._send(server_event(f"{TRANSCRIPTION}.delta", item_id=item,
+                                              content_index=0, delta=rest))
             seconds = float(task.result.get("usage", {}).get("audio_seconds")
                             or task.audio_seconds or 0.0)
             await self._send(server_event(
@@ -395,10 +406,11 @@ class Session:
         else:
             await self._failed(item, openai_error(task_failed(task)))
 
-    async def _failed(self, item: str, error: dict[str, Any]) -> None:
-        """A turn's one `...failed`: its error is what an SSE stream's `error` event carries."""
+    async def _failed(self, item: str, error: dict[str, Any], **extra: Any) -> None:
+        """A turn's one `...failed`: its error is what an SSE stream's `error` event carries
+        (`extra`, as there: a timeout's `task_id`, the task that goes on)."""
         await self._send(server_event(f"{TRANSCRIPTION}.failed", item_id=item, content_index=0,
-                                      error=error))
+                                      error=error, **extra))
 
 
 def kept_charge(task: Task) -> float:

@@ -230,6 +230,19 @@ def delta_of(event: dict[str, Any], started: bool) -> str:
     return event["text"] if started else event["text"].lstrip()
 
 
+def closing_delta(text: str, sent: str) -> str:
+    """What a stream still owes once its task's text is final, the deltas it sent adding up
+    to `sent`: the rest of `text` when it starts with them (a segment that never reached
+    the stream: a pub/sub message dropped while the gateway reconnected, one the worker gave
+    up publishing), else "" (a redelivered attempt that read the audio differently: the
+    final text, which the stream's last event carries, is the one that stands)."""
+    if text.startswith(sent):
+        return text[len(sent):]
+    log.warning("a stream's deltas (%d characters) differ from its task's final text",
+                len(sent))
+    return ""
+
+
 def still_running(task_id: str, headers: dict[str, str] | None = None) -> RequestError:
     """The 504 of a wait past the request timeout: the task goes on, under `task_id`, so a
     retry would queue the same work again (`x-should-retry: false`)."""
@@ -287,8 +300,9 @@ def sse_event(payload: dict[str, Any]) -> bytes:
 
 
 def sse_error(error: RequestError) -> bytes:
-    """The `error` event that ends a stream (transcription and speech alike)."""
-    return sse_event({"type": "error", "error": openai_error(error)})
+    """The `error` event that ends a stream (transcription and speech alike), with what the
+    whole reply's body carries beside the error (a timeout's `task_id`)."""
+    return sse_event({"type": "error", "error": openai_error(error), **error.extra})
 
 
 #: an SSE comment: clients ignore it, proxies see the connection is alive

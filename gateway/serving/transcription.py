@@ -26,6 +26,7 @@ from gateway.serving.calls import (
     Events,
     SyncCalls,
     TimedStreamingResponse,
+    closing_delta,
     delta_of,
     public_model,
     response_format,
@@ -224,17 +225,21 @@ async def _sse(events: Events, task_id: str, asked: Asked) -> AsyncIterator[byte
     sends its deltas (with their `segment_id`) and `transcript.text.segment` events once the
     task is done: diarization, which may split segments, runs after transcription."""
     diarized = asked.response_format == "diarized_json"
-    started = False
+    sent = ""
     try:
         async for event in events:
             if event["type"] == "segment" and event["text"] and not diarized:
-                yield sse_event({"type": "transcript.text.delta",
-                                 "delta": delta_of(event, started)})
-                started = True
+                delta = delta_of(event, bool(sent))
+                yield sse_event({"type": "transcript.text.delta", "delta": delta})
+                sent += delta
             elif event["type"] == "tick":
                 yield KEEPALIVE
             elif event["type"] == "done":
-                for chunk in _finish(event["task"], asked):
+                task = event["task"]
+                if (not diarized and task.state == TaskState.SUCCEEDED and task.result
+                        and (rest := closing_delta(str(task.result.get("text", "")), sent))):
+                    yield sse_event({"type": "transcript.text.delta", "delta": rest})
+                for chunk in _finish(task, asked):
                     yield chunk
             elif event["type"] == "timeout":
                 yield sse_error(still_running(task_id))
@@ -245,16 +250,19 @@ async def _sse(events: Events, task_id: str, asked: Asked) -> AsyncIterator[byte
 def _deltas(text: str, pieces: list[str]) -> list[str]:
     """The segments' texts as deltas that add up to `text` (whatever the engine joined them
     with): each runs from where the one before ended to the end of its own text in `text`;
-    a piece not found there (it should not happen) is sent as it is."""
+    a piece not found there (a blank one, or one the diarizer rebuilt from words) is "", the
+    next found one's delta covering it, and the last delta takes what is left."""
     deltas, at = [], 0
     for piece in pieces:
         found = text.find(piece.strip(), at) if piece.strip() else -1
         if found < 0:
-            deltas.append(piece if deltas else piece.lstrip())
+            deltas.append("")
             continue
         end = found + len(piece.strip())
         deltas.append(text[at:end])
         at = end
+    if deltas:
+        deltas[-1] += text[at:]
     return deltas
 
 
