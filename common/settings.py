@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from common.api_keys import ApiKey
 from common.backends import BACKENDS
 from common.webhook_keys import check_webhook_secrets, webhook_key
+from common.words import normalise
 
 __all__ = ["ApiKey", "Settings", "get_settings", "webhook_key"]
 
@@ -42,6 +43,9 @@ CONSENT_PHRASES: dict[str, str] = {
     "es": "Doy mi consentimiento para que mi voz sea grabada y utilizada para crear una voz "
           "sintética.",
 }
+
+#: the fewest words a consent phrase may have (SPEECH_CONSENT_PHRASES)
+MIN_CONSENT_WORDS = 5
 
 #: OpenAI's voice names -> XTTS v2 built-in speakers (the tiny test checkpoint has only
 #: "Claribel Dervla" and "Ana Florence", i.e. alloy and nova)
@@ -389,6 +393,15 @@ class Settings(BaseSettings):
                 raise ValueError(f"voice {name!r}: {target!r} must be 'speaker:NAME' or "
                                  "'file:PATH'")
         return {name.strip().lower(): target for name, target in voices.items()}
+
+    @field_validator("consent_phrases")
+    @classmethod
+    def _check_consent_phrases(cls, phrases: dict[str, str]) -> dict[str, str]:
+        for tag, phrase in phrases.items():  # a phrase of no words: any silence would say it
+            if len(normalise(phrase)) < MIN_CONSENT_WORDS:
+                raise ValueError(f"consent phrase {tag!r}: {phrase!r} has fewer than "
+                                 f"{MIN_CONSENT_WORDS} words")
+        return phrases
 
     @field_validator("webhook_secrets")
     @classmethod

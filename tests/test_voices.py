@@ -21,7 +21,8 @@ import redis
 
 from common import keys
 from common.audio import decode_audio, encode_wav, probe_audio
-from common.settings import CONSENT_PHRASES
+from common.settings import CONSENT_PHRASES, Settings
+from common.words import negation
 from gateway.auth import digest
 from harness import procs
 from harness.conversation import speak_to
@@ -58,6 +59,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     ]
     clips = {"consent": ("en-us", CONSENT_PHRASES["en"]),
              "not-consent": ("en-us", "The quick brown fox jumps over the lazy dog."),
+             "refusal": ("en-us", "I do not consent to my voice being recorded and used to "
+                                  "create a synthetic voice."),
              "sample": ("en-us", SAMPLE_TEXT), "other-sample": ("en-us+Annie", SAMPLE_TEXT)}
     for name, (voice, text) in clips.items():
         speak_to(workdir / f"{name}.wav", text, voice)
@@ -93,6 +96,12 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
             pytest.raises(openai.BadRequestError) as refused:
         sdk.audio.voice_consents.create(name="fox", language="en-US", recording=recording)
     assert refused.value.code == "consent_phrase_mismatch", refused.value.body
+    # … and not refuse it: one inserted "not" is within the word error allowed
+    with clip(stack, "refusal").open("rb") as recording, \
+            pytest.raises(openai.BadRequestError) as refused:
+        sdk.audio.voice_consents.create(name="no", language="en-US", recording=recording)
+    assert refused.value.code == "consent_phrase_mismatch", refused.value.body
+    assert "refusal" in refused.value.message
     with clip(stack, "consent").open("rb") as recording:
         consent = sdk.audio.voice_consents.create(name="me", language="en-US",
                                                   recording=recording)
@@ -240,3 +249,26 @@ def test_limits_of_samples_and_voices_per_key(stack: dict[str, Any]) -> None:
     assert sdk.get("/audio/voices", cast_to=dict)["data"] == []
     with pytest.raises(openai.NotFoundError):
         sdk.audio.speech.create(model="tts-1", voice={"id": made[0].id}, input="Hello.")
+
+
+def test_a_refusal_is_no_consent_in_any_shipped_language() -> None:
+    """Word error alone passes "I do not consent …" (one inserted word): a negating word the
+    phrase lacks refuses it, in every language shipped; the phrase itself passes."""
+    refusals = {
+        "en-US": "I do not consent to my voice being recorded and used to create a synthetic "
+                 "voice.",
+        "en": "I don't consent to my voice being recorded and used to create a synthetic voice.",
+        "de": "Ich bin nicht damit einverstanden, dass meine Stimme aufgenommen und für eine "
+              "synthetische Stimme verwendet wird.",
+        "fr": "Je n'accepte pas que ma voix soit enregistrée et utilisée pour créer une voix "
+              "synthétique.",
+        "es": "No doy mi consentimiento para que mi voz sea grabada y utilizada para crear una "
+              "voz sintética."}
+    for language, refusal in refusals.items():
+        phrase = CONSENT_PHRASES[language[:2]]
+        assert negation(phrase, refusal, language) is not None, language
+        assert negation(phrase, phrase, language) is None, language
+    assert negation("Ich sage es nicht anders.", "Ich sage es nicht anders.", "de") is None
+    assert negation("I consent.", "I do not consent.", "xx") is None  # no list: word error
+    with pytest.raises(ValueError, match="fewer than"):
+        Settings(consent_phrases={"en": "..."})

@@ -31,7 +31,7 @@ from common.catalog import (
 from common.schemas import INTERACTIVE, TaskState
 from common.settings import Settings
 from common.store.voices import CONSENTS, VOICES, Kind, UnknownCursor, VoiceStore, new_id
-from common.words import wer
+from common.words import negation, wer
 from gateway.errors import RequestError
 from gateway.serving.calls import Disconnected, SyncCalls, task_failed
 from gateway.submit.audio import AudioInput
@@ -95,6 +95,11 @@ class VoiceServing:
                                     f"{MAX_CONSENT_SECONDS:.0f} s", param="recording")
         transcript = await self._transcribe(request, owner, audio, info, language)
         error = wer(phrase, transcript)
+        if word := negation(phrase, transcript, language):
+            raise RequestError(400, f"the consent check failed: the recording says "
+                                    f"{transcript.strip()[:200]!r}, which {word!r} makes a "
+                                    f"refusal of the consent phrase {phrase!r}",
+                               param="recording", code="consent_phrase_mismatch")
         if error > self.settings.consent_max_wer:
             raise RequestError(400, f"the consent check failed: the recording says "
                                     f"{transcript.strip()[:200]!r}, not the consent phrase "
