@@ -28,7 +28,9 @@ from harness import procs
 from harness.conversation import speak_to
 from harness.http_client import http
 from tests.helpers import wait_done
+from tests.test_tts_stream import Pause
 from tests.tiny import env_python, tiny_model
+from workers.engines.xtts import PAUSE_DIR_VARIABLE
 
 KEY, OTHER = "voices-key-0123456789", "voices-other-0123456789"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -57,6 +59,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         procs.worker(server.url, workdir, backend="xtts", python=xtts_python, models=models,
                      device="cpu", idle_unload_seconds="-1"),
     ]
+    pause = Pause(workdir / "pause")  # the tiny XTTS engine's hook: see test_tts_stream
+    services[3].env[PAUSE_DIR_VARIABLE] = str(pause.directory)
     clips = {"consent": ("en-us", CONSENT_PHRASES["en"]),
              "not-consent": ("en-us", "The quick brown fox jumps over the lazy dog."),
              "refusal": ("en-us", "I do not consent to my voice being recorded and used to "
@@ -70,7 +74,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         for service in services:
             procs.wait_until(service.healthy, 180, f"{service.args[-1]} health", 0.2)
         yield {"url": services[0].url, "workdir": workdir, "redis": server.url,
-               "xtts": services[3]}
+               "xtts": services[3], "pause": pause}
     finally:
         for service in reversed(services):
             service.stop()
@@ -202,6 +206,36 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
     assert sdk.audio.voice_consents.delete(consent.id).deleted
     with pytest.raises(openai.NotFoundError):
         sdk.audio.voice_consents.retrieve(consent.id)
+
+
+def test_a_consent_withdrawn_while_its_voice_speaks_stops_the_speech(
+        stack: dict[str, Any]) -> None:
+    """A task already speaking with a custom voice when its consent is withdrawn speaks no
+    further sentence: it FAILS with what it had spoken kept, not the rest of its text."""
+    sdk = client(stack, OTHER)
+    with clip(stack, "consent").open("rb") as recording:
+        consent = sdk.audio.voice_consents.create(name="me", language="en", recording=recording)
+    with clip(stack, "sample").open("rb") as sample:
+        voice = sdk.audio.voices.create(name="mine", consent=consent.id, audio_sample=sample)
+    store = redis.Redis.from_url(stack["redis"])
+    pause: Pause = stack["pause"]
+    pause.arm()  # the engine stops once its first sentence is stored
+    try:
+        submitted = http.post(f"{stack['url']}/api/xtts-submit",
+                              headers={"authorization": f"Bearer {OTHER}"}, timeout=60,
+                              data={"text": "The first sentence is here. A second one "
+                                            "follows it. Then comes a third sentence.",
+                                    "voice": voice.id})
+        assert submitted.status_code == 200, submitted.text
+        task_id = submitted.json()["taskid"]
+        assert pause.wait(store) == task_id
+        assert sdk.audio.voice_consents.delete(consent.id).deleted
+    finally:
+        pause.release()
+    state = wait_done(stack["url"], task_id, 120,
+                      headers={"authorization": f"Bearer {OTHER}"})
+    assert state["status"] == "FAILED" and "withdrawn" in state["error"], state
+    assert store.xlen(keys.speech_chunks(task_id)) == 1  # the one spoken before
 
 
 def test_limits_of_samples_and_voices_per_key(stack: dict[str, Any]) -> None:

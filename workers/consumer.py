@@ -518,8 +518,7 @@ class Consumer:
         if task.params.get("diarization") is not None:
             await self._admit(DIARIZER)  # first: refused, it leaves the model's probe alone
         await self._admit(task.model)
-        if (voice := task.params.get("custom_voice")) and not await self.store.voice_stands(
-                task.owner, str(voice), str(task.params.get("consent"))):
+        if (voice := task.params.get("custom_voice")) and not await self._voice_stands(task):
             raise TaskError(f"the custom voice {voice} was deleted, or its consent withdrawn, "
                             "before this task spoke", ErrorCode.INVALID_REQUEST)
         source, on_segment = await self._input(task, attempt)
@@ -602,6 +601,15 @@ class Consumer:
 
         return decoded
 
+    async def _voice_stands(self, task: Task) -> bool:
+        """The task's custom voice and its consent still exist (checked before each piece is
+        kept: a withdrawn consent speaks no more sentences); a Redis blip is no withdrawal."""
+        try:
+            return await self.store.voice_stands(task.owner, str(task.params["custom_voice"]),
+                                                 str(task.params.get("consent")))
+        except RedisError:
+            return True
+
     async def _speech(self, task: Task, attempt: int) -> SpeechProgress:
         """Where a TTS task's pieces go as they are spoken, after those an earlier attempt
         stored (read after this attempt started: no stale one can append any more)."""
@@ -611,12 +619,17 @@ class Consumer:
         loop = asyncio.get_running_loop()
 
         streamed = bool(task.params.get("streamed"))
+        voice = task.params.get("custom_voice")
 
         def store(chunk: SpeechChunk) -> None:
             # Runs on the engine thread: each piece is durable before the next is spoken.
             # A lost Redis is waited out (as the terminal write would be); StaleAttempt
             # (another attempt owns the task now) ends this one. A piece counts as delivered
             # (kept charged if the task fails later) only where a stream sends it out.
+            if voice and not asyncio.run_coroutine_threadsafe(
+                    self._voice_stands(task), loop).result():
+                raise TaskError(f"the custom voice {voice} was deleted, or its consent "
+                                "withdrawn, while this task spoke", ErrorCode.INVALID_REQUEST)
             piece = chunk if streamed else dataclasses.replace(chunk, characters=0)
             asyncio.run_coroutine_threadsafe(self._until_stored(
                 lambda: self.store.append_chunk(task.id, attempt, piece)), loop).result()
