@@ -169,6 +169,15 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
         other.audio.speech.create(model="tts-1", voice={"id": voice.id}, input="Hello.")
     assert other.get("/audio/voices", cast_to=dict)["data"] == []
 
+    # the consenting speaker, but too little of the voice to check its every part (a short
+    # window of someone else's speech could be chosen offline for its whole score)
+    short = encode_wav(decode_audio(clip(stack, "sample"), 16000)[:int(3.5 * 16000)], 16000)
+    with pytest.raises(openai.BadRequestError) as brief:
+        sdk.audio.voices.create(name="brief", consent=consent.id,
+                                audio_sample=("short.wav", short))
+    assert brief.value.code == "invalid_audio" and brief.value.param == "audio_sample"
+    assert "too little voice" in str(brief.value.message), brief.value.body
+
     # a silent sample: a 400 that names the field (not the engine's own clip names)
     with pytest.raises(openai.BadRequestError) as silent:
         sdk.audio.voices.create(name="silent", consent=consent.id,

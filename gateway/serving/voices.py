@@ -40,6 +40,10 @@ from gateway.submit.inputs import Params, read_params, read_upload
 from gateway.submit.terms import SubmitTerms
 
 MAX_SAMPLE_SECONDS = 30.0
+#: the fewest 3 s parts (every 1.5 s) of a sample's voice the check must score: with fewer,
+#: the part check barely differs from the whole's, and a short window of another person's
+#: speech chosen offline for its score (the encoder is public) could pass as the speaker's
+MIN_SAMPLE_PARTS = 3
 #: a consent recording says one phrase: longer than this is not one, and is not transcribed
 MAX_CONSENT_SECONDS = 60.0
 MAX_AUDIO_BYTES = 10 * 1024 * 1024
@@ -184,6 +188,11 @@ class VoiceServing:
         if recording is None:
             raise _not_found(CONSENTS, consent_id, "consent")
         score, lowest, parts = await self._match(request, owner, sample, recording, info)
+        if parts < MIN_SAMPLE_PARTS:
+            raise RequestError(400, "the sample holds too little voice to check every part "
+                                    "of it: more than 4.5 s of speech (silences cut) is needed, "
+                                    "and 6-30 s clones best", param="audio_sample",
+                               code="invalid_audio")
         threshold = self.settings.voice_match_threshold
         part_threshold = self.settings.voice_match_part_threshold
         if score < threshold:
