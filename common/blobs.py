@@ -35,8 +35,13 @@ class BlobDir:
 
     def write(self, path: Path, data: bytes) -> None:
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        temporary.write_bytes(data)
-        os.replace(temporary, path)
+        try:
+            temporary.write_bytes(data)
+            os.replace(temporary, path)
+        except BaseException:  # a full disk, an I/O error: no half-written file left behind
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            raise
 
     def read(self, path: Path) -> bytes | None:
         try:

@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from common import keys
 from common.blobs import BlobDir
 from common.settings import Settings
-from common.store import TaskStore
+from common.store import StoreError, TaskStore
 from common.store.voices import (
     CONSENTS,
     FILE_NOTE_SECONDS,
@@ -186,3 +186,31 @@ def test_a_file_a_stopped_gateway_left_without_its_record_is_swept(
         return before, after
 
     assert asyncio.run(scenario()) == (5, 0)
+
+
+def test_a_voice_file_that_cannot_be_written_leaves_nothing_and_is_a_503(
+        redis: procs.RedisServer, tmp_path: Path) -> None:
+    """A failing write (here its name is taken by a folder: os.replace fails, as a full disk
+    would fail the write) is the store unavailable, not a 500, and leaves no temporary file;
+    one a killed gateway left is swept once old."""
+    voice = new_id("voice")
+
+    async def scenario() -> list[str]:
+        client = Redis.from_url(redis.url)
+        store = TaskStore(client, 60, BlobDir(tmp_path / "blobs", 0))
+        voices = VoiceStore.of(store)
+        assert voices.blob_dir is not None
+        taken = voices._path(OWNER, voice)
+        taken.mkdir(parents=True)
+        with pytest.raises(StoreError, match="voice folder failed"):
+            await voices.create(VOICES, OWNER, {"id": voice}, b"sample")
+        assert not await client.exists(VOICES.record(OWNER, voice))
+        assert sorted(path.name for path in voices.blob_dir.root.iterdir()) == [taken.name]
+        taken.rmdir()
+        left = voices.blob_dir.root / ".abc-voice_x.1234.tmp"  # a killed gateway's
+        left.write_bytes(b"half")
+        assert await voices.sweep(older_than_seconds=0) >= 1
+        await client.aclose()
+        return sorted(path.name for path in voices.blob_dir.root.iterdir())
+
+    assert asyncio.run(scenario()) == []

@@ -14,6 +14,7 @@ FILE_NOTE_SECONDS whose record is missing (a gateway stopped between the two).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -22,14 +23,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError as StoreError
 
 from common import keys
 from common.blobs import BlobDir
 from common.store.tasks import TaskStore
 from common.store.values import text
+
+T = TypeVar("T")
 
 #: the ids the gateway gives consents and voices ("cons_…", "voice_…": 24 hex digits, the
 #: first 12 its creation time in ms, which is also its score in the owner's index)
@@ -194,9 +198,14 @@ class VoiceStore:
                                                    time.time() - older_than_seconds):
             name, records = json.loads(note)
             if not await self.redis.exists(*records):
-                self.blob_dir.delete(self.blob_dir.root / name)
+                await _on_disk(self.blob_dir.delete, self.blob_dir.root / name)
                 removed += 1
             await self.redis.zrem(files, note)
+        # a gateway killed in a write leaves its temporary file (blobs.BlobDir.write)
+        for stale in await _on_disk(self.blob_dir.stale_files, older_than_seconds):
+            if stale.name.startswith(".") and stale.name.endswith(".tmp"):
+                await _on_disk(self.blob_dir.delete, stale)
+                removed += 1
         return removed
 
     def _note(self, owner: str, object_id: str) -> str:
@@ -210,21 +219,31 @@ class VoiceStore:
         assert self.blob_dir is not None
         note = self._note(owner, object_id)
         await self.redis.zadd(keys.voice_files(), {note: time.time()})
-        self.blob_dir.write(self._path(owner, object_id), audio)
+        await _on_disk(self.blob_dir.write, self._path(owner, object_id), audio)
         return note
 
     async def _delete_file(self, owner: str, object_id: str, note: str) -> None:
         assert self.blob_dir is not None
-        self.blob_dir.delete(self._path(owner, object_id))
+        await _on_disk(self.blob_dir.delete, self._path(owner, object_id))
         await self.redis.zrem(keys.voice_files(), note)
 
     async def audio(self, owner: str, object_id: str) -> bytes | None:
         if self.blob_dir is not None:
             if not OBJECT_ID.fullmatch(object_id):  # a client's id never becomes a path
                 return None
-            return self.blob_dir.read(self._path(owner, object_id))
+            return await _on_disk(self.blob_dir.read, self._path(owner, object_id))
         return await self.redis.get(keys.voice_audio(owner, object_id))
 
     def _path(self, owner: str, object_id: str) -> Path:
         assert self.blob_dir is not None
         return self.blob_dir.root / f"{hashlib.sha256(owner.encode()).hexdigest()[:24]}-{object_id}"
+
+
+async def _on_disk(call: Callable[..., T], *args: Any) -> T:
+    """A voice file's read, write or delete, off the event loop (a sample is up to 10 MiB,
+    and the folder may be a network volume); a failing disk is the store unavailable (a 503
+    to the caller), like a lost Redis."""
+    try:
+        return await asyncio.to_thread(call, *args)
+    except OSError as exc:
+        raise StoreError(f"the voice folder failed: {exc.strerror or exc}") from None
