@@ -257,6 +257,13 @@ def custom_voices(owner: str) -> str:
     return f"{PREFIX}voices:{owner or '-'}"
 
 
+def consents_withdrawn() -> str:
+    """Sorted set, no TTL: consents being withdrawn (their record, then their voices, in
+    several calls), scored by when (s); members JSON [owner, consent id]: the sweeper deletes
+    the voices a withdrawal cut short left behind."""
+    return f"{PREFIX}consents-withdrawn"
+
+
 def voice_files() -> str:
     """Sorted set, no TTL: voice audio files between their write and their record's create
     (or between a record's delete and the file's), scored by when (s); members JSON [file

@@ -5,6 +5,7 @@ store did not write, and an id the file system cannot name is simply unknown."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -214,3 +215,36 @@ def test_a_voice_file_that_cannot_be_written_leaves_nothing_and_is_a_503(
         return sorted(path.name for path in voices.blob_dir.root.iterdir())
 
     assert asyncio.run(scenario()) == []
+
+
+def test_a_withdrawal_cut_short_is_finished_by_the_sweeper(redis: procs.RedisServer) -> None:
+    """A consent's delete removes its record, then its voices, in several calls: a gateway
+    stopped in between leaves voices (and the speaker's samples) that can never speak. The
+    withdrawal is noted until its voices are gone, and the sweeper finishes an old one; a
+    note whose consent still stands (stopped before its delete) touches nothing."""
+    withdrawn, kept = new_id("cons"), new_id("cons")
+    orphan, keeper = new_id("voice"), new_id("voice")
+
+    async def scenario() -> None:
+        client = Redis.from_url(redis.url)
+        store = VoiceStore(client, None)
+        for consent, voice in ((withdrawn, orphan), (kept, keeper)):
+            await store.create(CONSENTS, OWNER, {"id": consent}, b"consent audio")
+            assert await store.create(VOICES, OWNER, {"id": voice, "consent": consent},
+                                      b"sample", 5, consent=consent) == 1
+        old = time.time() - FILE_NOTE_SECONDS - 1
+        for consent in (withdrawn, kept):  # both noted, then stopped
+            await client.zadd(keys.consents_withdrawn(), {json.dumps([OWNER, consent]): old})
+        assert await store.delete(CONSENTS, OWNER, withdrawn)  # … one after its record
+        await Sweeper(TaskStore(client, 60), Settings()).sweep()
+        assert await store.get(VOICES, OWNER, orphan) is None
+        assert await client.get(keys.voice_audio(OWNER, orphan)) is None
+        assert await store.get(VOICES, OWNER, keeper) is not None
+        assert await client.zcard(keys.consents_withdrawn()) == 0
+        assert await store.withdraw(OWNER, kept)  # whole: nothing left noted
+        assert await store.get(VOICES, OWNER, keeper) is None
+        assert await client.zcard(keys.consents_withdrawn()) == 0
+        assert not await store.withdraw(OWNER, kept)  # nothing to remove
+        await client.aclose()
+
+    asyncio.run(scenario())

@@ -187,13 +187,34 @@ class VoiceStore:
             await self._delete_file(owner, object_id, note)
         return bool(removed)
 
+    async def withdraw(self, owner: str, consent_id: str) -> bool:
+        """Delete the consent, then every voice made under it (withdrawn consent speaks no
+        more); whether anything was removed. The consent goes first (a voice whose check ends
+        meanwhile is refused: its create needs the consent), and the withdrawal is noted
+        until its voices are gone, so one cut short (a gateway stopped, Redis lost) is
+        finished by the sweeper, not left holding the speaker's samples."""
+        note = json.dumps([owner, consent_id])
+        await self.redis.zadd(keys.consents_withdrawn(), {note: time.time()})
+        removed = await self.delete(CONSENTS, owner, consent_id)
+        removed = await self._delete_voices_of(owner, consent_id) or removed
+        await self.redis.zrem(keys.consents_withdrawn(), note)
+        return removed
+
+    async def _delete_voices_of(self, owner: str, consent_id: str) -> bool:
+        removed = False
+        for voice in (await self.list(VOICES, owner, None, 10_000)).items:
+            if voice.get("consent") == consent_id:
+                removed = await self.delete(VOICES, owner, voice["id"]) or removed
+        return removed
+
     async def sweep(self, older_than_seconds: float = FILE_NOTE_SECONDS) -> int:
-        """Delete the files whose notes are older than `older_than_seconds` and whose record
-        is missing (a gateway stopped between a file and its record); the number deleted."""
+        """Finish the withdrawals and delete the files whose notes are older than
+        `older_than_seconds` (a gateway stopped part way): voices whose consent is gone, and
+        files whose record is missing; the number deleted."""
+        removed = await self._sweep_withdrawn(older_than_seconds)
         if self.blob_dir is None:
-            return 0
+            return removed
         files = keys.voice_files()
-        removed = 0
         for note in await self.redis.zrangebyscore(files, "-inf",
                                                    time.time() - older_than_seconds):
             name, records = json.loads(note)
@@ -206,6 +227,16 @@ class VoiceStore:
             if stale.name.startswith(".") and stale.name.endswith(".tmp"):
                 await _on_disk(self.blob_dir.delete, stale)
                 removed += 1
+        return removed
+
+    async def _sweep_withdrawn(self, older_than_seconds: float) -> int:
+        withdrawn, removed = keys.consents_withdrawn(), 0
+        for note in await self.redis.zrangebyscore(withdrawn, "-inf",
+                                                   time.time() - older_than_seconds):
+            owner, consent_id = json.loads(note)
+            if not await self.redis.exists(CONSENTS.record(owner, consent_id)):
+                removed += await self._delete_voices_of(owner, consent_id)
+            await self.redis.zrem(withdrawn, note)
         return removed
 
     def _note(self, owner: str, object_id: str) -> str:

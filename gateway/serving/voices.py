@@ -130,17 +130,10 @@ class VoiceServing:
         return _public(record, CONSENT_FIELDS)
 
     async def delete_consent(self, owner: str, consent_id: str) -> dict[str, Any]:
-        """The consent, then every voice made under it: withdrawn consent speaks no more. The
-        consent goes first: a voice whose check ends meanwhile is then refused (its store
-        needs the consent), or stored before and found here. A retry after a failure part
-        way sweeps what is left (a 404 only when there was nothing to remove)."""
-        removed = await guard_store(self.voices.delete(CONSENTS, owner, consent_id))
-        page = await guard_store(self.voices.list(VOICES, owner, None, 10_000))
-        for voice in page.items:
-            if voice.get("consent") == consent_id:
-                swept = await guard_store(self.voices.delete(VOICES, owner, voice["id"]))
-                removed = removed or swept
-        if not removed:
+        """The consent, then every voice made under it (VoiceStore.withdraw): withdrawn
+        consent speaks no more. A retry after a failure part way, or the sweeper, removes
+        what is left (a 404 only when there was nothing to remove)."""
+        if not await guard_store(self.voices.withdraw(owner, consent_id)):
             raise _not_found(CONSENTS, consent_id)
         return {"id": consent_id, "object": "audio.voice_consent", "deleted": True}
 
