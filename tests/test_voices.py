@@ -20,13 +20,14 @@ import pytest
 import redis
 
 from common import keys
-from common.audio import decode_audio, encode_wav, probe_audio
+from common.audio import decode_audio, encode_wav, probe_audio, wav_pcm
 from common.settings import CONSENT_PHRASES, Settings
 from common.words import negation
 from gateway.auth import digest
 from harness import procs
 from harness.conversation import speak_to
 from harness.http_client import http
+from tests.audio_fakes import variable_flac
 from tests.helpers import wait_done
 from tests.test_tts_stream import Pause
 from tests.tiny import env_python, tiny_model
@@ -142,6 +143,10 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
     assert cursor.value.body["param"] == "after", cursor.value.body  # type: ignore[index]
     # durable: records, indexes and audio carry no TTL
     store = redis.Redis.from_url(stack["redis"])
+    # kept as a 16-bit mono WAV at 24 kHz, whatever was uploaded (each speech task with
+    # the voice carries a copy: a few MB at most, not the upload's 10 MiB)
+    kept = store.get(keys.voice_audio(digest(KEY)[:16], voice.id))  # the key's owner id
+    assert kept is not None and wav_pcm(kept)[1] == 24000
     stored = [*store.scan_iter("sg:voice*"), *store.scan_iter("sg:consent*")]
     assert len(stored) >= 6 and all(store.ttl(key) == -1 for key in stored), stored
 
@@ -177,6 +182,12 @@ def test_consent_voice_speech_and_ownership(stack: dict[str, Any]) -> None:
                                 audio_sample=("short.wav", short))
     assert brief.value.code == "invalid_audio" and brief.value.param == "audio_sample"
     assert "too little voice" in str(brief.value.message), brief.value.body
+
+    # a file that tells the probe a fraction of its length is not decoded for its hours
+    with pytest.raises(openai.BadRequestError) as lying:
+        sdk.audio.voice_consents.create(name="long", language="en",
+                                        recording=("long.flac", variable_flac(40, 300)))
+    assert lying.value.code == "invalid_audio" and "more than 60 s" in str(lying.value.message)
 
     # a silent sample: a 400 that names the field (not the engine's own clip names)
     with pytest.raises(openai.BadRequestError) as silent:

@@ -19,7 +19,14 @@ from typing import Any
 from fastapi import Request
 
 from common import clips
-from common.audio import AudioError, AudioInfo, probe_audio
+from common.audio import (
+    AudioError,
+    AudioInfo,
+    AudioTooLong,
+    decode_audio,
+    encode_wav,
+    probe_audio,
+)
 from common.catalog import (
     BACKENDS,
     UnknownBackend,
@@ -44,6 +51,9 @@ MAX_SAMPLE_SECONDS = 30.0
 #: the part check barely differs from the whole's, and a short window of another person's
 #: speech chosen offline for its score (the encoder is public) could pass as the speaker's
 MIN_SAMPLE_PARTS = 3
+#: the rates clips are kept at: a consent's is read by ASR and the voiceprint (16 kHz), a
+#: sample's by the speech engine too (XTTS speaks at 24 kHz)
+CONSENT_RATE, SAMPLE_RATE = 16000, 24000
 #: a consent recording says one phrase: longer than this is not one, and is not transcribed
 MAX_CONSENT_SECONDS = 60.0
 MAX_AUDIO_BYTES = 10 * 1024 * 1024
@@ -92,7 +102,7 @@ class VoiceServing:
         most = self.settings.max_consents_per_key
         if await guard_store(self.voices.count(CONSENTS, owner)) >= most:
             raise _too_many(CONSENTS, most)
-        audio, info = await _audio(params, "recording")
+        audio, info = await _audio(params, "recording", CONSENT_RATE, MAX_CONSENT_SECONDS)
         if info.duration > MAX_CONSENT_SECONDS:
             raise RequestError(400, f"the recording lasts {info.duration:.1f} s; a consent "
                                     f"recording says its phrase in at most "
@@ -170,7 +180,7 @@ class VoiceServing:
         most = self.settings.max_voices_per_key
         if await guard_store(self.voices.count(VOICES, owner)) >= most:
             raise _too_many(VOICES, most)
-        sample, info = await _audio(params, "audio_sample")
+        sample, info = await _audio(params, "audio_sample", SAMPLE_RATE, MAX_SAMPLE_SECONDS)
         if info.duration > MAX_SAMPLE_SECONDS:
             raise RequestError(400, f"the sample lasts {info.duration:.1f} s; at most "
                                     f"{MAX_SAMPLE_SECONDS:.0f} s", param="audio_sample")
@@ -315,7 +325,13 @@ async def use_custom_voice(params: Params, owner: str, voices: VoiceStore) -> No
     params.override("voice", None)
 
 
-async def _audio(params: Params, name: str) -> tuple[bytes, AudioInfo]:
+async def _audio(params: Params, name: str, rate: int,
+                 most_seconds: float) -> tuple[bytes, AudioInfo]:
+    """The upload as it is checked and kept: a 16-bit mono WAV at `rate`, decoded up to
+    `most_seconds` (a file that tells the probe less is refused, not decoded for hours),
+    and its length as decoded. One the probe finds longer comes back as it is, for the
+    caller to refuse by its length. Kept so, a stored clip is at most a few MB whatever was
+    uploaded (every speech task with a custom voice carries a copy of its sample)."""
     upload = params.upload(name)
     if upload is None:
         raise RequestError(400, f"missing '{name}': upload the audio under that name",
@@ -323,10 +339,18 @@ async def _audio(params: Params, name: str) -> tuple[bytes, AudioInfo]:
     audio = read_upload(upload, MAX_AUDIO_BYTES, name)
     try:
         info = await asyncio.to_thread(probe_audio, audio)
+        if info.duration > most_seconds:
+            return audio, info
+        samples = await asyncio.to_thread(decode_audio, audio, rate, most_seconds)
+    except AudioTooLong:
+        raise RequestError(400, f"the '{name}' audio holds more than {most_seconds:.0f} s "
+                                "(its file tells less)", param=name,
+                           code="invalid_audio") from None
     except AudioError as exc:
         raise RequestError(400, f"the '{name}' audio is unusable: {exc}", param=name,
                            code="invalid_audio") from None
-    return audio, info
+    return encode_wav(samples, rate), AudioInfo(round(len(samples) / rate, 3), rate, 1,
+                                                "pcm_s16le")
 
 
 def _min_reference_seconds(settings: Settings) -> float:
