@@ -236,6 +236,37 @@ def test_a_streams_timeout_names_the_task_that_goes_on(env: dict[str, Any]) -> N
         gateway.stop()
 
 
+def test_an_outcome_before_a_streams_first_event_is_its_status(env: dict[str, Any]) -> None:
+    """A streamed reply waits for its first segment, its end or one keep-alive interval: a
+    task that fails before then answers with its own status and headers (a 503 the SDK
+    retries), on a transcription stream as on a speech stream, not 200 and an `error` event."""
+    (env["workdir"] / "held").mkdir(exist_ok=True)
+    gateway = procs.gateway(env["redis"].url, env["workdir"] / "held", models=MODELS,
+                            stream_keepalive_seconds="30", no_worker_seconds="3600").start()
+
+    def status(path: str, backend: str, **kwargs: Any) -> httpx.Response:
+        before = queued_ids(env["client"], backend)
+        with ThreadPoolExecutor(1) as pool:
+            reply = pool.submit(http.post, gateway.url + path, timeout=60, **kwargs)
+            end_task(env, new_task(env["client"], backend, before), ErrorCode.OUT_OF_MEMORY)
+            return reply.result(60)
+
+    try:
+        with JFK.open("rb") as handle:
+            transcribed = status("/v1/audio/transcriptions", "faster-whisper",
+                                 data={"model": "whisper-1", "stream": "true"},
+                                 files={"file": ("jfk.flac", handle.read())})
+        spoken = status("/v1/audio/speech", "xtts",
+                        json={"model": "tts-1", "input": "Hello there.", "voice": "alloy",
+                              "response_format": "wav", "stream_format": "sse"})
+    finally:
+        gateway.stop()
+    for reply in (transcribed, spoken):
+        assert reply.status_code == 503, reply.text
+        assert reply.json()["error"]["code"] == "out_of_memory" and reply.headers["x-task-id"]
+        assert "x-should-retry" not in reply.headers  # (out_of_memory may pass next time)
+
+
 def test_diarized_deltas_add_up_to_the_text_whatever_the_pieces() -> None:
     """A diarized stream's deltas come from its segments' texts found in the final text; a
     piece not found there verbatim (rebuilt from words) or blank adds nothing twice."""

@@ -26,8 +26,10 @@ from gateway.serving.calls import (
     Events,
     SyncCalls,
     TimedStreamingResponse,
+    client_gone,
     closing_delta,
     delta_of,
+    first_of,
     public_model,
     response_format,
     sse_error,
@@ -95,7 +97,20 @@ class TranscriptionServing:
         call = await self.calls.start(backend=backend, model=model, options=options,
                                       audio=audio, owner=owner, terms=terms)
         if asked.stream:
-            return TimedStreamingResponse(_sse(call.events, call.task_id, asked),
+            # the reply waits for the first segment, the end or one keep-alive interval: an
+            # outcome before then is the reply's status (a 503 the SDK retries, 429, 409 …),
+            # as a streamed speech's is; after it, the stream's `error` event
+            first = await _first_event(call.events, request)
+            if first is None:
+                return Response(status_code=499)  # never delivered: the client is gone
+            if first["type"] == "timeout" or (first["type"] == "done"
+                                              and first["task"].state != TaskState.SUCCEEDED):
+                await call.events.aclose()
+                error = (still_running(call.task_id) if first["type"] == "timeout"
+                         else task_failed(first["task"]))
+                error.headers = {**call.headers, **(error.headers or {})}
+                raise error
+            return TimedStreamingResponse(_sse(call.events, call.task_id, asked, first),
                                           self.settings.send_timeout_seconds,
                                           media_type="text/event-stream",
                                           headers={"x-task-id": call.task_id,
@@ -220,14 +235,39 @@ def _done_usage(result: dict[str, Any]) -> dict[str, Any]:
             "seconds": _usage(result)["seconds"]}
 
 
-async def _sse(events: Events, task_id: str, asked: Asked) -> AsyncIterator[bytes]:
-    """Deltas as the worker transcribes, then `transcript.text.done`. A diarized_json stream
-    sends its deltas (with their `segment_id`) and `transcript.text.segment` events once the
-    task is done: diarization, which may split segments, runs after transcription."""
+async def _first_event(events: Events, request: Request) -> dict[str, Any] | None:
+    """The first event a stream's reply waits for: a segment with text, the end, or a tick
+    (nothing within one keep-alive interval: the stream starts without it); None as soon as
+    the client hangs up."""
+    async def first() -> dict[str, Any]:
+        async for event in events:
+            if event["type"] != "segment" or event.get("text"):
+                return event
+        return {"type": "tick"}  # (the events end with their done or timeout)
+
+    waiting, _ = await first_of(first(), client_gone(request))
+    if waiting.cancelled():
+        await events.aclose()
+        return None
+    return waiting.result()
+
+
+async def _prepended(first: dict[str, Any], events: Events) -> Events:
+    yield first
+    async for event in events:
+        yield event
+
+
+async def _sse(events: Events, task_id: str, asked: Asked,
+               first: dict[str, Any]) -> AsyncIterator[bytes]:
+    """Deltas as the worker transcribes (from `first`, the event the reply waited for), then
+    `transcript.text.done`. A diarized_json stream sends its deltas (with their
+    `segment_id`) and `transcript.text.segment` events once the task is done: diarization,
+    which may split segments, runs after transcription."""
     diarized = asked.response_format == "diarized_json"
     sent = ""
     try:
-        async for event in events:
+        async for event in _prepended(first, events):
             if event["type"] == "segment" and event["text"] and not diarized:
                 delta = delta_of(event, bool(sent))
                 yield sse_event({"type": "transcript.text.delta", "delta": delta})
