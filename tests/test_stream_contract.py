@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -265,6 +266,47 @@ def test_an_outcome_before_a_streams_first_event_is_its_status(env: dict[str, An
         assert reply.status_code == 503, reply.text
         assert reply.json()["error"]["code"] == "out_of_memory" and reply.headers["x-task-id"]
         assert "x-should-retry" not in reply.headers  # (out_of_memory may pass next time)
+
+
+def test_every_turn_ends_once_when_a_limit_ends_the_session(env: dict[str, Any]) -> None:
+    """A session a limit ends (here its length) waits for its turns up to the request
+    timeout, then closes: a turn still pending (the second waited first for the first
+    turn's text) gets its `...failed` with the session's reason before the close, so every
+    committed item has exactly one terminal event."""
+    (env["workdir"] / "ending").mkdir(exist_ok=True)
+    gateway = procs.gateway(env["redis"].url, env["workdir"] / "ending", models=MODELS,
+                            request_timeout_seconds="3", realtime_max_session_seconds="2",
+                            realtime_previous_turn_wait_seconds="2",
+                            no_worker_seconds="3600").start()
+
+    async def session() -> list[dict[str, Any]]:
+        pcm = (decode_audio(JFK, 24000)[:12000] * 32767).astype("<i2").tobytes()
+        seen = []
+        ws = gateway.url.replace("http", "ws") + "/v1/realtime?intent=transcription"
+        async with websockets.connect(ws) as socket:
+            await socket.send(json.dumps({"type": "session.update", "session": {
+                "type": "transcription", "audio": {"input": {
+                    "transcription": {"model": "whisper-1", "language": "en"},
+                    "turn_detection": None}}}}))
+            for _ in range(2):
+                await socket.send(json.dumps({"type": "input_audio_buffer.append",
+                                              "audio": base64.b64encode(pcm).decode()}))
+                await socket.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            with contextlib.suppress(websockets.ConnectionClosed):
+                async for message in socket:
+                    seen.append(json.loads(message))
+        return seen
+
+    try:
+        seen = asyncio.run(asyncio.wait_for(session(), 60))
+    finally:
+        gateway.stop()
+    items = [e["item"]["id"] for e in seen if e["type"] == "conversation.item.added"]
+    ends = [e["item_id"] for e in seen if e["type"] in (f"{TRANSCRIPTION}.completed",
+                                                          f"{TRANSCRIPTION}.failed")]
+    assert len(items) == 2 and sorted(ends) == sorted(items), seen
+    codes = {e["error"]["code"] for e in seen if e["type"] == f"{TRANSCRIPTION}.failed"}
+    assert codes <= {"task_timeout", "session_expired"}, codes
 
 
 def test_diarized_deltas_add_up_to_the_text_whatever_the_pieces() -> None:

@@ -113,6 +113,7 @@ class RealtimeServing:
                 return  # nothing more reaches this client; uvicorn drops the connection
             if session.ended is not None:
                 await _unless(stalled, session.drain(self.settings.request_timeout_seconds))
+                await _unless(stalled, session.end_turns(session.ended))
                 with contextlib.suppress(Exception):
                     async with asyncio.timeout(timeout):
                         await websocket.close(1000, session.ended.code)

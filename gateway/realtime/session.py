@@ -151,6 +151,8 @@ class Session:
         # before its task was queued is taken off again, and the meter charges it)
         self.turned = 0.0
         self._queued: set[str] = set()  # turns whose task was queued
+        #: the error each turn still pending gets when a limit ends the session
+        self._ending: dict[str, Any] | None = None
         self._previous_item: str | None = None
         self._speech_item: str | None = None
         #: each committed item's transcript once known ("" if it failed), in commit order
@@ -220,6 +222,14 @@ class Session:
         """Let the turns already committed finish (up to `timeout`)."""
         if self.turns:
             await asyncio.wait(set(self.turns), timeout=timeout)
+
+    async def end_turns(self, ended: SessionEnded) -> None:
+        """A limit ended the session and its turns had their time to finish: each one still
+        pending gets its `...failed` (the session's reason) while the socket is still open,
+        then stops as at a close (a turn no worker has started is dropped)."""
+        self._ending = {"type": ended.type, "code": ended.code, "message": ended.message,
+                        "param": None}
+        await self.close()
 
     async def close(self) -> None:
         """The client is gone: stop listening; a turn no worker has started yet is
@@ -333,6 +343,9 @@ class Session:
         except RequestError as error:
             await self._failed(item, openai_error(error))
         except asyncio.CancelledError:
+            if self._ending is not None:  # the session ends: the turn's one terminal event
+                with contextlib.suppress(Exception):
+                    await self._failed(item, self._ending)
             raise
         except Exception as exc:  # a turn must never end the session, nor stay unanswered
             log.exception("turn %s failed", item)
