@@ -73,11 +73,17 @@ def asr_language(backend: str, language: str) -> str | None:
     return code
 
 
-def model_language_problem(backend: str, model: str, language: str | None) -> str | None:
+def model_language_problem(settings: Settings, backend: str, model: str,
+                           language: str | None) -> str | None:
     """Why `model` cannot take `language` (a backend code, as `asr_language` gives; None:
-    detect): Whisper's English-only checkpoints (tiny.en … medium.en) take English only, which
-    their worker would otherwise find out only once the task runs. None when it can."""
-    if language in (None, "en") or backend != "faster-whisper" or not model.endswith(".en"):
+    detect): Whisper's English-only checkpoints (tiny.en … medium.en, by their name or their
+    source's; the bundled one is tiny.en) take English only, which their worker would
+    otherwise find out only once the task runs. None when it can."""
+    if language in (None, "en") or backend != "faster-whisper":
+        return None
+    source = settings.backend_models(backend).get(model, "")
+    if not (model.endswith(".en") or source == "bundled"
+            or source.rstrip("/").endswith(".en")):
         return None
     return (f"{model} is an English-only model: language {language!r} is not supported "
             "(send 'en', leave the language out, or choose a multilingual model)")

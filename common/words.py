@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 
+#: typographic apostrophes (U+2019 and its kin), as ASR output may write them, read as "'"
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'"})
+
 
 def normalise(text: str) -> list[str]:
     """Lower-case words, punctuation dropped (letters of every script kept)."""
-    return re.sub(r"[^\w' ]+", " ", text.lower()).split()
+    return re.sub(r"[^\w' ]+", " ", text.lower().translate(_APOSTROPHES)).split()
 
 
 def wer(reference: str, hypothesis: str) -> float:

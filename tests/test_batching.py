@@ -437,6 +437,15 @@ def test_a_clip_longer_than_its_file_told_runs_after_its_company(
     assert sizes["count"] == 1 and sizes["sum"] == 3, sizes  # gathered as one batch
 
 
+def test_only_a_clip_past_its_groups_probed_class_leaves_the_call() -> None:
+    """The probed class is the floor: a clip that decodes shorter than its file told (an
+    overstated header) keeps its company; one two classes past it leaves."""
+    rate = 16000
+    audios = {index: np.zeros(int(seconds * rate), np.float32)
+              for index, seconds in enumerate((40.0, 45.0, 3.0, 50.0, 400.0))}
+    assert batching._alike(audios, rate, batching.length_class(50.0)) == [0, 1, 2, 3]
+
+
 def test_an_engine_calls_bound_follows_the_length_its_audio_decodes_to(
         redis: procs.RedisServer, monkeypatch: Any) -> None:
     """SPEECH_MAX_ENGINE_CALL_SECONDS=0 bounds a call by its audio's length: by what the

@@ -112,6 +112,15 @@ def test_ga_transcription_fields_reach_the_task_options() -> None:
     # the first the model takes too: tiny.en is English-only
     assert resolve(settings, Transcription(languages=("de", "en"))).options["language"] == "en"
     assert "language" not in resolve(settings, Transcription(languages=("de",))).options
+    # … by its source too: the bundled model is tiny.en, whatever it is named
+    renamed = Settings(redis_url="redis://127.0.0.1:1/0",
+                       models={"faster-whisper": {"default": "bundled",
+                                                  "small": "/models/small"}})
+    with pytest.raises(ProtocolError) as english_only:
+        resolve(renamed, Transcription(model="faster-whisper/default", language="de"))
+    assert english_only.value.code == "unsupported_language"
+    assert resolve(renamed, Transcription(model="faster-whisper/small",
+                                          language="de")).options["language"] == "de"
     target = resolve(settings, Transcription(prompt="A talk.", keywords=("Kennedy", "Americans")))
     assert target.options["prompt"] == "A talk. Kennedy, Americans"
     assert resolve(settings, Transcription(delay="minimal")).options["beam_size"] == 1
@@ -171,6 +180,7 @@ def test_unknown_session_fields_are_refused_and_nothing_applies() -> None:
         model="whisper-1", language="en", keywords=("Kennedy",)))
     echoed = changed.public("sess_1")
     assert updated(config, echoed, None) == changed
+    assert updated(config, {**echoed, "expires_at": 1_800_000_000}, None) == changed
 
 
 def test_ga_fields_are_echoed_and_checked(live: dict[str, Any]) -> None:

@@ -312,6 +312,8 @@ def test_a_refusal_is_no_consent_in_any_shipped_language() -> None:
         "en-US": "I do not consent to my voice being recorded and used to create a synthetic "
                  "voice.",
         "en": "I don't consent to my voice being recorded and used to create a synthetic voice.",
+        "en-GB": "I don\u2019t consent to my voice being recorded and used to create a "
+                 "synthetic voice.",  # a typographic apostrophe, as ASR may write it
         "de": "Ich bin nicht damit einverstanden, dass meine Stimme aufgenommen und für eine "
               "synthetische Stimme verwendet wird.",
         "fr": "Je n'accepte pas que ma voix soit enregistrée et utilisée pour créer une voix "

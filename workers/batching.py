@@ -189,9 +189,11 @@ class Longer:
 
 def run_batch(engine: BatchTranscriptionEngine, handle: Any, *, backend: str, model: str,
               items: list[BatchItem], max_audio_seconds: float | None,
-              allowed_roots: tuple[Path, ...]) -> list[Outcome | TaskError | Longer]:
+              allowed_roots: tuple[Path, ...],
+              probed_seconds: float | None = None) -> list[Outcome | TaskError | Longer]:
     """One batch call on the engine thread: each item's outcome, or why it failed (or that
-    it runs alone after the call: `Longer`)."""
+    it runs alone after the call: `Longer`). `probed_seconds`: the longest length the
+    clips' files told the probe (their group's class)."""
     if len(items) == 1:
         alone = _alone(engine, handle, backend, model, items[0], max_audio_seconds,
                        allowed_roots)
@@ -208,7 +210,7 @@ def run_batch(engine: BatchTranscriptionEngine, handle: Any, *, backend: str, mo
                                       max_audio_seconds, allowed_roots, item.on_decoded)
         except Exception as exc:
             results[index] = task_error(exc)
-    ready = _alike(audios, engine.sample_rate)
+    ready = _alike(audios, engine.sample_rate, length_class(probed_seconds))
     for index in set(audios) - set(ready):
         results[index] = Longer()
         del audios[index]
@@ -233,12 +235,12 @@ def run_batch(engine: BatchTranscriptionEngine, handle: Any, *, backend: str, mo
     return [result if result is not None else TaskError("no result") for result in results]
 
 
-def _alike(audios: dict[int, np.ndarray], sample_rate: int) -> list[int]:
+def _alike(audios: dict[int, np.ndarray], sample_rate: int, probed: int) -> list[int]:
     """The decoded clips that stay in the call: all but those two length classes or more
-    past the shortest (clips grouped by their probed class decode to it or next to it)."""
-    classes = {index: length_class(len(audio) / sample_rate) for index, audio in audios.items()}
-    floor = min(classes.values(), default=0)
-    return [index for index, found in classes.items() if found <= floor + 1]
+    past the `probed` class they were grouped by (an honest clip decodes to it or next to
+    it; one that decodes shorter, its file having overstated, stays)."""
+    return [index for index, audio in audios.items()
+            if length_class(len(audio) / sample_rate) <= probed + 1]
 
 
 def _alone(engine: Engine, handle: Any, backend: str, model: str, item: BatchItem,

@@ -95,10 +95,15 @@ class DeviceHolding:
             await self._reserve_in_place(model, wanted)
 
     async def _reserve_in_place(self, model: str, wanted: PeakClass) -> None:
-        """The resident model for a heavier class: our own reservation is replaced, and its
-        peak measured from the model's own load."""
-        base = self.baseline_mib
+        """The resident model for another class: our own reservation is replaced; for a
+        heavier one (or one not measured yet) its peak is measured from the model's own load.
+        A lighter one measures nothing: memory a long task freed and the allocator kept
+        would read as this light task's, and fail it for a peak it never had."""
+        base, lighter = self.baseline_mib, wanted.join(self.held_class) == self.held_class
         self.reserved_mib = await self.budget.reserve(model, wanted)
+        if lighter and self.budget.last_measured and not self._short:
+            self.held_class = wanted
+            return
         self.held_class, self._measuring = wanted, not self.budget.last_measured
         self._peak_from, self._short = base, False
 

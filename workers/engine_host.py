@@ -200,7 +200,7 @@ class EngineHost:
                     item, on_decoded=self._on_decoded(model, False, item.on_decoded, bound))
                     for _, item in chosen]
                 outcomes = await self._bounded(bound, self._run_batch, engine, handle,
-                                               model, items)
+                                               model, items, audio_seconds)
                 done = [(index, outcome) for (index, _), outcome in zip(chosen, outcomes,
                                                                         strict=True)
                         if not isinstance(outcome, batching.Longer)]
@@ -211,7 +211,7 @@ class EngineHost:
                         bound = self._bound(limit_seconds)
                         alone = await self._bounded(bound, self._run_batch, engine, handle, model, [
                             dataclasses.replace(item, on_decoded=self._on_decoded(
-                                model, False, item.on_decoded, bound))])
+                                model, False, item.on_decoded, bound))], None)
                         if on_call is not None:
                             on_call([index], [result for result in alone
                                               if not isinstance(result, batching.Longer)])
@@ -302,8 +302,8 @@ class EngineHost:
             room.append(reserved)
         return min(room) if room else None
 
-    def _run_batch(self, engine: Any, handle: Any, model: str,
-                   items: list[batching.BatchItem]) -> list[Outcome | TaskError | batching.Longer]:
+    def _run_batch(self, engine: Any, handle: Any, model: str, items: list[batching.BatchItem],
+                   probed_seconds: float | None) -> list[Outcome | TaskError | batching.Longer]:
         """One call of a batch (engine thread); its peak teaches `batch_item_mib`, except
         on a new load's first call, whose peak the device holding is measuring."""
         learn = len(items) > 1 and not self.holding.measuring
@@ -311,7 +311,7 @@ class EngineHost:
         results = batching.run_batch(
             engine, handle, backend=self.backend, model=model, items=items,
             max_audio_seconds=self.settings.max_audio_seconds,
-            allowed_roots=tuple(self.settings.allowed_roots))
+            allowed_roots=tuple(self.settings.allowed_roots), probed_seconds=probed_seconds)
         if learn:
             grown = memory.peak_mib(self.engine.uses_torch, self.device) - before
             # the most measured: a call that fitted in memory already held (the CUDA

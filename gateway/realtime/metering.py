@@ -10,8 +10,10 @@ turn (silence the VAD dropped, a clear, a turn with transcription off or refused
 queued, what was buffered at the end), which would otherwise cost nothing and still take the
 gateway's CPU (the VAD) and memory: a session of hours of silence is charged its hours. A
 turn whose task fails or is cancelled (at the session's close) gives back what it did not
-deliver, as any task does, and the meter charges that part as session audio: every second a
-session is sent is charged once, whatever becomes of its turns.
+deliver, as any task does, and the meter charges that part as session audio, so every second
+a session is sent is charged once whatever becomes of its turns; all but a turn whose task a
+worker was still running at the close and that fails after it (the session is gone: its
+refund stands).
 """
 
 from __future__ import annotations

@@ -34,11 +34,12 @@ MAX_KEYWORDS = 100
 MAX_KEYWORD_CHARACTERS = 100
 MAX_EVENT_ID = 128
 #: the fields each object of a session.update may hold (GA's, our extensions, and `id` /
-#: `object`, so that a session object echoed back from session.created applies); any other
+#: `object` / `expires_at`, so that a session object echoed back from session.created or a
+#: client secret's reply applies); any other
 #: is refused as OpenAI's GA server refuses it (`unknown_parameter`), which is how a
 #: beta-shaped update (`input_audio_format`, `input_audio_transcription`) is told apart from
 #: one that applies: it is never half-applied
-SESSION_FIELDS = ("type", "audio", "include", "id", "object")
+SESSION_FIELDS = ("type", "audio", "include", "id", "object", "expires_at")
 AUDIO_FIELDS = ("input",)
 INPUT_FIELDS = ("format", "noise_reduction", "transcription", "turn_detection")
 FORMAT_FIELDS = ("type", "rate")

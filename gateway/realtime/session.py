@@ -95,7 +95,7 @@ def resolve(settings: Settings, transcription: Transcription,
         raise ProtocolError("invalid_value", f"{exc}; GET /v1/models lists them",
                             f"{MODEL_PARAM}.model", event_id) from None
     request = AsrRequest(
-        language=transcription.language or _first_supported(backend, model,
+        language=transcription.language or _first_supported(settings, backend, model,
                                                             transcription.languages),
         prompt=" ".join(filter(None, (transcription.prompt, ", ".join(transcription.keywords)))),
         beam_size=DELAYS.get(transcription.delay or "medium"))
@@ -105,19 +105,21 @@ def resolve(settings: Settings, transcription: Transcription,
         name = "keywords" if exc.param == "prompt" and transcription.keywords else exc.param
         raise ProtocolError("invalid_value", exc.message, f"{MODEL_PARAM}.{name}",
                             event_id) from None
-    if problem := model_language_problem(backend, model, options.get("language")):
-        raise ProtocolError("invalid_value", problem, f"{MODEL_PARAM}.language", event_id)
+    if problem := model_language_problem(settings, backend, model, options.get("language")):
+        raise ProtocolError("unsupported_language", problem, f"{MODEL_PARAM}.language",
+                            event_id)
     return Target(backend, model, options)
 
 
-def _first_supported(backend: str, model: str, languages: tuple[str, ...]) -> str | None:
+def _first_supported(settings: Settings, backend: str, model: str,
+                     languages: tuple[str, ...]) -> str | None:
     """`languages[]`: the first one the backend and the model take; none of them: detect."""
     for language in languages:
         try:
             code = asr_language(backend, language)
         except ValueError:
             continue
-        if not model_language_problem(backend, model, code):
+        if not model_language_problem(settings, backend, model, code):
             return code
     return None
 
@@ -381,9 +383,11 @@ class Session:
                                                   content_index=0, delta=delta))
                     sent += delta
                 elif event["type"] == "done":
-                    await self._finished(item, event["task"], sent)
-                    if event["task"].state != TaskState.SUCCEEDED:  # its charge went back
+                    # what its task gave back is the meter's, before anything is awaited
+                    # (a session ending now cancels the turn, and a cancel undoes nothing)
+                    if event["task"].state != TaskState.SUCCEEDED:
                         self.turned -= turn.seconds - kept_charge(event["task"])
+                    await self._finished(item, event["task"], sent)
                     return
                 elif event["type"] == "timeout":
                     timeout = still_running(call.task_id)

@@ -232,12 +232,14 @@ def delta_of(event: dict[str, Any], started: bool) -> str:
 
 def closing_delta(text: str, sent: str) -> str:
     """What a stream still owes once its task's text is final, the deltas it sent adding up
-    to `sent`: the rest of `text` when it starts with them (a segment that never reached
+    to `sent`: the rest of `text` when it starts with them (the last segments never reached
     the stream: a pub/sub message dropped while the gateway reconnected, one the worker gave
-    up publishing), else "" (a redelivered attempt that read the audio differently: the
-    final text, which the stream's last event carries, is the one that stands)."""
-    if text.startswith(sent):
-        return text[len(sent):]
+    up publishing), else "" (a middle segment lost, or a redelivered attempt that read the
+    audio differently: the final text, which the stream's last event carries, stands)."""
+    stem = sent.rstrip()  # (the final text is stripped; a segment's delta may not be)
+    if text.startswith(stem):
+        rest, tail = text[len(stem):], sent[len(stem):]
+        return rest[len(tail):] if rest.startswith(tail) else rest.lstrip()
     log.warning("a stream's deltas (%d characters) differ from its task's final text",
                 len(sent))
     return ""

@@ -100,7 +100,11 @@ class TranscriptionServing:
             # the reply waits for the first segment, the end or one keep-alive interval: an
             # outcome before then is the reply's status (a 503 the SDK retries, 429, 409 …),
             # as a streamed speech's is; after it, the stream's `error` event
-            first = await _first_event(call.events, request)
+            try:
+                first = await _first_event(call.events, request)
+            except BaseException:  # (the events hold the key's waiter: given back)
+                await call.events.aclose()
+                raise
             if first is None:
                 return Response(status_code=499)  # never delivered: the client is gone
             if first["type"] == "timeout" or (first["type"] == "done"

@@ -56,7 +56,8 @@ async def _enqueue(store: TaskStore, settings: Settings, *, backend: str, model:
     repeat = bool(terms.idempotency_key) and await guard_store(
         store.idempotent(owner, terms.idempotency_key)) is not None
     if not repeat:
-        if problem := model_language_problem(backend, model, options.get("language")):
+        if problem := model_language_problem(settings, backend, model,
+                                             options.get("language")):
             raise RequestError(400, problem, param="language", code="unsupported_language")
         refuse_past(terms.deadline, terms.deadline_param)
         await _refuse_if_broken(store, settings, backend, model, options)
