@@ -108,7 +108,14 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 if ARGV[4] == '1' then
   local original = redis.call('GET', KEYS[5])
-  if original then return {0, original} end
+  if original then
+    -- a repeated key: the same value written back, so a WAIT after it covers the original's
+    -- submit also on a Redis before 7.0 (whose WAIT counts only the connection's writes: a
+    -- retry on another connection, with nothing written since a replica fell behind, would
+    -- be confirmed at once; 7.0 on counts its last command of any kind)
+    redis.call('SET', KEYS[5], original, 'KEEPTTL')
+    return {0, original}
+  end
 end
 if KEYS[14] and redis.call('EXISTS', KEYS[14]) == 0 then return {5, ''} end
 local most = tonumber(ARGV[5])
@@ -208,11 +215,17 @@ if state ~= 'PENDING' and state ~= 'RUNNING' then
   if ARGV[2] ~= '' then redis.call('XACK', KEYS[2], ARGV[3], ARGV[2]) end
   -- a retried call whose first reply was lost: the record names this attempt's output file;
   -- or one its replica did not confirm (ARGV[15]): this attempt and worker as its finisher
+  -- (each written back as it is: a WAIT after it covers the first call's write, as for a
+  -- repeated key in _SUBMIT, on a Redis before 7.0)
   if ARGV[11] ~= '' and redis.call('HGET', KEYS[1], 'output_file') == ARGV[11] then
+    redis.call('HSET', KEYS[1], 'output_file', ARGV[11])
     return 1
   end
   if ARGV[15] == '1' and ARGV[1] ~= ''
-     and redis.call('HGET', KEYS[1], 'finished_by') == finisher then return 1 end
+     and redis.call('HGET', KEYS[1], 'finished_by') == finisher then
+    redis.call('HSET', KEYS[1], 'finished_by', finisher)
+    return 1
+  end
   return 0
 end
 if ARGV[1] ~= '' then redis.call('HSET', KEYS[1], 'finished_by', finisher) end
@@ -234,7 +247,13 @@ return 1
 _CANCEL = _CLOSE + """
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return '' end
-if state ~= 'PENDING' then return state end
+if state ~= 'PENDING' then
+  -- CANCELLED written back as it is, so a WAIT after it covers the write that made it (a
+  -- cancel sent again on another connection after the first's replica wait failed; as for
+  -- a repeated key in _SUBMIT, for a Redis before 7.0)
+  if state == 'CANCELLED' then redis.call('HSET', KEYS[1], 'state', state) end
+  return state
+end
 redis.call('HSET', KEYS[1], 'error', 'task was cancelled before it started')
 close(KEYS[1], KEYS[5], KEYS[4], KEYS[7], KEYS[3], 'CANCELLED', ARGV[1], ARGV[2], KEYS[6])
 return 'CANCELLED'
