@@ -101,8 +101,8 @@ class DeviceHolding:
         would read as this light task's, and fail it for a peak it never had."""
         base, lighter = self.baseline_mib, wanted.join(self.held_class) == self.held_class
         self.reserved_mib = await self.budget.reserve(model, wanted)
-        if lighter and self.budget.last_measured and not self._short:
-            self.held_class = wanted
+        if lighter and self.budget.last_measured:  # (sized by its class's recorded peak)
+            self.held_class, self._short = wanted, False
             return
         self.held_class, self._measuring = wanted, not self.budget.last_measured
         self._peak_from, self._short = base, False
