@@ -15,7 +15,7 @@ import math
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -35,6 +35,7 @@ from gateway.submit.inputs import Params
 from gateway.submit.terms import SubmitTerms
 
 Events = AsyncGenerator[dict[str, Any], None]
+T = TypeVar("T")
 log = logging.getLogger("gateway.calls")
 
 
@@ -322,6 +323,13 @@ async def first_of(*work: Coroutine[Any, Any, Any]) -> list[asyncio.Future[Any]]
             future.cancel()
         await asyncio.gather(*futures, return_exceptions=True)
     return futures
+
+
+async def unless_gone(work: Coroutine[Any, Any, T], request: Request) -> T | None:
+    """`work`'s result (never None), or None as soon as the client hangs up (`work` is then
+    cancelled, and has run its `finally`)."""
+    waiting, _ = await first_of(work, client_gone(request))
+    return None if waiting.cancelled() else waiting.result()
 
 
 async def client_gone(request: Request) -> None:

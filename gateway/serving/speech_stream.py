@@ -33,12 +33,11 @@ from gateway.serving.calls import (
     KEEPALIVE,
     Call,
     TimedStreamingResponse,
-    client_gone,
-    first_of,
     sse_error,
     sse_event,
     still_running,
     task_failed,
+    unless_gone,
 )
 
 Spoken = AsyncIterator[SpeechChunk | Task | None]  # None: silence, a keep-alive is due
@@ -179,10 +178,7 @@ async def _first(pieces: Spoken, request: Request,
                 return QUIET
         return item
 
-    waiting, _ = await first_of(first(), client_gone(request))
-    if waiting.cancelled():  # the reader ran its `finally` as it was cancelled
-        return None
-    return waiting.result()
+    return await unless_gone(first(), request)
 
 
 async def _encoded(pieces: Spoken, first: SpeechChunk | None,

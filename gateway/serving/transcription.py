@@ -26,16 +26,15 @@ from gateway.serving.calls import (
     Events,
     SyncCalls,
     TimedStreamingResponse,
-    client_gone,
     closing_delta,
     delta_of,
-    first_of,
     public_model,
     response_format,
     sse_error,
     sse_event,
     still_running,
     task_failed,
+    unless_gone,
 )
 from gateway.submit.diarization import asr_input
 from gateway.submit.inputs import Params, read_params
@@ -249,11 +248,9 @@ async def _first_event(events: Events, request: Request) -> dict[str, Any] | Non
                 return event
         return {"type": "tick"}  # (the events end with their done or timeout)
 
-    waiting, _ = await first_of(first(), client_gone(request))
-    if waiting.cancelled():
+    if (event := await unless_gone(first(), request)) is None:
         await events.aclose()
-        return None
-    return waiting.result()
+    return event
 
 
 async def _prepended(first: dict[str, Any], events: Events) -> Events:
