@@ -37,6 +37,7 @@ from common.schemas import (
 )
 from common.settings import Settings
 from common.store import Task, WorkerStore
+from common.store.chunks import PiecesLost
 from common.store.connection import transient
 from common.store.queue import Delivery, Lease
 from common.store.replicas import NotReplicated
@@ -620,6 +621,7 @@ class Consumer:
 
         streamed = bool(task.params.get("streamed"))
         voice = task.params.get("custom_voice")
+        spoken = list(done)  # every piece stored so far, by index: what a failover may lose
 
         def store(chunk: SpeechChunk) -> None:
             # Runs on the engine thread: each piece is durable before the next is spoken.
@@ -632,9 +634,23 @@ class Consumer:
                                 "withdrawn, while this task spoke", ErrorCode.INVALID_REQUEST)
             piece = chunk if streamed else dataclasses.replace(chunk, characters=0)
             asyncio.run_coroutine_threadsafe(self._until_stored(
-                lambda: self.store.append_chunk(task.id, attempt, piece)), loop).result()
+                lambda: self._append(task.id, attempt, spoken, piece)), loop).result()
+            spoken.append(piece)
 
         return SpeechProgress(done, store)
+
+    async def _append(self, task_id: str, attempt: int, spoken: list[SpeechChunk],
+                      piece: SpeechChunk) -> None:
+        """Store `piece` after `spoken`; the pieces a failover's new primary lacks (acked
+        by the old one, never replicated) are stored again first, as this attempt's."""
+        try:
+            await self.store.append_chunk(task_id, attempt, piece)
+        except PiecesLost as lost:
+            log.warning("%d stored pieces were lost (a failover?); storing them again",
+                        piece.index - lost.stored)
+            for earlier in spoken[lost.stored:piece.index]:
+                await self.store.append_chunk(task_id, attempt, earlier)
+            await self.store.append_chunk(task_id, attempt, piece)
 
     async def _give_up(self, task: Task, entry_id: str, deliveries: int) -> None:
         reason = f"gave up after {deliveries - 1} deliveries: the worker died running this task"

@@ -51,6 +51,17 @@ class StaleAttempt(Exception):
     """The task has a newer attempt, or is no longer RUNNING: this one must stop."""
 
 
+class PiecesLost(RuntimeError):
+    """Fewer pieces are stored than the attempt appended before this one: a failover's new
+    primary lacks the last appends the old one acknowledged. The attempt stores them again
+    from `stored` on (it holds them) before this one."""
+
+    def __init__(self, task_id: str, index: int, stored: int) -> None:
+        super().__init__(f"speech piece {index} of {task_id} is out of order ({stored} "
+                         "stored)")
+        self.stored = stored
+
+
 class SpeechChunks:
     def __init__(self, redis: Redis, retention_seconds: int) -> None:
         self.redis = redis
@@ -67,11 +78,14 @@ class SpeechChunks:
                   chunk.characters, worker]))
         if stored == -1:
             raise StaleAttempt(task_id)
+        if stored == -2:
+            raise RuntimeError(f"speech piece {chunk.index} of {task_id} was stored by "
+                               "another attempt")
+        if stored < chunk.index:
+            raise PiecesLost(task_id, chunk.index, stored)
         if stored != chunk.index + 1:  # an attempt appends after what is stored, in order
             raise RuntimeError(f"speech piece {chunk.index} of {task_id} is out of order "
-                               f"({stored} stored)" if stored >= 0 else
-                               f"speech piece {chunk.index} of {task_id} was stored by "
-                               "another attempt")
+                               f"({stored} stored)")
 
     async def read(self, task_id: str, start: int = 0,
                    count: int | None = READ_COUNT) -> list[SpeechChunk]:
