@@ -341,6 +341,43 @@ def test_a_submit_whose_reply_is_lost_withdraws_a_task_without_a_key(
     assert asyncio.run(scenario()) == {"no key": b"CANCELLED", "a key": b"PENDING"}
 
 
+def test_a_lost_submit_whose_withdrawal_fails_too_is_withdrawn_once_redis_is_back(
+        module_redis: procs.RedisServer) -> None:
+    """The submit's reply is lost and Redis is away for the withdrawal as well: the task
+    stays queued at first, and is withdrawn in the background once Redis answers again (it
+    was left to run, a second copy of the work its caller was told 503 of and sends again)."""
+    backend = "vibevoice"  # no worker of it runs beside the test's
+
+    async def scenario() -> tuple[bytes | None, bytes | None]:
+        proxy = ReplyDropper(module_redis.port)
+        port = await proxy.start()
+        client = Redis(host="127.0.0.1", port=port, socket_timeout=0.5,
+                       retry=Retry(NoBackoff(), 0))
+        store = TaskStore(client, 60)
+        warm = Task(id=new_task_id(), backend=backend, model="tiny",
+                    state=TaskState.PENDING, input_path="x.wav")
+        await store.submit(warm, None)
+        await store.cancel(warm.id, warm.backend)
+        direct = Redis.from_url(module_redis.url)
+        task = Task(id=new_task_id(), backend=backend, model="tiny", state=TaskState.PENDING,
+                    input_path="x.wav")
+        proxy.drop_next = proxy.refuse_after_drop = True
+        with pytest.raises(RedisError):
+            await store.submit(task, None)
+        during = await direct.hget(keys.task(task.id), "state")
+        proxy.refuse_after_drop = proxy.refusing = False
+        deadline = time.monotonic() + 10
+        while (after := await direct.hget(keys.task(task.id), "state")) != b"CANCELLED" \
+                and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await client.aclose()
+        await direct.aclose()
+        await proxy.stop()
+        return during, after
+
+    assert asyncio.run(scenario()) == (b"PENDING", b"CANCELLED")
+
+
 def test_a_live_sessions_charge_sent_again_after_a_lost_reply_counts_once(
         module_redis: procs.RedisServer) -> None:
     """A session's meter charges its audio outside tasks as it goes; a charge whose reply was

@@ -5,8 +5,10 @@ enqueue, terminal state + ack, cancel + dequeue) is one Lua call, so no crash le
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import logging
 import math
 import time
 from typing import Any
@@ -281,6 +283,12 @@ FINISH_WAITS = 10
 #: confirm in time can always be withdrawn and refused (503). An idle worker used to start it
 #: within the wait, and the submit was then answered 200 for a task the primary's death lost.
 UNCONFIRMED = "unconfirmed"
+#: a submit whose reply was lost, and whose withdrawal failed too, is withdrawn again in the
+#: background for this long (Redis back within it: the task its caller was told 503 of runs
+#: not, or not twice); past it the task runs, as before
+WITHDRAW_PATIENCE_SECONDS = 30.0
+
+log = logging.getLogger(__name__)
 
 
 class TaskStore:
@@ -297,6 +305,7 @@ class TaskStore:
         not bounded here, its input kept for the retention)."""
         self.redis = redis
         self.retention = retention_seconds
+        self._withdrawals: set[asyncio.Task[None]] = set()
         # a queued task's input and idempotency key outlive its longest wait, then the
         # retention; with no bound on the wait they live until its terminal write
         self.input_ttl = (retention_seconds if max_queue_seconds is None else
@@ -408,8 +417,7 @@ class TaskStore:
                 # was written (best effort: Redis may be gone for the cancel too)
                 keep_file = True
                 if not idempotency_key:
-                    with contextlib.suppress(RedisError):
-                        await self.cancel(task.id, task.backend)
+                    await self._withdraw(task)
                 raise
             except NotReplicated as short:
                 if short.result[0] != 1:
@@ -419,9 +427,7 @@ class TaskStore:
                 keep_file = True
                 if idempotency_key:
                     raise
-                state = ""
-                with contextlib.suppress(RedisError):
-                    state = await self.cancel(task.id, task.backend)
+                state = await self._withdraw(task)
                 if state in ("", TaskState.CANCELLED):  # withdrawn (or not known to run)
                     raise
                 # a worker took it within the wait: it runs and is charged, so it is accepted
@@ -453,6 +459,33 @@ class TaskStore:
             task.created_at = now
         if not stored:
             raise Duplicate(text(value))
+
+    async def _withdraw(self, task: Task) -> str:
+        """Cancel a task whose submit is refused to its caller: its state after, or "" when
+        Redis did not answer (then tried again in the background for
+        WITHDRAW_PATIENCE_SECONDS)."""
+        try:
+            return await self.cancel(task.id, task.backend)
+        except RedisError:
+            withdrawal = asyncio.create_task(self._withdraw_later(task))
+            self._withdrawals.add(withdrawal)
+            withdrawal.add_done_callback(self._withdrawals.discard)
+            return ""
+
+    async def _withdraw_later(self, task: Task) -> None:
+        give_up_at, delay = time.monotonic() + WITHDRAW_PATIENCE_SECONDS, 0.2
+        while time.monotonic() < give_up_at:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+            try:
+                state = await self.cancel(task.id, task.backend)
+            except RedisError:
+                continue
+            log.info("withdrew task %s, refused to its caller: it is %s", task.id,
+                     state or "unknown")
+            return
+        log.warning("could not withdraw task %s, refused to its caller, in %.0f s: it may run",
+                    task.id, WITHDRAW_PATIENCE_SECONDS)
 
     async def idempotent(self, owner: str, idempotency_key: str) -> str | None:
         """The id of the task a submit with this owner's key made (within its retention)."""
