@@ -77,6 +77,9 @@ def read_sse(url: str, path: str, body: dict[str, Any], files: Any = None,
     kwargs: dict[str, Any] = {"data": body, "files": files} if files else {"json": body}
     with http.stream("POST", url + path, timeout=120, **kwargs) as reply:
         assert reply.status_code == 200, reply.read()
+        # nothing may hold the events back: no cache, and no proxy buffering (nginx's)
+        assert (reply.headers["cache-control"], reply.headers["x-accel-buffering"]) \
+            == ("no-cache", "no")
         if started is not None:
             started.set_result(reply.headers["x-task-id"])
         return list(sse_events(reply.iter_lines()))

@@ -215,6 +215,7 @@ def test_wav_mp3_opus_aac_and_sse_streams(stack: dict[str, Any]) -> None:
 
     reply, body = stream(stack["url"], input=SHORT, response_format="pcm", stream_format="sse")
     assert reply.headers["content-type"].startswith("text/event-stream")
+    assert reply.headers["x-accel-buffering"] == "no"  # no proxy holds the events back
     events = sse_events(body)
     *deltas, done = events
     assert {event["type"] for event in deltas} == {"speech.audio.delta"} and len(deltas) > 1

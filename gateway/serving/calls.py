@@ -297,6 +297,16 @@ class TimedStreamingResponse(StreamingResponse):
                 await body.aclose()  # now, not when it is collected: it holds the waiter
 
 
+def sse_reply(events: AsyncIterator[bytes], send_timeout: float,
+              headers: dict[str, str]) -> TimedStreamingResponse:
+    """A server-sent events reply: no cache or proxy may hold its events back (nginx buffers
+    a proxied reply unless told `x-accel-buffering: no`, and the client then sees nothing
+    until the end)."""
+    return TimedStreamingResponse(events, send_timeout, media_type="text/event-stream",
+                                  headers={**headers, "cache-control": "no-cache",
+                                           "x-accel-buffering": "no"})
+
+
 def sse_event(payload: dict[str, Any]) -> bytes:
     """One server-sent event carrying `payload` as JSON."""
     return f"data: {json.dumps(payload)}\n\n".encode()

@@ -35,6 +35,7 @@ from gateway.serving.calls import (
     TimedStreamingResponse,
     sse_error,
     sse_event,
+    sse_reply,
     still_running,
     task_failed,
     unless_gone,
@@ -125,9 +126,8 @@ async def stream_reply(request: Request, call: Call, store: TaskStore, *, fmt: s
         raise task_failed(first)
     headers = {"x-task-id": call.task_id, "cache-control": "no-cache", **headers}
     if isinstance(first, Quiet):  # (sse only) the encoder is made with the first piece
-        return TimedStreamingResponse(_sse(pieces, None, Encoding(fmt), characters),
-                                      send_timeout, media_type="text/event-stream",
-                                      headers=headers)
+        return sse_reply(_sse(pieces, None, Encoding(fmt), characters), send_timeout,
+                         headers)
     encoding = Encoding(fmt)
     try:
         encoder = encoding.of(first.sample_rate)
@@ -135,8 +135,7 @@ async def stream_reply(request: Request, call: Call, store: TaskStore, *, fmt: s
         await pieces.aclose()
         raise RequestError(500, str(exc)) from None
     if stream_format == "sse":
-        return TimedStreamingResponse(_sse(pieces, first, encoding, characters), send_timeout,
-                                      media_type="text/event-stream", headers=headers)
+        return sse_reply(_sse(pieces, first, encoding, characters), send_timeout, headers)
     return TimedStreamingResponse(_audio(pieces, first, encoding), send_timeout,
                                   media_type=encoder.content_type, headers=headers)
 

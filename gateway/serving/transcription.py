@@ -25,13 +25,13 @@ from gateway.serving.calls import (
     Disconnected,
     Events,
     SyncCalls,
-    TimedStreamingResponse,
     closing_delta,
     delta_of,
     public_model,
     response_format,
     sse_error,
     sse_event,
+    sse_reply,
     still_running,
     task_failed,
     unless_gone,
@@ -113,11 +113,9 @@ class TranscriptionServing:
                          else task_failed(first["task"]))
                 error.headers = {**call.headers, **(error.headers or {})}
                 raise error
-            return TimedStreamingResponse(_sse(call.events, call.task_id, asked, first),
-                                          self.settings.send_timeout_seconds,
-                                          media_type="text/event-stream",
-                                          headers={"x-task-id": call.task_id,
-                                                   "cache-control": "no-cache", **call.headers})
+            return sse_reply(_sse(call.events, call.task_id, asked, first),
+                             self.settings.send_timeout_seconds,
+                             {"x-task-id": call.task_id, **call.headers})
         finished = await call.outcome(request)
         if isinstance(finished, Disconnected):
             return Response(status_code=499)  # never delivered: the client is gone
