@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from common.api_keys import ApiKey
@@ -402,6 +402,20 @@ class Settings(BaseSettings):
                 raise ValueError(f"consent phrase {tag!r}: {phrase!r} has fewer than "
                                  f"{MIN_CONSENT_WORDS} words")
         return phrases
+
+    @model_validator(mode="after")
+    def _check_roots_apart_from_blobs(self) -> Settings:
+        # a path submit under the blob directory would read other keys' inputs, outputs and
+        # custom voices' clips (stored there under guessable names)
+        if self.blob_dir is not None:
+            blobs = self.blob_dir.resolve()
+            for root in self.allowed_roots:
+                resolved = root.resolve()
+                if blobs.is_relative_to(resolved) or resolved.is_relative_to(blobs):
+                    raise ValueError(f"allowed root {str(root)!r} overlaps the blob directory "
+                                     f"{str(self.blob_dir)!r}: a path submit could read "
+                                     "other keys' audio; keep them apart")
+        return self
 
     @field_validator("webhook_secrets")
     @classmethod

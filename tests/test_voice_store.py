@@ -61,6 +61,21 @@ def test_client_ids_never_reach_the_blob_directory(redis: procs.RedisServer,
     assert list(root.iterdir()) == []
 
 
+def test_no_allowed_root_reaches_into_the_blob_directory(tmp_path: Path) -> None:
+    """A path submit under SPEECH_BLOB_DIR would read other keys' inputs, outputs and voice
+    clips: settings whose allowed roots hold the blob directory, or lie inside it (symlinks
+    resolved), are refused at start; roots beside it are fine."""
+    blobs, beside = tmp_path / "data" / "blobs", tmp_path / "data" / "audio"
+    blobs.mkdir(parents=True)
+    beside.mkdir()
+    (tmp_path / "link").symlink_to(blobs)
+    for root in (tmp_path / "data", blobs, blobs / "inner", tmp_path / "link"):
+        with pytest.raises(ValueError, match="overlaps the blob directory"):
+            Settings(blob_dir=blobs, allowed_roots=[beside, root])
+    assert Settings(blob_dir=blobs, allowed_roots=[beside]).allowed_roots == [beside]
+    assert Settings(allowed_roots=[tmp_path]).blob_dir is None  # no blob directory: no files
+
+
 def test_a_voice_needs_its_consent_when_stored_and_when_used(redis: procs.RedisServer) -> None:
     """A consent withdrawn while its voice was being checked makes no voice (the check and
     the insert are one step); a voice whose consent is gone is no voice to speak with."""
