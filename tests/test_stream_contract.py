@@ -166,11 +166,16 @@ def test_every_stream_reads_a_task_outcome_with_the_same_code(env: dict[str, Any
                      "realtime": outcome.value}
 
 
-def run_as_a_worker_losing_a_segment(env: dict[str, Any], task_id: str) -> None:
-    """Play the worker through the store's own calls: attempt 1 publishes its first segment,
-    the second never reaches the gateway (a message dropped while it reconnected, a publish
-    given up after its wait), and the task SUCCEEDS with both. (Anything amiss fails the
-    task, so that the stream waiting on it ends.)"""
+SEGMENTS = [" And so my fellow Americans,", " ask not", " what your country can do."]
+TEXT = "And so my fellow Americans, ask not what your country can do."
+
+
+def run_as_a_worker_losing_segments(env: dict[str, Any], task_id: str,
+                                    published: list[int]) -> None:
+    """Play the worker through the store's own calls: attempt 1 publishes the SEGMENTS
+    numbered in `published`, the others never reach the gateway (a message dropped while it
+    reconnected, a publish given up after its wait), and the task SUCCEEDS with all of them.
+    (Anything amiss fails the task, so that the stream waiting on it ends.)"""
     async def run() -> None:
         client = Redis.from_url(env["redis"].url)
         store = TaskStore.for_settings(client, Settings(redis_url=env["redis"].url))
@@ -178,18 +183,18 @@ def run_as_a_worker_losing_a_segment(env: dict[str, Any], task_id: str) -> None:
         assert task is not None
         attempt = await store.start(task_id, "w1", 1, "faster-whisper")
         assert attempt == 1
-        await SegmentPublisher(client).publish(task_id, attempt, 2.0, {
-            "type": "segment", "id": 0, "start": 0.0, "end": 2.0,
-            "text": " And so my fellow Americans,", "delta": "And so my fellow Americans,"})
+        segments = [{"id": number, "start": float(number), "end": number + 1.0, "text": text}
+                    for number, text in enumerate(SEGMENTS)]
+        for number in published:
+            delta = SEGMENTS[number] if number else SEGMENTS[number].lstrip()
+            await SegmentPublisher(client).publish(task_id, attempt, number + 1.0, {
+                "type": "segment", **segments[number], "delta": delta})
         await asyncio.sleep(0.5)
-        text = "And so my fellow Americans, ask not."
-        segments = [{"id": 0, "start": 0.0, "end": 2.0, "text": " And so my fellow Americans,"},
-                    {"id": 1, "start": 2.0, "end": 3.0, "text": " ask not."}]
         running = await store.get(task_id)
         assert running is not None
         await store.finish(running, TaskState.SUCCEEDED, attempt=attempt,
                            entry_id=running.entry_id,
-                           result={"text": text, "segments": segments, "language": "en",
+                           result={"text": TEXT, "segments": segments, "language": "en",
                                    "duration": 3.0, "usage": {"audio_seconds": 3.0}})
         await client.aclose()
     try:
@@ -199,25 +204,28 @@ def run_as_a_worker_losing_a_segment(env: dict[str, Any], task_id: str) -> None:
         raise
 
 
-def test_a_segment_the_stream_never_got_is_sent_before_the_end(env: dict[str, Any]) -> None:
-    """The deltas add up to the final text even when a segment's event was lost: the rest
-    of the text is sent as one more delta before the stream's last event (SSE and realtime)."""
+@pytest.mark.parametrize("published", [[0], [0, 2], [1, 2]], ids=["last", "middle", "first"])
+def test_segments_the_stream_never_got_are_sent_before_the_end(
+        env: dict[str, Any], published: list[int]) -> None:
+    """The deltas add up to the final text whichever segments' events were lost: after a
+    lost one the stream holds the others back, and the rest of the text goes out as one
+    more delta before the stream's last event (SSE and realtime)."""
     with ThreadPoolExecutor(1) as pool:
         started: Future[str] = Future()
         events = pool.submit(transcription_stream, env["url"], started)
-        run_as_a_worker_losing_a_segment(env, started.result(60))
+        run_as_a_worker_losing_segments(env, started.result(60), published)
         streamed = events.result(60)
     deltas = [e["delta"] for e in streamed if e["type"] == "transcript.text.delta"]
     assert streamed[-1]["type"] == "transcript.text.done", streamed
-    assert "".join(deltas) == streamed[-1]["text"] == "And so my fellow Americans, ask not."
+    assert "".join(deltas) == streamed[-1]["text"] == TEXT, deltas
     with ThreadPoolExecutor(1) as pool:
         started = Future()
         live: list[str] = []
         turn = pool.submit(asyncio.run, realtime_turn(env["ws"], env["client"], started, live))
-        run_as_a_worker_losing_a_segment(env, started.result(60))
+        run_as_a_worker_losing_segments(env, started.result(60), published)
         event = turn.result(60)
     assert event["type"] == f"{TRANSCRIPTION}.completed", event
-    assert "".join(live) == event["transcript"] == "And so my fellow Americans, ask not."
+    assert "".join(live) == event["transcript"] == TEXT, live
 
 
 def test_a_streams_timeout_names_the_task_that_goes_on(env: dict[str, Any]) -> None:

@@ -52,9 +52,8 @@ from gateway.realtime.protocol import (
 )
 from gateway.realtime.vad import SAMPLE_RATE
 from gateway.serving.calls import (
+    Deltas,
     SyncCalls,
-    closing_delta,
-    delta_of,
     still_running,
     task_failed,
 )
@@ -372,22 +371,19 @@ class Session:
             await self._withdraw(task_id, target.backend)
             raise
         self._queued.add(item)
-        sent = ""
+        deltas = Deltas()
         try:
             async for event in call.events:  # (each segment once, whatever the attempts)
                 if event["type"] == "segment":
-                    if not event.get("text"):
-                        continue
-                    delta = delta_of(event, bool(sent))
-                    await self._send(server_event(f"{TRANSCRIPTION}.delta", item_id=item,
-                                                  content_index=0, delta=delta))
-                    sent += delta
+                    if delta := deltas.of(event):
+                        await self._send(server_event(f"{TRANSCRIPTION}.delta", item_id=item,
+                                                      content_index=0, delta=delta))
                 elif event["type"] == "done":
                     # what its task gave back is the meter's, before anything is awaited
                     # (a session ending now cancels the turn, and a cancel undoes nothing)
                     if event["task"].state != TaskState.SUCCEEDED:
                         self.turned -= turn.seconds - kept_charge(event["task"])
-                    await self._finished(item, event["task"], sent)
+                    await self._finished(item, event["task"], deltas)
                     return
                 elif event["type"] == "timeout":
                     timeout = still_running(call.task_id)
@@ -407,11 +403,11 @@ class Session:
             return await asyncio.shield(self.calls.store.cancel(task_id, backend))
         return ""
 
-    async def _finished(self, item: str, task: Task, sent: str) -> None:
-        """The turn's last events; `sent`: what its deltas added up to."""
+    async def _finished(self, item: str, task: Task, deltas: Deltas) -> None:
+        """The turn's last events (`deltas`: what its stream sent so far)."""
         if task.state == TaskState.SUCCEEDED and task.result is not None:
             self._texts[item] = str(task.result.get("text", ""))
-            if rest := closing_delta(self._texts[item], sent):
+            if rest := deltas.closing(self._texts[item]):
                 await self._send(server_event(f"{TRANSCRIPTION}.delta", item_id=item,
                                               content_index=0, delta=rest))
             seconds = float(task.result.get("usage", {}).get("audio_seconds")

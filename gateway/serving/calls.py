@@ -231,12 +231,46 @@ def delta_of(event: dict[str, Any], started: bool) -> str:
     return event["text"] if started else event["text"].lstrip()
 
 
+class Deltas:
+    """A stream's text deltas from its task's segment events (each segment id once: the
+    event hub's), adding up to the task's final text. A segment that never reached the
+    stream (its id skipped: a pub/sub message dropped while the gateway reconnected, one
+    the worker gave up publishing) holds every later one back: what was sent stays the
+    start of the text, and `closing` sends the rest at the end in one delta."""
+
+    def __init__(self) -> None:
+        self.sent = ""  # what the deltas sent add up to
+        self._next_id = 0
+        self._held = False
+
+    def of(self, event: dict[str, Any]) -> str:
+        """The delta a segment event sends ("": none)."""
+        number = event.get("id")
+        if isinstance(number, int):
+            if number != self._next_id and not self._held:
+                log.warning("segments %d-%d never reached a stream: its deltas wait for the "
+                            "end", self._next_id, number - 1)
+                self._held = True
+            self._next_id = number + 1
+        if self._held or not event.get("text"):
+            return ""
+        delta = delta_of(event, bool(self.sent))
+        self.sent += delta
+        return delta
+
+    def closing(self, text: str) -> str:
+        """What the stream still owes once its task's final text is `text`."""
+        rest = closing_delta(text, self.sent)
+        self.sent += rest
+        return rest
+
+
 def closing_delta(text: str, sent: str) -> str:
     """What a stream still owes once its task's text is final, the deltas it sent adding up
     to `sent`: the rest of `text` when it starts with them (the last segments never reached
-    the stream: a pub/sub message dropped while the gateway reconnected, one the worker gave
-    up publishing), else "" (a middle segment lost, or a redelivered attempt that read the
-    audio differently: the final text, which the stream's last event carries, stands)."""
+    the stream, or `Deltas` held them back after a lost one), else "" (a redelivered attempt
+    that read the audio differently: the final text, which the stream's last event carries,
+    stands)."""
     stem = sent.rstrip()  # (the final text is stripped; a segment's delta may not be)
     if text.startswith(stem):
         rest, tail = text[len(stem):], sent[len(stem):]

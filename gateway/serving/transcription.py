@@ -22,11 +22,10 @@ from gateway.errors import RequestError
 from gateway.protocol import TRANSCRIPTION_FORMATS
 from gateway.serving.calls import (
     KEEPALIVE,
+    Deltas,
     Disconnected,
     Events,
     SyncCalls,
-    closing_delta,
-    delta_of,
     public_model,
     response_format,
     sse_error,
@@ -264,19 +263,18 @@ async def _sse(events: Events, task_id: str, asked: Asked,
     `segment_id`) and `transcript.text.segment` events once the task is done: diarization,
     which may split segments, runs after transcription."""
     diarized = asked.response_format == "diarized_json"
-    sent = ""
+    deltas = Deltas()
     try:
         async for event in _prepended(first, events):
-            if event["type"] == "segment" and event["text"] and not diarized:
-                delta = delta_of(event, bool(sent))
-                yield sse_event({"type": "transcript.text.delta", "delta": delta})
-                sent += delta
+            if event["type"] == "segment" and not diarized:
+                if delta := deltas.of(event):
+                    yield sse_event({"type": "transcript.text.delta", "delta": delta})
             elif event["type"] == "tick":
                 yield KEEPALIVE
             elif event["type"] == "done":
                 task = event["task"]
                 if (not diarized and task.state == TaskState.SUCCEEDED and task.result
-                        and (rest := closing_delta(str(task.result.get("text", "")), sent))):
+                        and (rest := deltas.closing(str(task.result.get("text", ""))))):
                     yield sse_event({"type": "transcript.text.delta", "delta": rest})
                 for chunk in _finish(task, asked):
                     yield chunk
