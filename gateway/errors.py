@@ -39,6 +39,11 @@ log = logging.getLogger("gateway")
 SAGE_STATUS_ROUTES = frozenset({"/api/status", "/api/{backend}-status"})
 #: their paths, for what is answered before routing (gateway/process/limits.py's refusals)
 _STATUS_PATH = re.compile(r"/api/(?:[^/]+-)?status")
+
+
+def is_status_path(path: str) -> bool:
+    """A Sage status route's path (SAGE_STATUS_ROUTES), routed or not."""
+    return _STATUS_PATH.fullmatch(path) is not None
 #: Sage's client raises on any non-2xx submit and never reads its body, so its user would see
 #: only "ERROR:400". A Sage submit that asks for it (REFUSAL_PARAM=task in its URL, as
 #: deploy/sage/llm_api_map.csv does) is therefore answered HTTP 200 when refused, with a task
@@ -231,7 +236,10 @@ async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
 
 async def unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s", request.url.path)
-    return reply(request, RequestError(500, f"internal error ({type(exc).__name__})"))
+    error = RequestError(500, f"internal error ({type(exc).__name__})")
+    if is_status_path(request.url.path):  # still HTTP 200: see SAGE_STATUS_ROUTES
+        return JSONResponse(sage_body(error))
+    return reply(request, error)
 
 
 def reply(request: Request, exc: RequestError) -> JSONResponse:
@@ -250,7 +258,7 @@ async def refusal_reply(scope: Scope, status_code: int, message: str,
     exc = RequestError(status_code, message, param="file", code=code)
     if is_openai(scope["path"]):
         return status_code, openai_body(exc)
-    if _STATUS_PATH.fullmatch(scope["path"]):  # still HTTP 200: see SAGE_STATUS_ROUTES
+    if is_status_path(scope["path"]):  # still HTTP 200: see SAGE_STATUS_ROUTES
         return 200, sage_body(exc)
     if _wants_task(scope):
         return 200, await sage_refused(exc, refusals_of(scope.get("app")))

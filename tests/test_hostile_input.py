@@ -4,6 +4,7 @@ input at all yields a 5xx (a seeded fuzz of random form, query and JSON values).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import random
@@ -83,7 +84,8 @@ def hostile(tmp_path_factory: pytest.TempPathFactory, speech_clip: Path) -> Iter
         # callback_url on, so a fuzzed one reaches the URL checks (nothing is ever sent)
         callback_url_hosts=["127.0.0.1:9"],
         webhook_secrets={"k1": "whsec_" + base64.b64encode(bytes(range(32))).decode()}).start()
-    yield {"url": gateway.url, "redis": server.client(), "clip": speech_clip.read_bytes()}
+    yield {"url": gateway.url, "redis": server.client(), "redis_url": server.url,
+           "clip": speech_clip.read_bytes()}
     gateway.stop()
     server.stop()
 
@@ -395,3 +397,74 @@ def test_a_voice_routes_body_is_bounded_by_its_one_clip(hostile: dict) -> None:
     reply = http.post(f"{hostile['url']}/v1/audio/transcriptions", data={"model": "whisper-1"},
                       files={"file": ("big.wav", big)}, timeout=60)
     assert reply.status_code == 400, reply.text  # read, then refused as not audio
+
+
+def test_a_status_poll_is_http_200_json_whatever_the_record_holds(hostile: dict) -> None:
+    """Sage takes any non-2xx poll, or a body that is not JSON, for a job that failed for good:
+    whatever a task's record holds (a state a newer worker wrote in a rolling upgrade, a
+    SUCCEEDED with its result gone, an engine's NaN or -inf in the result), both polls answer
+    HTTP 200 with strict JSON, and a FAILED one says its `code`."""
+    from redis.asyncio import Redis
+
+    from common.schemas import TaskState
+    from common.settings import Settings
+    from common.store import TaskStore
+
+    client = hostile["redis"]
+
+    def submit() -> str:
+        reply = http.post(f"{hostile['url']}/api/faster-whisper-submit",
+                          data={"audio_path": JFK_PATH}, timeout=30)
+        assert reply.status_code == 200, reply.text
+        return str(reply.json()["task_id"])
+
+    def polls(task_id: str) -> list[dict[str, Any]]:
+        replies = [http.get(f"{hostile['url']}/api/status", params={"taskid": task_id},
+                            timeout=30),
+                   http.post(f"{hostile['url']}/api/faster-whisper-status",
+                             json={"task_id": task_id}, timeout=30)]
+        for reply in replies:
+            assert reply.status_code == 200, reply.text
+        return [json.loads(reply.text, parse_constant=_no_constant) for reply in replies]
+
+    unknown = submit()
+    client.hset(keys.task(unknown), "state", "PAUSED")  # a state this gateway does not know
+    for body in polls(unknown):
+        assert body["status"] == "FAILED" and body["error"].startswith("internal error"), body
+
+    lost = submit()
+    client.hset(keys.task(lost), "state", TaskState.SUCCEEDED.value)
+    client.hdel(keys.task(lost), "result")
+    for body in polls(lost):
+        assert (body["status"], body["code"]) == ("FAILED", "result_missing"), body
+
+    async def finish(task_id: str, state: TaskState, **outcome: Any) -> None:
+        redis_client = Redis.from_url(hostile["redis_url"])
+        store = TaskStore.for_settings(redis_client, Settings(redis_url=hostile["redis_url"]))
+        attempt = await store.start(task_id, "w1", 1, "faster-whisper")
+        task = await store.get(task_id)
+        assert task is not None and attempt > 0
+        assert await store.finish(task, state, attempt=attempt, entry_id=task.entry_id,
+                                  **outcome)
+        await redis_client.aclose()
+
+    failed = submit()
+    asyncio.run(finish(failed, TaskState.FAILED, error="the engine broke",
+                       error_code="engine_error"))
+    for body in polls(failed):
+        assert (body["status"], body["code"]) == ("FAILED", "engine_error"), body
+
+    odd = submit()
+    asyncio.run(finish(odd, TaskState.SUCCEEDED, result={
+        "text": "x", "language": "en", "duration": 1.0, "usage": {"audio_seconds": 1.0},
+        "segments": [{"id": 0, "start": 0.0, "end": 1.0, "text": "x",
+                      "avg_logprob": float("-inf"), "compression_ratio": float("nan")}]}))
+    for body in polls(odd):
+        assert body["status"] == "SUCCEEDED", body
+        assert body["result"]["segments"][0]["avg_logprob"] is None, body
+    view = http.get(f"{hostile['url']}/v1/tasks/{odd}", timeout=30)
+    assert view.status_code == 200, view.text
+
+
+def _no_constant(name: str) -> None:
+    raise AssertionError(f"{name} is not JSON")

@@ -35,7 +35,7 @@ from common.store.record import Duplicate, QueueFull, Task, TooManyInFlight
 from common.store.replicas import NotReplicated, ReplicaWait
 from common.store.slots import SlotStore
 from common.store.usage import Charge, UsageStore
-from common.store.values import one_line, text
+from common.store.values import one_line, strict_json, text
 
 # A task with a callback_url owes its webhook from the moment it is terminal: it joins the
 # deliverers' due set (keys.webhooks_due) in the same call, so no crash loses it.
@@ -553,10 +553,10 @@ class TaskStore:
                       keys.speech_chunks(task.id)],
                 args=["" if attempt is None else attempt, entry_id, keys.WORKER_GROUP,
                       state.value, repr(time.time()), self.retention,
-                      json.dumps(result) if result is not None else "", one_line(error),
+                      strict_json(result) if result is not None else "", one_line(error),
                       error_code, b"" if output_file or output is None else output,
                       output_file, usage.measured(task.charge, state, result),
-                      json.dumps(result.get("usage") or {}) if result is not None else "",
+                      strict_json(result.get("usage") or {}) if result is not None else "",
                       worker, "1" if again else ""],
                 tries=FINISH_WAITS))
         except NotReplicated as short:

@@ -3,8 +3,6 @@ HTTP 200 JSON with `status`."""
 
 from __future__ import annotations
 
-import re
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import State
@@ -12,7 +10,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.auth import Owner, caller
 from gateway.dependencies import PollsDep, SettingsDep, StoreDep
-from gateway.errors import RequestError, sage_body, sage_errors, unexpected
+from gateway.errors import RequestError, is_status_path, sage_body, sage_errors, unexpected
 from gateway.serving import sage
 
 router = APIRouter(tags=["Sage"])
@@ -57,14 +55,11 @@ async def status_of(request: Request, backend: str, owner: Owner, settings: Sett
 
 
 #: the GET status routes' paths (`/api/status`, `/api/{backend}-status`)
-_STATUS_PATH = re.compile(r"/api/(?:[^/]+-)?status")
-
-
 def is_status_poll(scope: Scope) -> bool:
     """A GET of a status route without a body: what `answer_status` answers (one with a body,
     its params maybe in it, goes the routes' way, through the body limits)."""
     return (scope["type"] == "http" and scope["method"] == "GET"
-            and _STATUS_PATH.fullmatch(scope["path"]) is not None
+            and is_status_path(scope["path"])
             and not any(name in _BODY_HEADERS and value not in (b"0", b"")
                         for name, value in scope["headers"]))
 
@@ -85,6 +80,6 @@ async def answer_status(state: State, scope: Scope, receive: Receive, send: Send
         response = await sage.status(request, owner, state.settings, state.polls)
     except RequestError as exc:
         response = JSONResponse(sage_body(exc))  # HTTP 200: see errors.SAGE_STATUS_ROUTES
-    except Exception as exc:  # what the app's handler would answer (a 500, logged)
+    except Exception as exc:  # what the app's handler would answer (logged; HTTP 200 FAILED)
         response = await unexpected(request, exc)
     await response(scope, receive, send)

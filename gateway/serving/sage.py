@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from typing import Any
 
 from fastapi import Request
@@ -30,6 +31,8 @@ from gateway.submit.enqueue import enqueue
 from gateway.submit.inputs import read_params
 from gateway.submit.kinds import read_task_input, resolve_backend_model
 from gateway.submit.terms import SubmitTerms, default_lane
+
+log = logging.getLogger("gateway")
 
 
 async def submit(request: Request, owner: str, settings: Settings, store: TaskStore,
@@ -64,20 +67,30 @@ async def status(request: Request, owner: str, settings: Settings,
     every refusal on these routes so (SAGE_STATUS_ROUTES). The hot path of the Sage
     contract: at most one store round trip (none for a RUNNING task polled often:
     common/store/running_polls.py), no validation model, the stored result spliced into the
-    reply unparsed."""
+    reply unparsed. Nothing but HTTP 200 JSON: an unexpected error (a state only a newer
+    worker knows, in a rolling upgrade) is a FAILED reply, logged."""
     params = await read_params(request)
     task_id = params.get("task_id", "taskid")
-    fmt = params.get("format")
     if not task_id:
         raise RequestError(400, "missing task_id", param="task_id")
-    if (refused := await refusal_of(task_id, refusals_of(request.app))) is not None:
-        # a refused submit's (SAGE_SUBMIT_ROUTES)
-        return _reply(refused)
     try:
-        poll = await polls.read(task_id)
+        return await _status(request, owner, settings, polls, task_id, params.get("format"))
     except StoreError:
         return _reply({"task_id": task_id, "taskid": task_id, "status": "PENDING",
                        "detail": STORE_NOTE})
+    except Exception as exc:
+        log.exception("the status poll of %s failed", task_id)
+        return _reply({"task_id": task_id, "taskid": task_id, "status": "FAILED",
+                       "error": f"internal error ({type(exc).__name__})",
+                       "code": "server_error"})
+
+
+async def _status(request: Request, owner: str, settings: Settings, polls: RunningPolls,
+                  task_id: str, fmt: str | None) -> Response:
+    if (refused := await refusal_of(task_id, refusals_of(request.app))) is not None:
+        # a refused submit's (SAGE_SUBMIT_ROUTES)
+        return _reply(refused)
+    poll = await polls.read(task_id)
     if poll is None or poll.task.owner != owner:  # another key's task does not exist for you
         return _reply({"task_id": task_id, "taskid": task_id, "status": "FAILED",
                        "error": "unknown or expired task"})
@@ -90,7 +103,10 @@ async def status(request: Request, owner: str, settings: Settings,
                 estimate = estimate_at(Outlook(*poll.outlook), task, poll.position)
                 if estimate is not None:
                     reply.update(estimate.fields())
-    elif task.state == TaskState.SUCCEEDED and poll.result is not None:
+    elif task.state == TaskState.SUCCEEDED and poll.result is None:  # never written so
+        reply.update(status="FAILED", error="the task's result is missing",
+                     code="result_missing")
+    elif task.state == TaskState.SUCCEEDED:
         kind = kind_of(task.backend)
         audio_url = (output_url(request, settings, task.id)
                      if kind is not None and kind.audio_output else None)
@@ -103,9 +119,10 @@ async def status(request: Request, owner: str, settings: Settings,
             tail += b',"output_url":' + json.dumps(audio_url).encode()
         return _reply(reply, tail)
     elif task.state == TaskState.FAILED:
-        reply["error"] = task.error or "the task failed"
+        reply.update(error=task.error or "the task failed", code=task.error_code or "failed")
     elif task.state == TaskState.CANCELLED:
-        reply.update(status="FAILED", state="CANCELLED", error=task.error or "task was cancelled")
+        reply.update(status="FAILED", state="CANCELLED", error=task.error or "task was cancelled",
+                     code=task.error_code or "cancelled")
     return _reply(reply)
 
 
