@@ -80,7 +80,9 @@ def worker_deployment(row: Backend) -> dict[str, object]:
     memory = pod_memory_mib(row)
     env = [
         {"name": "SPEECH_BACKEND", "value": row.name},
-        {"name": "SPEECH_DEVICE", "value": row.device},
+        # a GPU pod without CUDA does not start (workers/engine_host.NoCuda) rather than
+        # hold its GPU and run on the CPU; the cpu overlay patches this to "cpu"
+        {"name": "SPEECH_DEVICE", "value": "cuda" if row.device == "auto" else row.device},
         {"name": "SPEECH_MEMORY_CAP_MIB", "value": str(row.memory_cap_mib)},
         {"name": "SPEECH_IDLE_UNLOAD_SECONDS", "value": str(row.idle_unload_seconds)},
         {"name": "SPEECH_CONSUMER", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -120,6 +122,10 @@ def worker_deployment(row: Backend) -> dict[str, object]:
             # and a count here would undo its scaling on every `kubectl apply`. Without KEDA,
             # components/no-keda sets the table's count (`no_keda_replicas`)
             "selector": {"matchLabels": labels(row)},
+            # a new pod takes the old one's GPU: a surge pod would wait for a spare GPU, and
+            # the rollout with it (the tasks wait in Redis meanwhile, and are not lost)
+            "strategy": {"type": "RollingUpdate",
+                         "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "template": {
                 "metadata": {"labels": labels(row)},
                 "spec": {

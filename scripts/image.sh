@@ -68,13 +68,13 @@ smoke() {
     redis_port=$(free_port)
     "${podman[@]}" image exists "$IMAGE:$envs" || { echo "image: build $envs first" >&2; exit 2; }
     # host networking on free loopback ports: this runs beside whatever else the host serves
-    # --stop-timeout 720: supervisord's own shutdown (workers, the gateway, Redis) runs to the
+    # --stop-timeout 900: supervisord's own shutdown (the gateway, workers, Redis) runs to the
     # end before SIGKILL, as docs/deploy.md tells every `podman run` to
-    "${podman[@]}" run -d --rm --stop-timeout 720 --name "$name" --network=host "${limits[@]}" \
+    "${podman[@]}" run -d --rm --stop-timeout 900 --name "$name" --network=host "${limits[@]}" \
         -e SPEECH_HOST=127.0.0.1 -e SPEECH_PORT="$port" -e SPEECH_REDIS_PORT="$redis_port" \
         -e SPEECH_REDIS_URL="redis://127.0.0.1:$redis_port/0" "$IMAGE:$envs" >/dev/null \
         2> >(grep -v 'systemd connection' >&2)  # (no systemd: podman runs the check on demand)
-    trap '"${podman[@]}" stop -t 720 "$name" >/dev/null 2>&1 || true' EXIT
+    trap '"${podman[@]}" stop -t 900 "$name" >/dev/null 2>&1 || true' EXIT
     local url=http://127.0.0.1:$port ready=false
     for _ in $(seq 240); do
         if python3 -c "import urllib.request; urllib.request.urlopen('$url/ready', timeout=2)" 2>/dev/null; then

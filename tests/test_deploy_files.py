@@ -149,17 +149,30 @@ def test_the_services_follow_the_bundled_redis_port() -> None:
         "SPEECH_REDIS_URL"] == defaults()["SPEECH_REDIS_URL"]
 
 
-def test_documented_container_runs_give_supervisord_time_to_stop() -> None:
-    """podman/docker SIGKILL 10 s after `stop`; the stack's own shutdown (workers up to 30 s,
-    then the gateway's drain, up to 640 s with calls open, then Redis) needs longer: every
-    documented `podman run` says so."""
+def test_the_gateway_stops_first_and_the_documented_runs_wait_for_the_whole_stop() -> None:
+    """supervisord stops one program at a time, the highest priority first: the gateway's
+    drain must come before the workers stop (its open calls wait on tasks they run), Redis
+    last; and podman/docker SIGKILL 10 s after `stop`, so every documented `podman run` gives
+    the sum of every program's stopwaitsecs."""
+    programs: dict[str, dict[str, int]] = {}
+    for name, body in re.findall(r"^\[program:([^\]]+)\]\n(.*?)(?=^\[|\Z)",
+                                 (ROOT / "deploy" / "supervisord.conf").read_text(),
+                                 flags=re.M | re.S):
+        settings = dict(re.findall(r"^(priority|stopwaitsecs)=(\d+)$", body, flags=re.M))
+        programs[name] = {key: int(value) for key, value in settings.items()}
+    workers = [p for name, p in programs.items() if name not in ("gateway", "redis")]
+    assert len(workers) >= 5, programs
+    assert programs["gateway"]["priority"] > max(p["priority"] for p in workers) \
+        > programs["redis"]["priority"], programs
+    whole_stop = sum(p["stopwaitsecs"] for p in programs.values())
+    assert whole_stop <= 900, whole_stop
     for path in (ROOT / "Containerfile", ROOT / "docs" / "deploy.md"):
         runs = re.findall(r"^\W*(?:podman|docker) run\b.*$", path.read_text(), flags=re.M)
         assert runs, path
         for run in runs:
-            assert "--stop-timeout 720" in run, (path.name, run)
+            assert "--stop-timeout 900" in run, (path.name, run)
     image = (ROOT / "scripts" / "image.sh").read_text()
-    assert "--stop-timeout 720" in image and "stop -t 720" in image
+    assert "--stop-timeout 900" in image and "stop -t 900" in image
 
 
 def test_containerfile_installs_the_environments_before_the_code() -> None:

@@ -199,6 +199,22 @@ def test_gateway_redis_and_settings_are_wired() -> None:
                 else v for k, v in data.items() if k.startswith("SPEECH_")})
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_a_gpu_worker_insists_on_cuda_and_rolls_out_without_a_spare_gpu(overlay: str) -> None:
+    """A pod holding a GPU says SPEECH_DEVICE=cuda (without CUDA it does not start, rather
+    than run on the CPU: test_worker_bind), and a rollout replaces it in place (maxSurge 0):
+    a surge pod would wait for a GPU the cluster may not have, and the rollout with it."""
+    gpu_workers = 0
+    for name, deployment in of_kind(rendered(overlay), "Deployment").items():
+        main = container(deployment)
+        if "nvidia.com/gpu" not in main["resources"].get("limits", {}):
+            continue
+        gpu_workers += 1
+        assert {"name": "SPEECH_DEVICE", "value": "cuda"} in main["env"], name
+        assert deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0, name
+    assert gpu_workers == (0 if overlay == "overlays/cpu" else len(BACKENDS)), overlay
+
+
 def test_cpu_overlay_asks_for_no_gpu_and_external_redis_drops_the_bundled_one() -> None:
     cpu = rendered("overlays/cpu")
     for name in BACKENDS:

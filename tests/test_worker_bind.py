@@ -7,12 +7,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
 import pytest
 
 from common.settings import Settings
+from harness import procs
 from workers.http import is_loopback, serve_http
 
 
@@ -75,3 +77,18 @@ def test_ipv6_non_loopback_still_needs_the_secret() -> None:
                            backend="faster-whisper")
     with pytest.raises(RuntimeError, match="SPEECH_WORKER_SECRET"):
         asyncio.run(serve_http(fake))  # type: ignore[arg-type]
+
+
+def test_a_worker_told_cuda_without_cuda_does_not_start(tmp_path: Path,
+                                                        module_redis: procs.RedisServer) -> None:
+    """SPEECH_DEVICE=cuda (every GPU pod of deploy/k8s) where the engine sees no CUDA device
+    (a wrong driver, device plugin or a CPU torch build): the worker exits at once, saying
+    so, instead of holding the GPU and running every model on the CPU. `auto` falls back."""
+    worker = procs.worker(module_redis.url, tmp_path, device="cuda")
+    worker.start(wait=False)
+    try:
+        assert worker.proc is not None
+        assert worker.proc.wait(60) != 0
+    finally:
+        worker.stop()
+    assert "SPEECH_DEVICE=cuda, but this worker's engine sees no CUDA device" in worker.log()

@@ -465,7 +465,17 @@ class EngineHost:
         }
 
 
+class NoCuda(RuntimeError):
+    """SPEECH_DEVICE=cuda where the engine sees no CUDA device: the worker does not start
+    (a GPU pod whose driver, device plugin or torch build is wrong would else hold its GPU
+    and run every model on the CPU, slowly, past its memory limit)."""
+
+
 def _resolve_device(setting: str, engine: Engine) -> str:
-    if setting != "auto":
-        return setting
-    return "cuda" if engine.cuda_available() else "cpu"
+    if setting == "auto":
+        return "cuda" if engine.cuda_available() else "cpu"
+    if setting == "cuda" and not engine.cuda_available():
+        raise NoCuda("SPEECH_DEVICE=cuda, but this worker's engine sees no CUDA device (a "
+                     "driver, device plugin or CPU-only torch build?); SPEECH_DEVICE=auto "
+                     "falls back to the CPU")
+    return setting
