@@ -39,6 +39,13 @@ $tests && [[ " ${envs[*]} " != *" core "* ]] && envs+=(core)
 missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v espeak-ng >/dev/null || missing+=(espeak-ng)
+# uv comes from a venv of python3's own (Debian splits ensurepip off), and a few locked
+# packages ship only as sources (webrtcvad): a compiler and Python's headers build them
+python3 -c 'import ensurepip' 2>/dev/null || missing+=(python3-venv)
+command -v cc >/dev/null || missing+=(build-essential)
+python3 -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+    || missing+=(python3-dev)
 # the headless browser tests/test_ui_browser.py drives: Debian's package (Ubuntu's is a snap
 # stub; the service itself needs no browser)
 if $tests && ! command -v chromium >/dev/null && grep -qx "ID=debian" /etc/os-release 2>/dev/null; then
@@ -50,6 +57,12 @@ if [ ${#missing[@]} -gt 0 ]; then
     [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
     $sudo_cmd apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+    # Debian starts the package's own Redis on 6379 under systemd: the stack runs its own
+    # (deploy/supervisord.conf, AOF in var/redis) on that port, so the one just installed
+    # must not hold it
+    if [[ " ${missing[*]} " == *" redis-server "* ]] && [ -d /run/systemd/system ]; then
+        $sudo_cmd systemctl disable --now redis-server >/dev/null 2>&1 || true
+    fi
 fi
 
 source scripts/uv.sh

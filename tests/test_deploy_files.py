@@ -6,11 +6,13 @@ import configparser
 import hashlib
 import os
 import re
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from common.backends import BACKENDS
-from harness.procs import ROOT
+from harness.procs import ROOT, free_port, stack_env
 
 #: backend -> the variable naming its environment's interpreter
 WORKERS = {name: f"SPEECH_{row.env.upper()}_PYTHON" for name, row in BACKENDS.items()}
@@ -194,3 +196,24 @@ def test_containerfile_installs_the_environments_before_the_code() -> None:
                                   "scripts/install.sh", "scripts/uv.sh"), source
     installer = (ROOT / "scripts" / "install.sh").read_text()
     assert "--no-project" in installer and "--project-only" in installer
+
+
+def test_the_stack_refuses_to_start_on_a_port_something_else_holds(tmp_path: Path) -> None:
+    """A Debian host runs its redis-server package on 6379 unless told not to: the stack's
+    own Redis would end FATAL there and the workers quietly use the other one (no AOF, not
+    var/redis). run_stack.sh says which port is taken and starts nothing; so for the
+    gateway's port."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        held = str(holder.getsockname()[1])
+        for name, env in (("SPEECH_REDIS_PORT", {"SPEECH_REDIS_PORT": held,
+                                                 "SPEECH_PORT": str(free_port())}),
+                          ("SPEECH_PORT", {"SPEECH_LOCAL_REDIS": "false", "SPEECH_PORT": held})):
+            run = subprocess.run(
+                [str(ROOT / "scripts" / "run_stack.sh")], cwd=ROOT, capture_output=True,
+                text=True, timeout=60,
+                env=stack_env(SPEECH_RUN_DIR=str(tmp_path), SPEECH_SUPERVISORD="false",
+                              SPEECH_HOST="127.0.0.1", **env))
+            assert run.returncode == 2, (name, run.stdout, run.stderr)
+            assert f"port {held} ({name}) is taken" in run.stderr, (name, run.stderr)
