@@ -81,6 +81,35 @@ def test_preload_lease_and_janitor(pair: dict) -> None:
     assert pending_count(pair["redis"].client()) == 0
 
 
+def test_a_graceful_stop_does_not_count_against_the_delivery_limit(
+        redis: procs.RedisServer, gateway: str, tmp_path: Path) -> None:
+    """SIGTERM (a rollout, a scale-in, `ctl.sh restart`) whose grace ends before the task:
+    its entry is redelivered, and that delivery is not the task's doing. With
+    SPEECH_MAX_DELIVERIES=1 the next worker runs it to SUCCEEDED (it was FAILED
+    delivery_limit and dead-lettered); a crash (SIGKILL) still counts."""
+    settings = {"stop_grace_seconds": "0.2", "max_deliveries": "1", "preload": "true",
+                "idle_unload_seconds": "-1", "consumer": "graceful"}
+    for stop, outcome in ((signal.SIGTERM, "SUCCEEDED"), (signal.SIGKILL, "FAILED")):
+        worker = procs.worker(redis.url, tmp_path, **settings).start()
+        wait_until(lambda w=worker: health(w)["loaded_models"] == ["tiny.en"], 30, "preload")
+        task_id = submit_file(gateway, LONG).json()["taskid"]
+        wait_until(lambda t=task_id: http.get(f"{gateway}/v1/tasks/{t}").json()["status"]
+                   == "RUNNING", 30, "RUNNING", 0.02)
+        os.kill(worker.pid, stop)
+        assert worker.proc is not None and worker.proc.wait(30) is not None
+        again = procs.worker(redis.url, tmp_path, **settings).start()  # reads its own first
+        try:
+            final = wait_done(gateway, task_id, timeout=120)
+        finally:
+            again.stop()
+        assert final["status"] == outcome, (stop, final)
+        view = http.get(f"{gateway}/v1/tasks/{task_id}").json()
+        if outcome == "SUCCEEDED":
+            assert view["deliveries"] == 2 and view["attempts"] == 2, view
+        else:
+            assert "gave up after 1 deliveries" in view["error"], view
+
+
 def test_an_abandoned_entry_is_found_behind_any_number_of_leased_ones(
         redis: procs.RedisServer) -> None:
     """Two workers hold 30 entries leased (their gathered batches), a third died holding one

@@ -184,6 +184,8 @@ class Consumer:
                     left, 2 * self.settings.visibility_timeout_seconds)
                 log.info("%d gathered entries not started, given back to the workers",
                          released)
+                # their next delivery is not theirs to count against the limit
+                await self.store.spare_deliveries([d.task_id for d in left if d.task_id])
 
     async def _gather(self, first: list[Delivery]) -> list[Delivery]:
         """The batch window (workers/batching.Gatherer); its wait goes into the metrics.
@@ -249,7 +251,7 @@ class Consumer:
             log.warning("entry %s was claimed by another worker; not starting it",
                         delivery.entry_id)
             return None
-        if deliveries > self.settings.max_deliveries:
+        if deliveries - task.spared > self.settings.max_deliveries:
             await self._give_up(task, delivery.entry_id, deliveries)
             return None
         attempt = await self._start(task, deliveries)

@@ -31,6 +31,9 @@ class Task:
     finished_at: float | None = None
     attempt: int = 0
     deliveries: int = 0
+    #: deliveries that were not its doing (a graceful stop, an entry given back unstarted):
+    #: SPEECH_MAX_DELIVERIES counts the others
+    spared: int = 0
     entry_id: str = ""
     queue_seq: int = 0  # this entry's number in its stream's add order
     worker: str = ""
@@ -68,6 +71,7 @@ class Task:
             finished_at=number("finished_at"),
             attempt=int(data.get("attempt", 0)),
             deliveries=int(data.get("deliveries", 0)),
+            spared=int(data.get("spared") or 0),
             entry_id=data.get("entry_id", ""),
             queue_seq=int(data.get("queue_seq") or 0),
             worker=data.get("worker", ""),

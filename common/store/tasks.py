@@ -275,6 +275,13 @@ return 1
 """
 
 
+# KEYS: task -> 1 counted, 0 the task is gone (its record is not made again)
+_SPARE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HINCRBY', KEYS[1], 'spared', 1)
+return 1
+"""
+
 #: a terminal write waits up to this many `redis_wait_timeout_ms` for its replica: a worker
 #: has nothing better to do meanwhile, and a replica that reconnects catches up at once
 FINISH_WAITS = 10
@@ -326,6 +333,7 @@ class TaskStore:
         self._finish = redis.register_script(_FINISH)
         self._cancel = redis.register_script(_CANCEL)
         self._fail_if_unchanged = redis.register_script(_FAIL_IF_UNCHANGED)
+        self._spare = redis.register_script(_SPARE)
 
     @classmethod
     def for_settings(cls, redis: Redis, settings: Settings) -> TaskStore:
@@ -608,6 +616,13 @@ class TaskStore:
         if failed:
             self.blobs.delete_input_file(task.id)
         return failed
+
+    async def spare_deliveries(self, task_ids: list[str]) -> None:
+        """One delivery of each task is not its doing (a graceful stop cut its attempt
+        short, or a worker gave back an entry it never started): SPEECH_MAX_DELIVERIES does
+        not count it (`Task.spared`)."""
+        for task_id in task_ids:
+            await self._spare(keys=[keys.task(task_id)])
 
     async def note_error(self, task_id: str, error: str) -> None:
         """Remember why an attempt died, for the FAILED reason if the task runs out of tries."""

@@ -152,6 +152,9 @@ class WorkerStore:
     async def note_error(self, task_id: str, error: str) -> None:
         await self._tasks.note_error(task_id, error)
 
+    async def spare_deliveries(self, task_ids: list[str]) -> None:
+        await self._tasks.spare_deliveries(task_ids)
+
     async def publish(self, task_id: str, event: dict[str, Any]) -> None:
         await self._tasks.publish(task_id, event)
 
