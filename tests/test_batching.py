@@ -629,3 +629,30 @@ def test_a_calls_size_follows_what_a_clip_was_measured_to_cost() -> None:
     assert batching.next_call(8, 100.0, 250.0) == 2
     assert batching.next_call(8, 100.0, 50.0) == 1
     assert batching.next_call(8, None, None) == 8
+
+
+def test_a_lying_clip_is_neither_decoded_whole_nor_told_before_its_company_runs() -> None:
+    """run_batch with the real tiny.en: a file that told the probe 1.5 s but holds ~48 s of
+    speech is decoded only up to where it would leave the call, and its decoded length
+    (the charge top-up and the device memory it would wait for: `on_decoded`) is told only
+    by its own run after the others, never before their call."""
+    from workers.engines.base import ModelRef
+
+    settings = Settings(cpu_threads=2)
+    engine = FasterWhisperEngine(settings)
+    handle = engine.load(ModelRef("tiny.en", "bundled"), "cpu")
+    events: list[tuple[str, int, float]] = []
+    short = encode_wav(decode_audio(clips()[3], 16000, None)[:int(1.5 * 16000)], 16000)
+    items = [batching.BatchItem(
+        params=GREEDY, source=source,
+        on_segment=lambda segment, i=index: events.append(("segment", i, segment.end)),
+        on_decoded=lambda seconds, i=index: events.append(("decoded", i, seconds)))
+        for index, source in enumerate((four_clips(), short, short))]
+    outcomes = batching.run_batch(engine, handle, backend=BACKEND, model="tiny.en",
+                                  items=items, max_audio_seconds=4 * 3600.0,
+                                  allowed_roots=(), probed_seconds=1.5)
+    engine.unload(handle)
+    assert isinstance(outcomes[0], batching.Longer), outcomes[0]
+    assert all(not isinstance(outcome, batching.Longer | Exception) for outcome in outcomes[1:])
+    assert [event for event in events if event[1] == 0] == [], events  # told nothing yet
+    assert sorted(i for kind, i, _ in events if kind == "decoded") == [1, 2], events

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from common.audio import AudioTooLong
 from common.schemas import DiarizationOptions, Segment, TranscriptionOptions
 from common.settings import Settings
 from common.store.queue import Delivery
@@ -201,13 +202,21 @@ def run_batch(engine: BatchTranscriptionEngine, handle: Any, *, backend: str, mo
     results: list[Outcome | TaskError | Longer | None] = [None] * len(items)
     audios: dict[int, np.ndarray] = {}
     options: dict[int, TranscriptionOptions] = {}
+    # decoding stops where a clip would leave the call (`_alike`): the others wait neither
+    # for a lying file's whole decode nor for its charge and its device memory (`on_decoded`),
+    # which its run alone after them decodes and tells
+    leaves_at = 2.0 ** (length_class(probed_seconds) + 2)
+    capped = max_audio_seconds is None or leaves_at < max_audio_seconds
     for index, item in enumerate(items):
         try:
             options[index] = TranscriptionOptions.from_params(item.params)
             if DiarizationOptions.from_params(item.params) is not None:
                 raise ValueError("a task with speakers cannot share a batch")
             audios[index] = asr_audio(item.source, item.params, engine.sample_rate,
-                                      max_audio_seconds, allowed_roots, item.on_decoded)
+                                      leaves_at if capped else max_audio_seconds,
+                                      allowed_roots, item.on_decoded)
+        except AudioTooLong as exc:
+            results[index] = Longer() if capped else task_error(exc)
         except Exception as exc:
             results[index] = task_error(exc)
     ready = _alike(audios, engine.sample_rate, length_class(probed_seconds))
