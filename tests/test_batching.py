@@ -188,6 +188,42 @@ def test_a_batch_that_would_not_fit_the_memory_cap_is_split(redis: procs.RedisSe
     assert histogram(redis, "batch_size")["sum"] == 4.0
 
 
+def test_interactive_work_goes_between_a_split_batchs_calls(redis: procs.RedisServer) -> None:
+    """Calls of two under the cap: an interactive task that arrives while the first call
+    runs starts before the second call's tasks, as it would had they been read one by one
+    (docs/fairness.md); it waited for the whole batch."""
+    import psutil
+
+    rss_mib = psutil.Process().memory_info().rss / 2**20
+    settings = settings_for(redis.url, batch_item_mib=1000,
+                            memory_cap_mib=int(rss_mib + 2500))
+
+    async def scenario() -> tuple[Worker, list[Task], Task]:
+        ids = [await submit(redis.url, clips()[i]) for i in (0, 1, 2, 6)]
+        client = Redis.from_url(settings.redis_url)
+        worker = burst_worker(settings, client)
+        running = asyncio.create_task(worker.run())
+        urgent: Task | None = None
+        while not running.done():
+            states = [t.state for t in await tasks(redis.url, ids)]
+            if urgent is None and states[:2] == [TaskState.RUNNING] * 2:
+                urgent = Task(id=new_task_id(), backend=BACKEND, model="tiny.en",
+                              state=TaskState.PENDING, params=GREEDY, audio_seconds=4.0,
+                              lane=keys.INTERACTIVE)
+                await TaskStore(client, 600).submit(urgent, clips()[3])
+            await asyncio.wait({running}, timeout=0.01)
+        await client.aclose()
+        assert urgent is not None, "the first call was never seen running"
+        return worker, await tasks(redis.url, ids), (await tasks(redis.url, [urgent.id]))[0]
+
+    worker, done, urgent = asyncio.run(scenario())
+    assert all(t.state == TaskState.SUCCEEDED for t in (*done, urgent)), (done, urgent)
+    assert worker.host.last_batch_calls == [2, 2]
+    assert urgent.started_at is not None and all(
+        t.started_at is not None and urgent.started_at < t.started_at for t in done[2:]), (
+        urgent.started_at, [t.started_at for t in done])
+
+
 def test_a_split_batchs_later_call_keeps_its_tasks_queued_and_cancellable(
         redis: procs.RedisServer) -> None:
     """Calls of two under the cap: the second call's tasks are not started while the first

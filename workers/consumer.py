@@ -434,6 +434,15 @@ class Consumer:
             for index, outcome in zip(indices, outcomes, strict=True):
                 settle(index, outcome)
 
+        async def between_calls() -> None:
+            """Before a batch-lane group's next call (a split batch's, a lying clip's run
+            alone): interactive work that arrived meanwhile runs first (docs/fairness.md)."""
+            if self.stopping.is_set():
+                return
+            current = self.current_task, self.current_batch
+            await self._interactive_first()
+            self.current_task, self.current_batch = current  # the batch is not done
+
         self.current_task, self.load_seconds, self.device_wait_seconds = (
             members[0][0].id, None, None)
         self.load_observed = False
@@ -446,7 +455,8 @@ class Consumer:
                                       default=0.0),
                     on_call=call_done,
                     limit_seconds=call_limit(self.settings, self.host.kind,
-                                             sum(task.work_units for task, _ in members)))
+                                             sum(task.work_units for task, _ in members)),
+                    between=between_calls if members[0][1].lane == BATCH else None)
             except TaskError as exc:  # the breaker, the load or the cap: every task's
                 for index in range(len(members)):  # (opened for it, as alone)
                     if index in unstarted:

@@ -172,55 +172,70 @@ class EngineHost:
                             on_load: OnLoad | None = None,
                             audio_seconds: float | None = None,
                             on_call: Callable[[list[int], list[Outcome | TaskError]], object]
-                            | None = None, limit_seconds: float | None = None) -> None:
+                            | None = None, limit_seconds: float | None = None,
+                            between: Callable[[], Awaitable[None]] | None = None) -> None:
         """`execute` for `count` tasks that share calls (workers/batching.py). The batch is
         split into calls that fit the memory cap and the device reservation, and each
         call's tasks are `prepare`d (their attempts opened) only as that call begins: one
         that waits for a later call is still queued (a cancel or its deadline still stops
-        it). `on_call` gets each call's outcomes (with their indices) as soon as it returns.
-        A TaskError raised here (a load, the cap) is every task's whose call had not
-        returned. `audio_seconds`: the longest clip's length (the calls' memory class)."""
+        it). A clip that leaves its call (`batching.Longer`) runs alone after it. `on_call`
+        gets each call's outcomes (with their indices) as soon as it returns. Each call
+        holds the engine on its own, and `between` runs before each one after the first,
+        outside it (the consumer's interactive work: a split batch, or a lying clip's run
+        alone, puts no serial work ahead of it). A TaskError raised here (a load, the cap)
+        is every task's whose call had not returned. `audio_seconds`: the longest clip's
+        length (the calls' memory class)."""
         engine = batching.batch_engine(self.engine, self.settings)
         assert engine is not None
+        left, sizes = list(range(count)), []
+        alone: list[tuple[int, batching.BatchItem]] = []  # left their call: one by one
 
-        async def run(handle: Any) -> list[int]:
-            left, sizes = list(range(count)), []
-            while left:  # each call sized by what the last one measured
+        def told(item: batching.BatchItem, bound: CallBound | None) -> batching.BatchItem:
+            return dataclasses.replace(
+                item, on_decoded=self._on_decoded(model, False, item.on_decoded, bound))
+
+        async def next_call(handle: Any) -> bool:  # (what _engine_call returns: not None)
+            if alone:
+                index, item = alone.pop(0)
+                bound = self._bound(limit_seconds)
+                results = await self._bounded(bound, self._run_batch, engine, handle, model,
+                                              [told(item, bound)], None)
+                if on_call is not None:
+                    on_call([index], [result for result in results
+                                      if not isinstance(result, batching.Longer)])
+                return True
+            chosen: list[tuple[int, batching.BatchItem]] = []
+            while left and not chosen:  # each call sized by what the last one measured
                 size = batching.next_call(len(left), self.batch_item_mib,
                                           await self._call(self._batch_headroom))
-                chosen: list[tuple[int, batching.BatchItem]] = []
                 while left and len(chosen) < size:  # (a task cancelled meanwhile: the next)
-                    taken, left = left[:size - len(chosen)], left[size - len(chosen):]
+                    taken, left[:] = left[:size - len(chosen)], left[size - len(chosen):]
                     chosen += await prepare(taken)
-                if not chosen:
-                    continue
-                sizes.append(len(chosen))
-                bound = self._bound(limit_seconds)
-                items = [dataclasses.replace(
-                    item, on_decoded=self._on_decoded(model, False, item.on_decoded, bound))
-                    for _, item in chosen]
-                outcomes = await self._bounded(bound, self._run_batch, engine, handle,
-                                               model, items, audio_seconds)
-                done = [(index, outcome) for (index, _), outcome in zip(chosen, outcomes,
-                                                                        strict=True)
-                        if not isinstance(outcome, batching.Longer)]
-                if on_call is not None:
-                    on_call([index for index, _ in done], [outcome for _, outcome in done])
-                for (index, item), outcome in zip(chosen, outcomes, strict=True):
-                    if isinstance(outcome, batching.Longer):  # after the others: alone
-                        bound = self._bound(limit_seconds)
-                        alone = await self._bounded(bound, self._run_batch, engine, handle, model, [
-                            dataclasses.replace(item, on_decoded=self._on_decoded(
-                                model, False, item.on_decoded, bound))], None)
-                        if on_call is not None:
-                            on_call([index], [result for result in alone
-                                              if not isinstance(result, batching.Longer)])
-            if len(sizes) > 1:
-                log.info("a batch of %d split to fit memory: calls of %s", sum(sizes), sizes)
-            self.last_batch_calls = sizes
-            return sizes
+            if not chosen:
+                return True
+            sizes.append(len(chosen))
+            bound = self._bound(limit_seconds)
+            outcomes = await self._bounded(bound, self._run_batch, engine, handle, model,
+                                           [told(item, bound) for _, item in chosen],
+                                           audio_seconds)
+            done = [(index, outcome) for (index, _), outcome in zip(chosen, outcomes,
+                                                                    strict=True)
+                    if not isinstance(outcome, batching.Longer)]
+            if on_call is not None:
+                on_call([index for index, _ in done], [outcome for _, outcome in done])
+            alone.extend(member for member, outcome in zip(chosen, outcomes, strict=True)
+                         if isinstance(outcome, batching.Longer))
+            return True
 
-        await self._engine_call(model, on_load, run, self._peak_class(False, audio_seconds))
+        peak_class = self._peak_class(False, audio_seconds)
+        await self._engine_call(model, on_load, next_call, peak_class)
+        while left or alone:
+            if between is not None:
+                await between()
+            await self._engine_call(model, on_load, next_call, peak_class)
+        if len(sizes) > 1:
+            log.info("a batch of %d split to fit memory: calls of %s", sum(sizes), sizes)
+        self.last_batch_calls = sizes
 
     def _bound(self, limit_seconds: float | None) -> CallBound | None:
         return None if limit_seconds is None else CallBound(self.settings, limit_seconds)
