@@ -179,14 +179,17 @@ def refusals_of(app: Any) -> Refusals | None:
     return getattr(getattr(app, "state", None), "refusals", None)
 
 
-async def sage_refused(exc: RequestError, refusals: Refusals | None) -> dict[str, Any]:
+async def sage_refused(exc: RequestError, refusals: Refusals | None,
+                       keep_reason: bool = True) -> dict[str, Any]:
     """A refused Sage submit as a task FAILED from the start (SAGE_SUBMIT_ROUTES): a new
-    refusal id, its reason kept in `refusals`."""
+    refusal id, its reason kept in `refusals` unless `keep_reason` is False or the caller
+    is not known (a 401): a client without a key writes nothing to Redis (a scanner's loop
+    would fill it), and its id's poll answers from the status and code the id carries."""
     code = exc.code if _CODE.fullmatch(exc.code or "") else "refused"
     status = exc.status_code if 400 <= exc.status_code <= 599 else 400
     token = secrets.token_urlsafe(12)
     task_id = f"{REFUSED_PREFIX}{status}.{code}.{token}"
-    if refusals is not None:
+    if refusals is not None and keep_reason and status != 401:
         await refusals.remember(token, exc.message)
     retry = (exc.headers or {}).get("retry-after")
     return {"task_id": task_id, "taskid": task_id, **sage_body(exc), "code": exc.code,
@@ -200,8 +203,8 @@ async def refusal_of(task_id: str, refusals: Refusals | None) -> dict[str, Any] 
         return None
     status, code, token = found.groups()
     error = await refusals.recall(token) if refusals is not None else None
-    if error is None:  # expired, or never kept (Redis was down): what the id says
-        error = f"the submit was refused ({code}, HTTP {status}); its reason is no longer kept"
+    if error is None:  # not kept (no key, refused before routing), expired, Redis down
+        error = f"the submit was refused ({code}, HTTP {status}); its reason is not kept"
     return {"task_id": task_id, "taskid": task_id, "status": "FAILED", "error": error,
             "code": code, "http_status": int(status)}
 
@@ -260,8 +263,8 @@ async def refusal_reply(scope: Scope, status_code: int, message: str,
         return status_code, openai_body(exc)
     if is_status_path(scope["path"]):  # still HTTP 200: see SAGE_STATUS_ROUTES
         return 200, sage_body(exc)
-    if _wants_task(scope):
-        return 200, await sage_refused(exc, refusals_of(scope.get("app")))
+    if _wants_task(scope):  # before routing, so before the key's check: nothing kept
+        return 200, await sage_refused(exc, refusals_of(scope.get("app")), keep_reason=False)
     return status_code, sage_body(exc)
 
 

@@ -149,3 +149,29 @@ def test_ready_shows_worker_addresses_only_with_a_key(keyed_gateway: str) -> Non
     private = http.get(f"{keyed_gateway}/ready", headers={"x-api-key": KEY}).json()
     live = [w for b in private["backends"].values() for w in b["live"]]
     assert all(w["url"].startswith("http://") and w["pid"] for w in live), live
+
+
+def test_a_refused_sage_submit_writes_nothing_for_a_caller_without_a_key(
+        keyed_gateway: str, redis_server: procs.RedisServer) -> None:
+    """`?refusal=task` (every row of deploy/sage/llm_api_map.csv) answers a refusal HTTP 200
+    with a refusal id; the reason is kept only for a caller the key check passed: a client
+    with no key or a wrong one writes nothing to Redis (a scanner looping over the URL would
+    fill it for the retention), and its id's poll still says FAILED invalid_api_key."""
+    client = redis_server.client()
+    submit = f"{keyed_gateway}/api/faster-whisper-submit?refusal=task"
+    before = {key for key in client.scan_iter(match="sg:refusal:*", count=500)}
+    for headers in ({}, {"Authorization": "Bearer not-the-key"}):
+        for _ in range(3):
+            reply = http.post(submit, headers=headers, data={"audio_path": "x.wav"}, timeout=30)
+            assert reply.status_code == 200 and reply.json()["http_status"] == 401, reply.text
+    assert {key for key in client.scan_iter(match="sg:refusal:*", count=500)} == before
+    polled = http.get(f"{keyed_gateway}/api/status", params={"taskid": reply.json()["taskid"]},
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=30).json()
+    assert (polled["status"], polled["code"]) == ("FAILED", "invalid_api_key"), polled
+    # a caller with the key has its reason kept, as before
+    kept = http.post(submit, headers={"Authorization": f"Bearer {KEY}"},
+                     data={"audio_path": "/nowhere/x.wav"}, timeout=30).json()
+    assert kept["status"] == "FAILED" and kept["http_status"] == 400, kept
+    polled = http.get(f"{keyed_gateway}/api/status", params={"taskid": kept["taskid"]},
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=30).json()
+    assert polled["error"] == kept["error"], polled

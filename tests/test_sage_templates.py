@@ -129,7 +129,7 @@ def test_a_refused_sage_submit_shows_its_reason_through_the_templates(
     made_up = "refused.400.invalid_audio.AAAAAAAAAAAAAAAA"
     polled = http.get(status_url, params={"taskid": made_up}, timeout=30).json()
     assert polled["status"] == "FAILED" and polled["code"] == "invalid_audio"
-    assert "no longer kept" in polled["error"], polled
+    assert "not kept" in polled["error"], polled
     audio_url_reason = attempts["audio_url refused"]().json()["error"]
     assert "audio_url" in audio_url_reason, audio_url_reason
 
