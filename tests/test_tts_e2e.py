@@ -138,6 +138,27 @@ def test_reference_clip_as_an_allowed_path(tts: dict[str, Any]) -> None:
     check_audio_url(wait_done(tts["url"], reply.json()["taskid"], SYNTH_TIMEOUT), tts["url"])
 
 
+def test_sage_templates_speak_a_task_and_render_its_audio(tts: dict[str, Any]) -> None:
+    """Through deploy/sage's TTS templates, as Sage calls the service: a body without
+    `text` is valid JSON the gateway refuses (400), a voice, a reference clip and a model
+    are passed, and the SUCCEEDED poll renders with its `output_url` and usage."""
+    from tests.test_sage_templates import render
+
+    bare = http.post(f"{tts['url']}/api/xtts-submit", timeout=30,
+                     json=render("tts_submit_request.json.j2", {}))
+    assert bare.status_code == 400 and "text" in bare.json()["error"], bare.text
+    for context in ({"text": SENTENCE, "voice": "alloy", "model": "tiny"},
+                    {"text": SENTENCE, "speaker_wav": str(CLIP), "speed": 1.1}):
+        body = render("tts_submit_request.json.j2", context)
+        reply = http.post(f"{tts['url']}/api/xtts-submit", json=body, timeout=30)
+        assert reply.status_code == 200, (context, reply.text)
+        wait_done(tts["url"], reply.json()["taskid"], SYNTH_TIMEOUT)
+        shown = render("tts_status_response.json.j2", status(tts["url"], reply.json()["taskid"]))
+        assert shown["status"] == "SUCCEEDED" and shown["error"] is None, shown
+        assert shown["audio_seconds"] > 0 and shown["usage"]["characters"] == len(SENTENCE)
+        assert http.get(shown["output_url"], timeout=30).content[:4] == b"RIFF"
+
+
 def test_uploaded_reference_clip_and_key_owned_audio(tts: dict[str, Any]) -> None:
     base, owner = tts["keyed"], {"authorization": f"Bearer {KEY_A}"}
     reply = submit(base, headers=owner, files={"speaker_wav": ("ref.mp3", CLIP.read_bytes())},
