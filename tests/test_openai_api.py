@@ -221,6 +221,11 @@ def test_raw_bad_requests_enqueue_nothing(stack: dict, tmp_path: Path) -> None:
                                    "num_speakers": "0"}), 400)
     _openai_error(http.post(url, files={"file": JFK.open("rb")},
                              data={"timestamp_granularities[]": "phoneme"}), 400)
+    # OpenAI's translations have no speakers (the SDK's diarized type says "transcribe")
+    translated = http.post(url.replace("transcriptions", "translations"),
+                           files={"file": JFK.open("rb")},
+                           data={"response_format": "diarized_json"})
+    assert _openai_error(translated, 400)["param"] == "response_format"
     assert queue_counts(stack["redis"]) == before
     assert http.get(f"{stack['gateway']}/health").status_code == 200
 

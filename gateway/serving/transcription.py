@@ -66,6 +66,10 @@ class TranscriptionServing:
             raise RequestError(400, "missing the 'file' upload", param="file")
         backend, model = public_model(self.settings, params, "whisper-1", "asr")
         fmt = response_format(params, TRANSCRIPTION_FORMATS, "json")
+        if task == "translate" and fmt == "diarized_json":  # OpenAI's is the transcription's
+            raise RequestError(400, "a translation has no diarized_json; use "
+                                    "/v1/audio/transcriptions for speakers",
+                               param="response_format")
         row = BACKENDS[backend]
         if fmt == "diarized_json" and not (row.speakers or row.diarization):
             raise RequestError(400, f"{backend} does not identify speakers; diarized_json needs "
