@@ -692,3 +692,32 @@ def test_a_lying_clip_is_neither_decoded_whole_nor_told_before_its_company_runs(
     assert all(not isinstance(outcome, batching.Longer | Exception) for outcome in outcomes[1:])
     assert [event for event in events if event[1] == 0] == [], events  # told nothing yet
     assert sorted(i for kind, i, _ in events if kind == "decoded") == [1, 2], events
+
+
+def test_a_clip_the_shared_call_failed_runs_again_alone_after_the_others() -> None:
+    """run_batch with the real tiny.en: a clip the shared call fails (here an option the
+    English-only model refuses, as its neighbours' memory or an engine error might) comes
+    back `Again`, not retried inside the call: the others' results go out first, and its
+    own run alone (the engine host's, after them) gives its own error."""
+    from workers.engines.base import ModelRef
+
+    engine = FasterWhisperEngine(Settings(cpu_threads=2))
+    handle = engine.load(ModelRef("tiny.en", "bundled"), "cpu")
+    jfk = (TEST_AUDIO / "jfk.flac").read_bytes()
+
+    def item(language: str) -> batching.BatchItem:
+        return batching.BatchItem(params={**GREEDY, "language": language}, source=jfk,
+                                  on_segment=lambda segment: None)
+
+    def run(items: list[batching.BatchItem]) -> list[Any]:
+        return batching.run_batch(engine, handle, backend=BACKEND, model="tiny.en",
+                                  items=items, max_audio_seconds=600.0, allowed_roots=(),
+                                  probed_seconds=11.0)
+
+    first, again, last = run([item("en"), item("de"), item("en")])
+    (alone,) = run([item("de")])
+    engine.unload(handle)
+    assert isinstance(again, batching.Again), again
+    for outcome in (first, last):
+        assert wer(JFK_TEXT, outcome.result["text"]) <= 0.1, outcome
+    assert "English-only" in str(alone), alone

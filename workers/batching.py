@@ -188,6 +188,12 @@ class Longer:
     alone after them, so their results never wait for its length."""
 
 
+class Again(Longer):
+    """A clip whose shared call failed for it (or as a whole: memory, an engine error that
+    may be its neighbours' doing): it runs once more alone after the call, so the others'
+    results are out before its retry."""
+
+
 def run_batch(engine: BatchTranscriptionEngine, handle: Any, *, backend: str, model: str,
               items: list[BatchItem], max_audio_seconds: float | None,
               allowed_roots: tuple[Path, ...],
@@ -223,23 +229,32 @@ def run_batch(engine: BatchTranscriptionEngine, handle: Any, *, backend: str, mo
     for index in set(audios) - set(ready):
         results[index] = Longer()
         del audios[index]
-    try:
-        answers: list[Any] = engine.transcribe_batch(
-            handle, [audios[i] for i in ready], [options[i] for i in ready],
-            [items[i].on_segment for i in ready]) if len(ready) > 1 else [None] * len(ready)
-    except Exception:  # the call as a whole: each clip again on its own
-        answers = [None] * len(ready)
+    answers: list[Any] = [None] * len(ready)  # None: the clip runs alone, here
+    if len(ready) > 1:
+        try:
+            answers = list(engine.transcribe_batch(
+                handle, [audios[i] for i in ready], [options[i] for i in ready],
+                [items[i].on_segment for i in ready]))
+        except Exception:  # the call as a whole: each clip again, alone, after it
+            answers = [Again()] * len(ready)
+        if len(answers) != len(ready):  # an engine's broken answer: as a failed call
+            answers = [Again()] * len(ready)
     audios.clear()
     for index, answer in zip(ready, answers, strict=True):
-        if answer is None or (isinstance(answer, Exception) and len(ready) > 1):
-            # alone, or a failure that may be its neighbours' doing (memory, an engine
-            # error over the whole call): once more, alone
+        if isinstance(answer, Exception | Again) and len(ready) > 1:
+            results[index] = Again()  # maybe its neighbours' doing: once more, alone, after
+            continue
+        if answer is None:
             answer = _alone(engine, handle, backend, model, items[index], max_audio_seconds,
                             allowed_roots)
-        if isinstance(answer, Exception):
-            answer = task_error(answer)
-        elif not isinstance(answer, Outcome):
-            answer = Outcome(answer.to_result(backend, model, options[index].word_timestamps))
+        try:
+            if isinstance(answer, Exception):
+                answer = task_error(answer)
+            elif not isinstance(answer, Outcome):
+                answer = Outcome(answer.to_result(backend, model,
+                                                  options[index].word_timestamps))
+        except Exception as exc:  # one clip's result that cannot be read: its own failure
+            answer = task_error(exc)
         results[index] = answer
     return [result if result is not None else TaskError("no result") for result in results]
 

@@ -329,8 +329,8 @@ class Consumer:
             # gathered batch entries that cannot share a call run one group after another:
             # interactive work that arrived meanwhile goes first, as it would had each been
             # read alone (docs/fairness.md)
-            if members[0][1].lane == BATCH:
-                await self._interactive_first()
+            if all(delivery.lane == BATCH for _, delivery in members):  # (an interactive
+                await self._interactive_first()  # member waits for no later arrival)
             if len(members) == 1:
                 self.observations["batch_size"] = 1
                 with logs.task_context(members[0][0].id):
@@ -456,7 +456,8 @@ class Consumer:
                     on_call=call_done,
                     limit_seconds=call_limit(self.settings, self.host.kind,
                                              sum(task.work_units for task, _ in members)),
-                    between=between_calls if members[0][1].lane == BATCH else None)
+                    between=between_calls
+                    if all(delivery.lane == BATCH for _, delivery in members) else None)
             except TaskError as exc:  # the breaker, the load or the cap: every task's
                 for index in range(len(members)):  # (opened for it, as alone)
                     if index in unstarted:

@@ -178,7 +178,8 @@ class EngineHost:
         split into calls that fit the memory cap and the device reservation, and each
         call's tasks are `prepare`d (their attempts opened) only as that call begins: one
         that waits for a later call is still queued (a cancel or its deadline still stops
-        it). A clip that leaves its call (`batching.Longer`) runs alone after it. `on_call`
+        it). A clip that leaves its call (`batching.Longer`), or whose shared call failed for
+        it (`batching.Again`), runs alone after it. `on_call`
         gets each call's outcomes (with their indices) as soon as it returns. Each call
         holds the engine on its own, and `between` runs before each one after the first,
         outside it (the consumer's interactive work: a split batch, or a lying clip's run
@@ -331,7 +332,8 @@ class EngineHost:
             grown = memory.peak_mib(self.engine.uses_torch, self.device) - before
             # the most measured: a call that fitted in memory already held (the CUDA
             # cache, what glibc kept) measures ~0, which says nothing of the next one
-            ran = sum(not isinstance(result, batching.Longer) for result in results)
+            ran = sum(isinstance(result, batching.Again)  # (it was in the call)
+                      or not isinstance(result, batching.Longer) for result in results)
             self.learned_item_mib = max(self.learned_item_mib or 0.0,
                                         max(0.0, grown) / max(1, ran))
         return results
