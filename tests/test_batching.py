@@ -721,3 +721,25 @@ def test_a_clip_the_shared_call_failed_runs_again_alone_after_the_others() -> No
     for outcome in (first, last):
         assert wer(JFK_TEXT, outcome.result["text"]) <= 0.1, outcome
     assert "English-only" in str(alone), alone
+
+
+def test_what_a_long_batch_measured_does_not_shrink_short_ones() -> None:
+    """A batch call teaches the worker what a clip of its length class costs in memory; a
+    batch of long clips does not set what a batch of short ones may take (it was one
+    lifetime maximum: one long batch made every later short call probe-sized or smaller)."""
+    from workers.engine_host import EngineHost
+    from workers.engines.base import ModelRef
+
+    settings = worker_settings("redis://127.0.0.1:9/0", cpu_threads=2)
+    engine = FasterWhisperEngine(settings)
+    host = EngineHost(settings, engine)
+    handle = engine.load(ModelRef("tiny.en", "bundled"), "cpu")
+    long_clip = encode_wav(np.concatenate(
+        [decode_audio(clip, 16000, None) for clip in clips()[:6]]), 16000)  # ~70 s
+    items = [batching.BatchItem(params=GREEDY, source=long_clip,
+                                on_segment=lambda segment: None) for _ in range(2)]
+    host._run_batch(engine, handle, "tiny.en", items, 70.0)
+    engine.unload(handle)
+    host.executor.shutdown()
+    assert host.batch_item_mib(70.0) is not None  # measured for its class
+    assert host.batch_item_mib(3.0) is None  # nothing known of short clips: they probe

@@ -105,8 +105,8 @@ class EngineHost:
         self.lock = asyncio.Lock()  # one engine call at a time: queue and direct HTTP
         self.running_calls = 0  # engine calls in progress (queue or direct HTTP): "busy"
         self.on_load = on_load  # for calls that bring none (direct HTTP, preload)
-        #: MiB a batch's clip adds, the most a batch call measured (None: none measured yet)
-        self.learned_item_mib: float | None = None
+        #: length class -> the most MiB a clip of it added to a batch call (measured)
+        self.learned_item_mib: dict[int, float] = {}
         self.last_batch_calls: list[int] = []  # the sizes of the last batch's engine calls
         # the device memory broker: a reservation before every load, back after every unload
         self.holding = DeviceHolding(budget, self.slot, self._call, engine.uses_torch,
@@ -207,7 +207,7 @@ class EngineHost:
                 return True
             chosen: list[tuple[int, batching.BatchItem]] = []
             while left and not chosen:  # each call sized by what the last one measured
-                size = batching.next_call(len(left), self.batch_item_mib,
+                size = batching.next_call(len(left), self.batch_item_mib(audio_seconds),
                                           await self._call(self._batch_headroom))
                 while left and len(chosen) < size:  # (a task cancelled meanwhile: the next)
                     taken, left[:] = left[:size - len(chosen)], left[size - len(chosen):]
@@ -334,17 +334,20 @@ class EngineHost:
             # cache, what glibc kept) measures ~0, which says nothing of the next one
             ran = sum(isinstance(result, batching.Again)  # (it was in the call)
                       or not isinstance(result, batching.Longer) for result in results)
-            self.learned_item_mib = max(self.learned_item_mib or 0.0,
-                                        max(0.0, grown) / max(1, ran))
+            # per length class: one batch of long clips would else shrink every later call
+            # of short ones, for as long as the process lives
+            length_class = batching.length_class(probed_seconds)
+            self.learned_item_mib[length_class] = max(
+                self.learned_item_mib.get(length_class, 0.0), max(0.0, grown) / max(1, ran))
         return results
 
-    @property
-    def batch_item_mib(self) -> float | None:
-        """MiB a clip adds to a batch call: the setting, or the most a batch call measured;
-        None while neither is known."""
+    def batch_item_mib(self, audio_seconds: float | None) -> float | None:
+        """MiB a clip of `audio_seconds`'s length class adds to a batch call: the setting,
+        or the most a batch call of that class measured; None while neither is known."""
+        learned = self.learned_item_mib.get(batching.length_class(audio_seconds))
         if self.settings.batch_item_mib > 0:
-            return max(self.settings.batch_item_mib, self.learned_item_mib or 0.0)
-        return self.learned_item_mib
+            return max(self.settings.batch_item_mib, learned or 0.0)
+        return learned
 
     async def _acquire(self, model: str, on_load: OnLoad, diarize: bool = False) -> Any:
         loads_before, diarizer_loads_before = self.slot.loads, self.slot.diarizer_loads
