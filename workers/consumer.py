@@ -176,15 +176,25 @@ class Consumer:
                         left = deliveries[index:]
                         break
                     await self._handle(delivery)
+        except BaseException:
+            # cut short (a Redis error, a stop past its grace): whatever is still pending to
+            # this worker goes back now (an acked entry is not released), not after the
+            # visibility timeout, and a stopping pod's entries do not wait for its name
+            left = list(deliveries)
+            raise
         finally:
             await cancel_all({lease})  # stopped: a last extension would undo the release
-        if left:  # gathered entries not started (a stop, a Redis error starting them): any
-            with contextlib.suppress(RedisError):  # worker's claim takes them now
+            if left:
+                await self._give_back(left)
+
+    async def _give_back(self, left: list[Delivery]) -> None:
+        """Entries taken but not (or no longer) run here: any worker's claim takes them now,
+        and their next delivery is not theirs to count against SPEECH_MAX_DELIVERIES."""
+        with contextlib.suppress(RedisError, TimeoutError):
+            async with asyncio.timeout(2.0):  # (a stop's cancel waits for it: briefly)
                 released = await self.store.release(
                     left, 2 * self.settings.visibility_timeout_seconds)
-                log.info("%d gathered entries not started, given back to the workers",
-                         released)
-                # their next delivery is not theirs to count against the limit
+                log.info("%d entries not run here given back to the workers", released)
                 await self.store.spare_deliveries([d.task_id for d in left if d.task_id])
 
     async def _gather(self, first: list[Delivery]) -> list[Delivery]:

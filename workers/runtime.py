@@ -213,14 +213,11 @@ class Worker:
         log.info("stopping: finishing task %s (%s)", self.consumer.current_task,
                  "to its end" if grace is None else f"up to {grace:.0f} s")
         done, _ = await asyncio.wait({consumer}, timeout=grace)
-        if (task_id := self.consumer.current_task) is not None and not done:
-            log.warning("task %s did not finish in time; it stays pending for redelivery",
-                        task_id)
-            # a stop is no crash: its redelivery does not count towards the task's limit
-            # (a rollout or a scale-in a few times over would else FAIL a long task)
-            with contextlib.suppress(RedisError, TimeoutError):
-                async with asyncio.timeout(2.0):
-                    await self.store.spare_deliveries([task_id])
+        if self.consumer.current_task is not None and not done:
+            # cancelled, the consumer gives its entry back (Consumer._give_back): another
+            # worker takes it at once, and a stop is no crash, so that delivery is spared
+            log.warning("task %s did not finish in time; given back for redelivery",
+                        self.consumer.current_task)
 
     async def _preload_default(self) -> None:
         model = self.settings.default_model(self.backend)
