@@ -236,6 +236,11 @@ class TaskView(BaseModel):
     result: dict[str, Any] | None = Field(None, description="Only when SUCCEEDED")
     error: str | None = None
     error_code: str | None = None
+    queue_position: int | None = Field(None, description="PENDING: its place in its lane")
+    estimated_start_seconds: float | None = Field(
+        None, description="PENDING, once its backend has a measured rate")
+    estimated_finish_seconds: float | None = Field(
+        None, description="PENDING, once its backend has a measured rate")
 
 
 class WebhookAttempt(BaseModel):

@@ -147,6 +147,9 @@ def test_the_predicted_start_is_within_30_percent_and_a_missed_deadline_is_refus
         last = replies[-1].json()
         assert replies[-1].status_code == 200 and "estimated_start_seconds" in last, last
         assert last["estimated_finish_seconds"] > last["estimated_start_seconds"]
+        view = http.get(f"{env['gateway']}/v1/tasks/{last['task_id']}", timeout=30).json()
+        assert view["status"] == "PENDING" and view["queue_position"] >= 1, view
+        assert view["estimated_finish_seconds"] > view["estimated_start_seconds"] > 0, view
         # a deadline the queue ahead already misses is refused at once, nothing queued
         refused = submit(env, max_wait_seconds="0.05")
         assert refused.status_code == 429, refused.text

@@ -216,6 +216,10 @@ def test_pending_reply_has_queue_position(stack: dict, speech_clip: Path) -> Non
         replies = [status(gateway, task_id) for task_id in ids[1:]]
         assert [r["status"] for r in replies] == ["PENDING"] * 3, replies
         assert [r["queue_position"] for r in replies] == [1, 2, 3]
+        views = [http.get(f"{gateway}/v1/tasks/{task_id}", timeout=30).json()
+                 for task_id in ids[1:]]  # the REST view says where it stands too (SPEC)
+        assert [(v["status"], v["queue_position"]) for v in views] == [
+            ("PENDING", 1), ("PENDING", 2), ("PENDING", 3)], views
     finally:  # the next test finds the worker idle even when this one fails
         for task_id in ids:
             wait_done(gateway, task_id, timeout=180)

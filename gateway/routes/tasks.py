@@ -19,8 +19,7 @@ router = APIRouter(tags=["Tasks"])
             responses={200: {"model": TaskView}, **openai_errors(401, 404, 503)})
 async def get_task(task_id: str, owner: Owner, store: StoreDep) -> JSONResponse:
     """Any task's state, and its result once SUCCEEDED (the 504 of a waiting call names it)."""
-    task = await tasks.owned_task(store, task_id, owner)
-    return JSONResponse(tasks.public_view(task))
+    return JSONResponse(await tasks.task_view(store, task_id, owner))
 
 
 @router.delete("/v1/tasks/{task_id}",

@@ -26,6 +26,7 @@ from common.store.voices import VoiceStore
 from gateway.errors import STORE_NOTE, RequestError, refusal_of, refusals_of
 from gateway.policy.admission import Outlook, estimate_at
 from gateway.policy.signing import output_url
+from gateway.serving.tasks import queue_fields
 from gateway.serving.voices import use_custom_voice
 from gateway.submit.enqueue import enqueue
 from gateway.submit.inputs import read_params
@@ -97,12 +98,7 @@ async def _status(request: Request, owner: str, settings: Settings, polls: Runni
     task = poll.task
     reply: dict[str, Any] = {"task_id": task.id, "taskid": task.id, "status": task.state.value}
     if task.state == TaskState.PENDING:
-        if poll.position is not None:
-            reply["queue_position"] = poll.position
-            if poll.position and poll.outlook is not None:
-                estimate = estimate_at(Outlook(*poll.outlook), task, poll.position)
-                if estimate is not None:
-                    reply.update(estimate.fields())
+        reply.update(queue_fields(poll))
     elif task.state == TaskState.SUCCEEDED and poll.result is None:  # never written so
         reply.update(status="FAILED", error="the task's result is missing",
                      code="result_missing")

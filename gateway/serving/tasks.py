@@ -8,8 +8,10 @@ from typing import Any
 from common.schemas import TaskState
 from common.store import Task, TaskStore
 from common.store.connection import within_deadline
+from common.store.poll import Poll
 from common.store.webhooks import WebhookStore
 from gateway.errors import RequestError
+from gateway.policy.admission import Outlook, estimate_at
 from gateway.policy.webhooks import event_id
 from gateway.protocol import WebhookDeliveries
 from gateway.submit.enqueue import guard_store
@@ -34,6 +36,31 @@ def public_view(task: Task) -> dict[str, Any]:
     if task.error:
         view["error"] = task.error
         view["error_code"] = task.error_code or None
+    return view
+
+
+def queue_fields(poll: Poll) -> dict[str, Any]:
+    """A PENDING task's place in line: `queue_position` and, once its backend has a measured
+    rate, `estimated_start_seconds` and `estimated_finish_seconds` (SPEC: every PENDING
+    reply, the Sage poll's and `/v1/tasks/{id}`'s)."""
+    if poll.task.state != TaskState.PENDING or poll.position is None:
+        return {}
+    fields: dict[str, Any] = {"queue_position": poll.position}
+    if poll.position and poll.outlook is not None:
+        estimate = estimate_at(Outlook(*poll.outlook), poll.task, poll.position)
+        if estimate is not None:
+            fields.update(estimate.fields())
+    return fields
+
+
+async def task_view(store: TaskStore, task_id: str, owner: str) -> dict[str, Any]:
+    """`GET /v1/tasks/{id}`: the caller's task, and where a PENDING one stands in line."""
+    task = await owned_task(store, task_id, owner)
+    view = public_view(task)
+    if task.state == TaskState.PENDING:
+        poll = await guard_store(within_deadline(store.poll.read(task_id)))
+        if poll is not None:
+            view.update(queue_fields(poll))
     return view
 
 
