@@ -215,6 +215,11 @@ class Settings(BaseSettings):
     #: a worker whose model load failed exits only once it has run this long: longer than
     #: supervisord's `startsecs` (3), so the exit is a restart and never a failed start
     min_uptime_seconds: float = 5.0
+    #: how a worker leaves a model load that failed half-way: "exit" (supervisord starts a
+    #: new process at once) or "reexec" (a fresh image in the same process, as the idle
+    #: re-exec: where every exit is a container restart with a growing back-off, as in
+    #: Kubernetes, the worker's other models would wait out that back-off)
+    load_failure: Literal["exit", "reexec"] = "exit"
     #: the longest one engine call may run (its load not counted): past it its tasks FAIL
     #: and the worker restarts (a call stuck in a driver never returns, and its worker would
     #: look alive holding them RUNNING); 0 = 600 s plus 20 s for each second of the call's

@@ -84,6 +84,9 @@ def worker_deployment(row: Backend) -> dict[str, object]:
         # hold its GPU and run on the CPU; the cpu overlay patches this to "cpu"
         {"name": "SPEECH_DEVICE", "value": "cuda" if row.device == "auto" else row.device},
         {"name": "SPEECH_MEMORY_CAP_MIB", "value": str(row.memory_cap_mib)},
+        # a failed load takes a fresh image in place: an exit here is a container restart,
+        # whose growing back-off would keep the worker's other models away for minutes
+        {"name": "SPEECH_LOAD_FAILURE", "value": "reexec"},
         {"name": "SPEECH_IDLE_UNLOAD_SECONDS", "value": str(row.idle_unload_seconds)},
         {"name": "SPEECH_CONSUMER", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "SPEECH_WORKER_HOST",

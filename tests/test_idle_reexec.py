@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -184,3 +186,35 @@ def test_a_task_opened_during_the_idle_unload_runs_once_before_the_re_exec(
         redis.stop()
     assert final["status"] == "SUCCEEDED" and view["attempts"] == 1, view
     assert len(reexecs) == 1 and reexecs[0] > view["finished_at"], (reexecs, view)
+
+
+def test_a_failed_load_reexecs_in_place_with_load_failure_reexec(
+        tmp_path: Path, module_redis: procs.RedisServer) -> None:
+    """SPEECH_LOAD_FAILURE=reexec (deploy/k8s's workers: there every exit is a container
+    restart with a growing back-off): a load that fails half-way FAILS its task and the
+    worker takes a fresh image in the same process (same pid, `reexecs` 1), which serves the
+    other models at once."""
+    from workers.engines.faster_whisper import bundled_model_dir
+
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+        shutil.copy(bundled_model_dir() / name, broken / name)
+    (broken / "model.bin").write_bytes(os.urandom(4096))
+    models = {"faster-whisper": {"tiny.en": "bundled", "broken": str(broken)}}
+    gateway = procs.gateway(module_redis.url, tmp_path, models=models).start()
+    worker = procs.worker(module_redis.url, tmp_path, models=models, load_failure="reexec",
+                          min_uptime_seconds="0.5", idle_unload_seconds="-1").start()
+    try:
+        pid = worker.pid
+        failed = submit_file(gateway.url, JFK, model="broken").json()["taskid"]
+        final = wait_done(gateway.url, failed, timeout=60)
+        assert final["status"] == "FAILED" and "failed to load" in final["error"], final
+        again = wait_until(lambda: (h := health(worker))["reexecs"] == 1 and h, 60,
+                           "the re-exec after the failed load", 0.2)
+        assert again["pid"] == pid and worker.proc is not None and worker.proc.poll() is None
+        ok = submit_file(gateway.url, JFK).json()["taskid"]
+        assert wait_done(gateway.url, ok, timeout=60)["status"] == "SUCCEEDED"
+    finally:
+        worker.stop()
+        gateway.stop()

@@ -211,6 +211,8 @@ def test_a_gpu_worker_insists_on_cuda_and_rolls_out_without_a_spare_gpu(overlay:
             continue
         gpu_workers += 1
         assert {"name": "SPEECH_DEVICE", "value": "cuda"} in main["env"], name
+        # a failed load re-execs in place: an exit would be a restart with a back-off
+        assert {"name": "SPEECH_LOAD_FAILURE", "value": "reexec"} in main["env"], name
         assert deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0, name
     assert gpu_workers == (0 if overlay == "overlays/cpu" else len(BACKENDS)), overlay
 
