@@ -45,6 +45,20 @@ class BodyTimeout(BodyRefused):
                 f"{limits.idle_seconds:g} s, or over {limits.deadline_seconds:g} s in all)")
 
 
+class BodiesOverBudget(BodyRefused):
+    """The bodies this process holds at once would pass its budget: a 503 to retry shortly
+    (several large uploads at once would else take the process past its memory limit,
+    and every call it serves with it)."""
+
+    status_code = 503
+    code = "overloaded"
+    retry_after = 2
+
+    def message(self, limits: BodyLimitMiddleware) -> str:
+        return (f"this gateway process holds {limits.budget_bytes // 2**20} MiB of uploads "
+                "already; retry shortly")
+
+
 #: (the request's scope, HTTP status, message, code) -> the (HTTP status, JSON body) that
 #: answer a refusal
 ErrorReply = Callable[[Scope, int, str, str], Awaitable[tuple[int, dict[str, Any]]]]
@@ -62,12 +76,16 @@ class BodyLimitMiddleware:
     def __init__(self, app: ASGIApp, max_bytes: int, idle_seconds: float = 60.0,
                  deadline_seconds: float = 900.0,
                  error_reply: ErrorReply = default_error_reply,
-                 path_limits: dict[str, int] | None = None) -> None:
+                 path_limits: dict[str, int] | None = None, budget_bytes: int = 0) -> None:
         """`error_reply` shapes a refusal's answer (the gateway passes its own renderer);
         `path_limits`: a smaller limit for the paths that begin with each prefix (a route
-        whose uploads are small is not made to read the whole `max_bytes` first)."""
+        whose uploads are small is not made to read the whole `max_bytes` first);
+        `budget_bytes`: the most body bytes the requests in progress may hold together
+        (0: no bound; one request alone always may)."""
         self.app = app
         self.max_bytes = max_bytes
+        self.budget_bytes = budget_bytes
+        self.held = 0  # the body bytes of the requests in progress
         self.path_limits = path_limits or {}
         self.idle_seconds = idle_seconds
         self.deadline_seconds = deadline_seconds
@@ -82,6 +100,9 @@ class BodyLimitMiddleware:
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await self._reject(scope, send, BodyTooLarge(limit))
+            return
+        if declared is not None and declared.isdigit() and self._over_budget(int(declared), 0):
+            await self._reject(scope, send, BodiesOverBudget())
             return
         received = 0
         body_done = False
@@ -101,9 +122,14 @@ class BodyLimitMiddleware:
                 refused = BodyTimeout()
                 raise refused from None
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
+                more = len(message.get("body", b""))
+                received += more
+                self.held += more
                 if received > limit:
                     refused = BodyTooLarge(limit)
+                    raise refused
+                if self._over_budget(0, received):
+                    refused = BodiesOverBudget()
                     raise refused
                 body_done = not message.get("more_body", False)
             return message
@@ -126,13 +152,22 @@ class BodyLimitMiddleware:
             if not response_started:
                 response_started = True
                 await self._reject(scope, send, refusal)
+        finally:
+            self.held -= received
+
+    def _over_budget(self, coming: int, own: int) -> bool:
+        """Whether `coming` more bytes (this request holding `own` of `held` already) pass
+        the budget; a request alone never does."""
+        return (self.budget_bytes > 0 and self.held + coming > self.budget_bytes
+                and self.held > own)
 
     async def _reject(self, scope: Scope, send: Send, refusal: BodyRefused) -> None:
         status, body = await self.error_reply(scope, refusal.status_code, refusal.message(self),
                                         refusal.code)
         payload = json.dumps(body).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(payload)).encode()),
-                                (b"connection", b"close")]})
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(payload)).encode()), (b"connection", b"close")]
+        if isinstance(refusal, BodiesOverBudget):
+            headers.append((b"retry-after", str(refusal.retry_after).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})

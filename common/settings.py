@@ -108,6 +108,11 @@ class Settings(BaseSettings):
     request_timeout_seconds: float = 600.0
     allowed_roots: list[Path] = Field(default_factory=list)
     max_upload_mib: float = 200.0
+    #: the request bodies one gateway process holds at once, together: past it a further
+    #: upload is a 503 `overloaded` with Retry-After (a request alone always passes). Its
+    #: uploads are held whole, two or three times over while parsed: size the process's
+    #: memory limit to about three times this. 0 = no bound
+    upload_budget_mib: float = Field(default=512.0, ge=0)
     #: hosts `audio_url` may be fetched from ("*" = any); empty = audio_url is refused
     audio_url_hosts: list[str] = Field(default_factory=list)
     max_audio_seconds: float = 4 * 3600.0

@@ -98,7 +98,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        deadline_seconds=settings.body_deadline_seconds,
                        error_reply=errors.refusal_reply,
                        # (/v1/audio/voices and /v1/audio/voice_consents)
-                       path_limits={"/v1/audio/voice": VOICE_BODY_BYTES})
+                       path_limits={"/v1/audio/voice": VOICE_BODY_BYTES},
+                       budget_bytes=int(settings.upload_budget_mib * 2**20))
 
     # anyone: liveness, readiness, the try-it page's files (exactly auth.PUBLIC_ROUTES)
     public = [health.public, ui.router]

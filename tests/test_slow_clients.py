@@ -5,6 +5,7 @@ serves, and its open file descriptors return to their baseline."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,3 +137,34 @@ def test_a_slow_but_steady_upload_still_works(slow: dict) -> None:
                        headers={"content-type": f"multipart/form-data; boundary={boundary}"},
                        timeout=30)
     assert reply.status_code == 200, reply.text
+
+
+def test_uploads_past_the_process_budget_wait_their_turn(tmp_path: Path) -> None:
+    """SPEECH_UPLOAD_BUDGET_MIB (1 here): while one client's 0.9 MiB upload streams in, a
+    second upload that would take the process past the budget is a 503 `overloaded` with
+    Retry-After, refused before its body is read (uploads are held whole: a few large ones
+    at once took the process past its memory limit); once the first is gone it passes, and
+    a request alone passes whatever its size."""
+    server = procs.RedisServer(tmp_path / "redis", appendonly=False).start()
+    gateway = procs.gateway(server.url, tmp_path, upload_budget_mib="1",
+                            body_timeout_seconds="20").start()
+    url = f"{gateway.url}/api/faster-whisper-submit"
+    port = int(gateway.url.rsplit(":", 1)[1])
+
+    def upload(size: int) -> int:
+        return http.post(url, files={"file": ("x.wav", b"\x01" * size)}, timeout=30).status_code
+
+    try:
+        holder = socket.create_connection(("127.0.0.1", port), timeout=10)
+        holder.sendall(_headers("/api/faster-whisper-submit", BODY_START.replace(
+            "Content-Length: 100000", "Content-Length: 950000")) + b"\x01" * 600_000)
+        time.sleep(1.0)  # (the gateway reads what was sent)
+        refused = http.post(url, files={"file": ("x.wav", b"\x01" * 600_000)}, timeout=30)
+        holder.close()
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["status"] == "FAILED" and int(refused.headers["retry-after"]) > 0
+        wait_until(lambda: upload(600_000) != 503, 20, "the budget freed", 0.5)
+        assert upload(3 * 2**20) == 400  # alone, past the budget: read (and refused as audio)
+    finally:
+        gateway.stop()
+        server.stop()
