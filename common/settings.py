@@ -164,6 +164,9 @@ class Settings(BaseSettings):
     #: stable consumer name; defaults to host + supervisord process slot
     consumer: str = ""
     device: str = "auto"  # auto | cpu | cuda
+    #: the card this worker uses on a host with several: set as its CUDA_VISIBLE_DEVICES (an
+    #: index or a GPU UUID) before anything touches CUDA; "" = what the environment sets
+    gpu: str = ""
     compute_type: str = "auto"  # faster-whisper: auto -> float16 on cuda, int8 on cpu
     cpu_threads: int = 0
     #: OpenMP's wait policy for the engine's threads (workers/openmp.py): auto = the library's

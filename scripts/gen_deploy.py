@@ -59,7 +59,8 @@ stopasgroup=true
 killasgroup=true
 environment=SPEECH_BACKEND="{name}",SPEECH_DEVICE="%(ENV_{prefix}_DEVICE)s",\
 SPEECH_MEMORY_CAP_MIB="%(ENV_{prefix}_MEMORY_CAP_MIB)s",\
-SPEECH_IDLE_UNLOAD_SECONDS="%(ENV_{prefix}_IDLE_UNLOAD_SECONDS)s",{process_env}
+SPEECH_IDLE_UNLOAD_SECONDS="%(ENV_{prefix}_IDLE_UNLOAD_SECONDS)s",\
+SPEECH_GPU="%(ENV_{prefix}_GPU)s",{process_env}
 stdout_logfile=%(ENV_SPEECH_RUN_DIR)s/logs/%(program_name)s_%(process_num)02d.log
 stdout_logfile_maxbytes=50MB
 stdout_logfile_backups=5
@@ -83,7 +84,8 @@ def defaults_lines() -> str:
     lines = ["# each environment's interpreter (deploy/envs/NAME.txt, built as .venvs/NAME)"]
     lines += [f"{python_variable(env)}=.venvs/{env}/bin/python" for env in envs]
     lines.append("# one block per worker: ENABLED (autostart), REPLICAS, DEVICE, MEMORY_CAP_MIB, "
-                 "IDLE_UNLOAD_SECONDS")
+                 "IDLE_UNLOAD_SECONDS, GPU (the card it uses: an index or a GPU UUID, its "
+                 "CUDA_VISIBLE_DEVICES; empty: the environment's)")
     for row in BACKENDS.values():
         lines += [f"{row.prefix}_{key}={value}" for key, value in _program_defaults(row)]
     return "\n".join(lines) + "\n"
@@ -92,7 +94,7 @@ def defaults_lines() -> str:
 def _program_defaults(row: Backend) -> list[tuple[str, str]]:
     return [("ENABLED", "true" if row.enabled else "false"), ("REPLICAS", str(row.replicas)),
             ("DEVICE", row.device), ("MEMORY_CAP_MIB", str(row.memory_cap_mib)),
-            ("IDLE_UNLOAD_SECONDS", str(row.idle_unload_seconds))]
+            ("IDLE_UNLOAD_SECONDS", str(row.idle_unload_seconds)), ("GPU", "")]
 
 
 def sage_map() -> str:

@@ -57,6 +57,10 @@ def test_supervisord_conf_runs_every_worker_in_its_environment() -> None:
         section = parser[f"program:{backend}"]
         assert section["command"].startswith(f"%(ENV_{python})s -m workers")
         assert f'SPEECH_BACKEND="{backend}"' in section["environment"]
+        # pinned per program on a host with several cards (empty by default: the host's)
+        prefix = BACKENDS[backend].prefix
+        assert f'SPEECH_GPU="%(ENV_{prefix}_GPU)s"' in section["environment"], backend
+        assert defaults()[f"{prefix}_GPU"] == "", backend
         for option in ("autorestart", "startsecs", "startretries", "stopwaitsecs",
                        "stopasgroup", "killasgroup", "numprocs"):
             assert option in section, (backend, option)

@@ -452,3 +452,18 @@ def _live(client: Any, key: str) -> dict[str, Any]:
     now = seconds + micros / 1e6
     return {k.decode(): json.loads(v) for k, v in client.hgetall(key).items()
             if json.loads(v)["expires"] >= now}
+
+
+def test_workers_pinned_to_different_cards_keep_apart_budgets(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One host, two cards, a worker pinned to each (CUDA_VISIBLE_DEVICES): each sees its
+    card as cuda:0, and used to key one shared budget, a card's size for both, so loads
+    waited or evicted for nothing. The label names the card the process sees first."""
+    labels = {}
+    for visible in ("", "0", "1", "GPU-5f1c2d3e,GPU-aa", " 1 "):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        labels[visible] = device_label("cuda")
+    assert labels == {"": "cuda:0", "0": "cuda:0", "1": "cuda:1",
+                      "GPU-5f1c2d3e,GPU-aa": "cuda:GPU-5f1c2d3e", " 1 ": "cuda:1"}
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert (device_label("cuda"), device_label("cpu")) == ("cuda:0", "cpu")

@@ -20,6 +20,8 @@ from workers import memory, openmp
 def main() -> None:
     settings = get_settings()
     logs.configure(f"worker:{settings.backend}", settings.log_level)
+    if settings.gpu:  # before any library reads it (CUDA reads it once, at its first call)
+        os.environ["CUDA_VISIBLE_DEVICES"] = settings.gpu
     # CTranslate2 reads its allocator settings when it first touches the GPU, and OpenMP its
     # wait policy when the engine's library loads: both before create_engine imports it.
     memory.configure_ctranslate2_allocator(settings.memory_cap_mib)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -195,8 +196,14 @@ class BrokeredBudget(DeviceBudget):
 
 
 def device_label(device: str) -> str:
-    """The key of `device_memory_mib`: "cpu" or "cuda:0" (one card per worker process)."""
-    return "cuda:0" if device == "cuda" else device
+    """The key of `device_memory_mib` and of the card's budget: "cpu", or "cuda:" and the
+    card this process sees first (one card per worker process): CUDA_VISIBLE_DEVICES's first
+    entry (an index or a GPU UUID) where it is set, so that workers pinned to different
+    cards of one host keep apart budgets; else 0."""
+    if device != "cuda":
+        return device
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return f"cuda:{visible or 0}"
 
 
 def for_worker(settings: Settings, store: WorkerStore, device: str,
