@@ -162,6 +162,13 @@ def test_a_segment_that_changes_speaker_is_split_at_the_word_boundary() -> None:
         Segment(0, 0.0, 2.2, "good morning to you", words=words)])
     attach(spaced, Diarization(turns, ["SPEAKER_00", "SPEAKER_01"]))
     assert [s.text for s in spaced.segments] == ["good morning", "to you"]
+    # Chinese (Whisper's words carry no space, and the text has none): none is added
+    words = [Word("你", 0.0, 0.4), Word("好", 0.4, 0.9), Word("世", 1.6, 1.8),
+             Word("界", 1.8, 2.2)]
+    unspaced = Transcription("你好世界", "zh", 3.0, [Segment(0, 0.0, 2.2, "你好世界",
+                                                              words=words)])
+    attach(unspaced, Diarization(turns, ["SPEAKER_00", "SPEAKER_01"]))
+    assert [s.text for s in unspaced.segments] == ["你好", "世界"]
 
 
 def test_an_engines_own_speakers_take_the_same_labels() -> None:

@@ -192,3 +192,24 @@ def test_one_voice_found_twice_is_merged_a_close_voice_of_another_timbre_is_not(
     assert (merged[16:] == merged[16]).all()
     kept = speaker_clusters.merge_alike(embeddings, found, 3, pitch, ratio)  # told at least 3
     assert (kept == found).all()
+
+
+def test_a_told_count_holds_when_few_windows_are_long() -> None:
+    """A quick exchange: one voice's two long turns, the other's dozen short replies. The
+    clustering ran on the long windows alone (two of them: one speaker at most), so
+    `num_speakers=2` came out as one speaker; now every window counts, and with no more
+    windows than speakers told, each is its own."""
+    from workers import diarize
+
+    rng = np.random.default_rng(7)
+    voice_a, voice_b = np.abs(rng.normal(size=(2, 256)))
+    embeddings = np.vstack([voice_a + 0.2 * np.abs(rng.normal(size=(2, 256))),
+                            voice_b + 0.2 * np.abs(rng.normal(size=(12, 256)))])
+    embeddings /= np.linalg.norm(embeddings, axis=1, keepdims=True)
+    rate = diarize.SAMPLE_RATE
+    windows = [(i * 2 * rate, i * 2 * rate + int(1.5 * rate)) for i in range(2)] + [
+        (10 * rate + i * rate, 10 * rate + i * rate + int(0.6 * rate)) for i in range(12)]
+    found = diarize._cluster(embeddings, windows, (2, 2))
+    assert len(set(found[:2])) == 1 and len(set(found[2:])) == 1, found
+    assert found[0] != found[2], found
+    assert list(speaker_clusters.cluster(embeddings[:3], (3, 3))) == [0, 1, 2]

@@ -275,7 +275,9 @@ def _cluster(embeddings: np.ndarray, windows: list[tuple[int, int]], bounds: tup
     gets wrong more often than they spoil it (bench/README.md, issue 25)."""
     lengths = np.array([end - start for start, end in windows])
     reliable = lengths >= MIN_RELIABLE_SECONDS * SAMPLE_RATE
-    if reliable.sum() < 2:
+    # too few long windows to hold the fewest speakers asked for (a quick exchange: one
+    # voice's long turns, the other's short replies): every window counts
+    if reliable.sum() < max(2, bounds[0] + 1):
         reliable = np.ones(len(windows), dtype=bool)
     base = embeddings[reliable]
     tone = None if pitch is None else pitch[reliable]
@@ -383,9 +385,12 @@ def _split(segment: Segment, turns: list[Turn]) -> list[Segment]:
     if len(runs) == 1:
         segment.speaker = runs[0][0].speaker
         return [segment]
+    # words that spell the text joined as they are carry their own spacing (Whisper's: a
+    # leading space, or none in Chinese or Japanese); Parakeet's carry none, and get one
+    glued = "".join(word.word for word in segment.words).strip() == segment.text.strip()
     pieces = []
     for index, words in enumerate(runs):
-        spaced = all(word.word[:1].isspace() for word in words[1:])
+        spaced = glued or all(word.word[:1].isspace() for word in words[1:])
         text = ("" if spaced else " ").join(word.word for word in words)
         if index == 0 and not text.startswith(" ") and segment.text.startswith(" "):
             text = " " + text

@@ -165,6 +165,8 @@ def cluster(embeddings: np.ndarray, bounds: tuple[int, int],
     window's log-F0; `distinct` the timbre check, as in `split_mixed`): between `bounds`
     speakers, as many as the eigen-gap says."""
     fewest, most = bounds
+    if fewest == most and 1 < len(embeddings) <= most:  # told: a speaker for each window
+        return np.arange(len(embeddings))
     most = min(most, len(embeddings) - 1)  # k clusters need k + 1 eigenvalues to compare
     fewest = min(fewest, most)
     one = np.zeros(len(embeddings), dtype=int)
