@@ -526,3 +526,28 @@ def test_the_worker_unloads_the_diarizer_with_the_model(service: dict, clips: di
         assert final["status"] == "SUCCEEDED", final
         idle = settled_idle(health, Settings().reexec_rss_ratio)
         assert max(loaded) > idle["memory"]["rss_mib"], (loaded, idle["memory"])
+
+
+def test_a_failure_inside_the_diarizer_is_the_engines_not_the_clients() -> None:
+    """The diarizer runs after the transcript (which may have been streamed): a failure of
+    its own (numpy's LinAlgError is a ValueError) FAILS the task engine_error, not
+    invalid_request, a 400 a client would take for its own fault and never retry."""
+    from workers.engines.base import ModelRef
+    from workers.engines.faster_whisper import FasterWhisperEngine
+    from workers.execute import TaskError, run_engine
+
+    class Breaking(Diarizer):
+        def diarize(self, *args: object, **kwargs: object) -> Diarization:
+            raise np.linalg.LinAlgError("Singular matrix")
+
+    engine = FasterWhisperEngine(Settings(cpu_threads=2))
+    handle = engine.load(ModelRef("tiny.en", "bundled"), "cpu")
+    try:
+        with pytest.raises(TaskError) as failed:
+            run_engine(engine, handle, backend="faster-whisper", model="tiny.en",
+                       params={"language": "en", "diarization": {}},
+                       source=(TEST_AUDIO / "jfk.flac").read_bytes(),
+                       on_segment=lambda segment: None, diarizer=(Breaking(), None))
+    finally:
+        engine.unload(handle)
+    assert failed.value.code == "engine_error" and "LinAlgError" in str(failed.value)

@@ -150,9 +150,17 @@ def run_engine(
     if speakers is not None and row.speakers:  # its own speakers, in the diarizer's labels
         diarize.own_speakers(transcription)
     elif speakers is not None and diarizer is not None:
-        found = diarizer[0].diarize(diarizer[1],
-                                    diarize.to_16k(audio, transcriber.sample_rate),
-                                    speakers, references)
+        try:
+            found = diarizer[0].diarize(diarizer[1],
+                                        diarize.to_16k(audio, transcriber.sample_rate),
+                                        speakers, references)
+        except (TaskError, MemoryError):
+            raise
+        except Exception as exc:  # its input was checked before: this is the diarizer's own
+            if memory.is_out_of_memory(exc):  # (a client's error would be a ValueError's 400)
+                raise
+            raise TaskError(f"the diarizer failed: {type(exc).__name__}: {exc}",
+                            ErrorCode.ENGINE_ERROR) from None
         diarize.attach(transcription, found)
     del audio
     return Outcome(transcription.to_result(backend, model, with_words))
