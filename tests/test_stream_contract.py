@@ -345,6 +345,18 @@ def test_diarized_deltas_add_up_to_the_text_whatever_the_pieces() -> None:
     assert _deltas("one two", [" one", " two"]) == ["one", " two"]
 
 
+def test_a_segment_with_no_speaker_is_not_the_first_speaker() -> None:
+    """diarized_json letters the speakers A, B, … in order; a segment the diarizer found no
+    speaker for (no speech the VAD heard there) read "A", the first real speaker's label."""
+    from gateway.serving.transcription import Asked, _diarized, speakers_lettered
+
+    segments = [{"id": 0, "start": 0.0, "end": 1.0, "text": " um", "speaker": None},
+                {"id": 1, "start": 1.0, "end": 2.0, "text": " Hi.", "speaker": "SPEAKER_03"}]
+    shown = [_diarized(segment) for segment in speakers_lettered(
+        segments, Asked("transcribe", "diarized_json", set(), False))]
+    assert [segment["speaker"] for segment in shown] == ["unknown", "A"]
+
+
 def test_a_queued_stream_gets_keep_alives(env: dict[str, Any]) -> None:
     """Nothing runs the task: both SSE streams still send a comment at least every
     keep-alive interval (plus the hub's scheduling slack), from the first second on."""

@@ -200,6 +200,10 @@ def speakers_lettered(segments: list[dict[str, Any]], asked: Asked) -> list[dict
             for s in segments]
 
 
+#: diarized_json's label of a segment with no speaker found
+UNKNOWN_SPEAKER = "unknown"
+
+
 def _letters(index: int) -> str:
     """A, B, … Z, then AA, AB, … (spreadsheet columns)."""
     name = ""
@@ -214,7 +218,9 @@ def _diarized(segment: dict[str, Any]) -> dict[str, Any]:
     """A segment of diarized_json, also the `transcript.text.segment` event of a stream."""
     return {"type": "transcript.text.segment", "id": str(segment["id"]),
             "start": segment["start"], "end": segment["end"], "text": segment["text"],
-            "speaker": segment.get("speaker") or "A"}
+            # a segment no speaker was found for (no speech the VAD heard there): a label
+            # no speaker has (it read "A", the first speaker's)
+            "speaker": segment.get("speaker") or UNKNOWN_SPEAKER}
 
 
 def _language(result: dict[str, Any], asked: Asked) -> str | None:
