@@ -75,6 +75,10 @@ AFFINITY_FLOOR = 1e-6
 #: groups (complete-linkage agglomerative clustering of the centred embeddings, as the
 #: library's own `max_spectral_size` does on raw ones), and the groups are clustered.
 MAX_SPECTRAL_POINTS = 400
+#: the grouping's complete linkage holds every pair's distance (N²/2 float64: 4 h of speech,
+#: 19 000 windows, 1.5 GB): past this many windows the groups are made from this many,
+#: evenly spread in time, and every window joins the group whose centre it is nearest
+MAX_GROUPED_WINDOWS = 3000
 #: the one-voice check's spread is taken over at most this many windows, evenly spread in
 #: time: its affinity matrix grows with their square (an hour's 4500 windows, 160 MB)
 MAX_SPREAD_WINDOWS = 800
@@ -145,13 +149,20 @@ def _spectral(stacked: np.ndarray, fewest: int, most: int) -> np.ndarray:
     from sklearn.cluster import AgglomerativeClustering
 
     embeddings, pitch = stacked[:, :-1], stacked[:, -1]
+    centred = embeddings - embeddings.mean(axis=0)
+    sample = np.arange(0, len(stacked), -(-len(stacked) // MAX_GROUPED_WINDOWS))
     groups = AgglomerativeClustering(
         n_clusters=MAX_SPECTRAL_POINTS, metric="cosine", linkage="complete",
-    ).fit_predict(embeddings - embeddings.mean(axis=0))
+    ).fit_predict(centred[sample])
+    if len(sample) < len(stacked):  # the others join the nearest group's centre
+        centres = _normed(np.stack([centred[sample][groups == g].mean(axis=0)
+                                    for g in range(MAX_SPECTRAL_POINTS)]))
+        groups = np.argmax(_normed(centred) @ centres.T, axis=1)
+    kept, groups = np.unique(groups, return_inverse=True)  # (a centre no window chose)
     points = np.stack([
         np.append(_normed(embeddings[groups == g].mean(axis=0)), _median(pitch[groups == g]))
-        for g in range(MAX_SPECTRAL_POINTS)])
-    return np.asarray(_clusterer(fewest, most).predict(points))[groups]
+        for g in range(len(kept))])
+    return np.asarray(_clusterer(fewest, min(most, len(kept) - 1)).predict(points))[groups]
 
 
 def _median(values: np.ndarray) -> float:
