@@ -176,26 +176,34 @@ class Consumer:
                         left = deliveries[index:]
                         break
                     await self._handle(delivery)
-        except BaseException:
+        except BaseException as exc:
             # cut short (a Redis error, a stop past its grace): whatever is still pending to
             # this worker goes back now (an acked entry is not released), not after the
-            # visibility timeout, and a stopping pod's entries do not wait for its name
+            # visibility timeout, and a stopping pod's entries do not wait for its name.
+            # Only a stop's is spared: an error may be the task's doing (a crash counts)
             left = list(deliveries)
+            spare = isinstance(exc, asyncio.CancelledError) and self.stopping.is_set() \
+                and not self.host.stalled
             raise
+        else:
+            spare = True  # entries never started: nothing of theirs ran
         finally:
             await cancel_all({lease})  # stopped: a last extension would undo the release
             if left:
-                await self._give_back(left)
+                await self._give_back(left, spare)
 
-    async def _give_back(self, left: list[Delivery]) -> None:
-        """Entries taken but not (or no longer) run here: any worker's claim takes them now,
-        and their next delivery is not theirs to count against SPEECH_MAX_DELIVERIES."""
+    async def _give_back(self, left: list[Delivery], spare: bool) -> None:
+        """Entries taken but not (or no longer) run here: any worker's claim takes them now;
+        with `spare`, their next delivery is not theirs to count against
+        SPEECH_MAX_DELIVERIES (only those released: not one acked, or another worker's)."""
         with contextlib.suppress(RedisError, TimeoutError):
             async with asyncio.timeout(2.0):  # (a stop's cancel waits for it: briefly)
                 released = await self.store.release(
                     left, 2 * self.settings.visibility_timeout_seconds)
-                log.info("%d entries not run here given back to the workers", released)
-                await self.store.spare_deliveries([d.task_id for d in left if d.task_id])
+                log.info("%d entries not run here given back to the workers", len(released))
+                if spare:
+                    await self.store.spare_deliveries(
+                        [d.task_id for d in released if d.task_id])
 
     async def _gather(self, first: list[Delivery]) -> list[Delivery]:
         """The batch window (workers/batching.Gatherer); its wait goes into the metrics.
@@ -351,18 +359,34 @@ class Consumer:
         return []
 
     async def _interactive_first(self) -> None:
+        if (run := await self._interactive_arrivals()) is not None:
+            await run()
+
+    async def _interactive_arrivals(self) -> Callable[[], Awaitable[None]] | None:
+        """Interactive entries that arrived meanwhile, taken now: what runs them (first),
+        or None when none came (or Redis is away: the gathered entries still run)."""
+        if self.stopping.is_set():
+            return None
         try:
             arrived = await self.store.take(INTERACTIVE, self.settings.batch_max_size)
-        except RedisError:  # the gathered entries still run (they are ours, leased)
-            return
-        if arrived:
+        except RedisError:
+            return None
+        if not arrived:
+            return None
+
+        async def run() -> None:
             await self._taken(arrived)
-            # their metrics are their own, not the gathered batch's (its window's wait)
-            saved, self.observations = self.observations, {}
+            # their metrics are their own, and the batch they interrupt keeps its own
+            saved = (self.observations, self.current_task, self.current_batch,
+                     self.load_seconds, self.device_wait_seconds, self.load_observed)
+            self.observations = {}
             try:
                 await self._handle_leased(arrived)
             finally:
-                self.observations = saved
+                (self.observations, self.current_task, self.current_batch,
+                 self.load_seconds, self.device_wait_seconds, self.load_observed) = saved
+
+        return run
 
     async def _run_together(self, members: list[tuple[Task, Delivery]]) -> list[Delivery]:
         """Tasks that may share engine calls. Each opens its own attempt only as its call
@@ -444,15 +468,6 @@ class Consumer:
             for index, outcome in zip(indices, outcomes, strict=True):
                 settle(index, outcome)
 
-        async def between_calls() -> None:
-            """Before a batch-lane group's next call (a split batch's, a lying clip's run
-            alone): interactive work that arrived meanwhile runs first (docs/fairness.md)."""
-            if self.stopping.is_set():
-                return
-            current = self.current_task, self.current_batch
-            await self._interactive_first()
-            self.current_task, self.current_batch = current  # the batch is not done
-
         self.current_task, self.load_seconds, self.device_wait_seconds = (
             members[0][0].id, None, None)
         self.load_observed = False
@@ -466,7 +481,8 @@ class Consumer:
                     on_call=call_done,
                     limit_seconds=call_limit(self.settings, self.host.kind,
                                              sum(task.work_units for task, _ in members)),
-                    between=between_calls
+                    # before each later call of a batch-lane group: interactive work first
+                    between=self._interactive_arrivals
                     if all(delivery.lane == BATCH for _, delivery in members) else None)
             except TaskError as exc:  # the breaker, the load or the cap: every task's
                 for index in range(len(members)):  # (opened for it, as alone)

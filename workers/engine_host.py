@@ -49,6 +49,8 @@ T = TypeVar("T")
 #: makes the tasks of these indices ready to run (opens their attempts): the items of those
 #: that are (one cancelled, past its deadline, or failed on its input is left out)
 Prepare = Callable[[list[int]], Awaitable[list[tuple[int, batching.BatchItem]]]]
+#: what must run before a batch's next call (taken already), or None: nothing
+Between = Callable[[], Awaitable[Callable[[], Awaitable[None]] | None]]
 
 
 async def _no_report(report: LoadReport) -> None:
@@ -173,19 +175,21 @@ class EngineHost:
                             audio_seconds: float | None = None,
                             on_call: Callable[[list[int], list[Outcome | TaskError]], object]
                             | None = None, limit_seconds: float | None = None,
-                            between: Callable[[], Awaitable[None]] | None = None) -> None:
+                            between: Between | None = None) -> None:
         """`execute` for `count` tasks that share calls (workers/batching.py). The batch is
         split into calls that fit the memory cap and the device reservation, and each
         call's tasks are `prepare`d (their attempts opened) only as that call begins: one
         that waits for a later call is still queued (a cancel or its deadline still stops
         it). A clip that leaves its call (`batching.Longer`), or whose shared call failed for
-        it (`batching.Again`), runs alone after it. `on_call`
-        gets each call's outcomes (with their indices) as soon as it returns. Each call
-        holds the engine on its own, and `between` runs before each one after the first,
-        outside it (the consumer's interactive work: a split batch, or a lying clip's run
-        alone, puts no serial work ahead of it). A TaskError raised here (a load, the cap)
-        is every task's whose call had not returned. `audio_seconds`: the longest clip's
-        length (the calls' memory class)."""
+        it (`batching.Again`), runs alone after it. `on_call` gets each call's outcomes (with
+        their indices) as soon as it returns. Before each call after the first, `between`
+        takes the work that must run first (the consumer's interactive arrivals: a split
+        batch, or a lying clip's run alone, puts no serial work ahead of it); when there is
+        some, the batch lets go of the engine, that work runs, and the batch takes the
+        engine again. Without any it keeps the engine (and its model: no idle unload or
+        yield between its calls). A TaskError raised here (a load, the cap) is every task's
+        whose call had not returned. `audio_seconds`: the longest clip's length (the calls'
+        memory class)."""
         engine = batching.batch_engine(self.engine, self.settings)
         assert engine is not None
         left, sizes = list(range(count)), []
@@ -195,7 +199,21 @@ class EngineHost:
             return dataclasses.replace(
                 item, on_decoded=self._on_decoded(model, False, item.on_decoded, bound))
 
-        async def next_call(handle: Any) -> bool:  # (what _engine_call returns: not None)
+        first_work: list[Callable[[], Awaitable[None]]] = []  # taken by `between`: run next
+
+        async def calls(handle: Any) -> bool:  # (what _engine_call returns: not None)
+            """The calls left, in one hold of the engine, until `between` finds work that
+            must go first."""
+            ran = False
+            while left or alone:
+                if ran and between is not None and (work := await between()) is not None:
+                    first_work.append(work)
+                    break
+                await next_call(handle)
+                ran = True
+            return True
+
+        async def next_call(handle: Any) -> None:
             if alone:
                 index, item = alone.pop(0)
                 bound = self._bound(limit_seconds)
@@ -204,7 +222,7 @@ class EngineHost:
                 if on_call is not None:
                     on_call([index], [result for result in results
                                       if not isinstance(result, batching.Longer)])
-                return True
+                return
             chosen: list[tuple[int, batching.BatchItem]] = []
             while left and not chosen:  # each call sized by what the last one measured
                 size = batching.next_call(len(left), self.batch_item_mib(audio_seconds),
@@ -213,7 +231,7 @@ class EngineHost:
                     taken, left[:] = left[:size - len(chosen)], left[size - len(chosen):]
                     chosen += await prepare(taken)
             if not chosen:
-                return True
+                return
             sizes.append(len(chosen))
             bound = self._bound(limit_seconds)
             outcomes = await self._bounded(bound, self._run_batch, engine, handle, model,
@@ -226,14 +244,12 @@ class EngineHost:
                 on_call([index for index, _ in done], [outcome for _, outcome in done])
             alone.extend(member for member, outcome in zip(chosen, outcomes, strict=True)
                          if isinstance(outcome, batching.Longer))
-            return True
 
         peak_class = self._peak_class(False, audio_seconds)
-        await self._engine_call(model, on_load, next_call, peak_class)
-        while left or alone:
-            if between is not None:
-                await between()
-            await self._engine_call(model, on_load, next_call, peak_class)
+        await self._engine_call(model, on_load, calls, peak_class)
+        while first_work:
+            await first_work.pop()()
+            await self._engine_call(model, on_load, calls, peak_class)
         if len(sizes) > 1:
             log.info("a batch of %d split to fit memory: calls of %s", sum(sizes), sizes)
         self.last_batch_calls = sizes

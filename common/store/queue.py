@@ -34,12 +34,12 @@ return 1
 # still pending to this consumer is left pending, but idle for `idle ms`: another worker's
 # XAUTOCLAIM takes it at once, its delivery count unchanged (JUSTID does not count one).
 _RELEASE = """
-local released = 0
+local released = {}
 for i = 4, #ARGV do
   local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
   if #pending == 1 and pending[1][2] == ARGV[2] then
     redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'IDLE', ARGV[3], 'JUSTID')
-    released = released + 1
+    released[#released + 1] = ARGV[i]
   end
 end
 return released
@@ -185,17 +185,19 @@ class Queue:
                                             args=[keys.WORKER_GROUP, self.consumer,
                                                   delivery.entry_id])))
 
-    async def release(self, deliveries: list[Delivery], idle_seconds: float) -> int:
+    async def release(self, deliveries: list[Delivery], idle_seconds: float,
+                      ) -> list[Delivery]:
         """Give entries this worker took but will not run back to the others (a stop): each
-        stays pending, idle for `idle_seconds`, so the next XAUTOCLAIM takes it."""
-        released = 0
+        stays pending, idle for `idle_seconds`, so the next XAUTOCLAIM takes it. Those
+        released: the others were acked, or another worker holds them now."""
+        released: set[str] = set()
         for lane in keys.LANES:
             ids = [d.entry_id for d in deliveries if d.lane == lane]
             if ids:
-                released += int(await self._release(
+                released.update(text(entry) for entry in await self._release(
                     keys=[self.streams[lane]],
                     args=[keys.WORKER_GROUP, self.consumer, int(idle_seconds * 1000), *ids]))
-        return released
+        return [d for d in deliveries if d.entry_id in released]
 
     async def deliveries(self, delivery: Delivery) -> tuple[int, bool]:
         """How many times the entry was delivered, and whether it is still ours (False once

@@ -88,8 +88,10 @@ class WorkerStore:
         if tasks:
             await self._taken(keys=[keys.backlog(self.backend), *tasks])
 
-    async def release(self, deliveries: list[Delivery], idle_seconds: float) -> int:
-        """Entries taken but not to be run here, back to the other workers (Queue.release)."""
+    async def release(self, deliveries: list[Delivery], idle_seconds: float,
+                      ) -> list[Delivery]:
+        """Entries taken but not to be run here, back to the other workers (Queue.release):
+        those released."""
         return await self._queue.release(deliveries, idle_seconds)
 
     async def deliveries(self, delivery: Delivery) -> tuple[int, bool]:
