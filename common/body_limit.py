@@ -101,9 +101,14 @@ class BodyLimitMiddleware:
         if declared is not None and declared.isdigit() and int(declared) > limit:
             await self._reject(scope, send, BodyTooLarge(limit))
             return
-        if declared is not None and declared.isdigit() and self._over_budget(int(declared), 0):
+        # a declared length is held from the start (uploads arriving together would all see
+        # an empty budget, and one be refused half-way); what arrives past it counts as it comes
+        reserved = int(declared) if declared is not None and declared.isdigit() else 0
+        if reserved and self._over_budget(reserved, 0):  # (no body, no refusal: a poll)
             await self._reject(scope, send, BodiesOverBudget())
             return
+        self.held += reserved
+        counted = reserved  # what this request holds of `held`
         received = 0
         body_done = False
         deadline = time.monotonic() + self.deadline_seconds
@@ -111,7 +116,7 @@ class BodyLimitMiddleware:
         refused: BodyRefused | None = None
 
         async def limited_receive() -> Message:
-            nonlocal received, body_done, refused
+            nonlocal received, body_done, refused, counted
             if body_done:  # only http.disconnect is left to wait for: no deadline on that
                 return await receive()
             wait = min(self.idle_seconds, deadline - time.monotonic())
@@ -122,13 +127,15 @@ class BodyLimitMiddleware:
                 refused = BodyTimeout()
                 raise refused from None
             if message["type"] == "http.request":
-                more = len(message.get("body", b""))
-                received += more
-                self.held += more
+                received += len(message.get("body", b""))
+                grown = received > counted  # past what it declared (or had no length)
+                if grown:
+                    self.held += received - counted
+                    counted = received
                 if received > limit:
                     refused = BodyTooLarge(limit)
                     raise refused
-                if self._over_budget(0, received):
+                if grown and self._over_budget(0, counted):
                     refused = BodiesOverBudget()
                     raise refused
                 body_done = not message.get("more_body", False)
@@ -152,12 +159,13 @@ class BodyLimitMiddleware:
             if not response_started:
                 response_started = True
                 await self._reject(scope, send, refusal)
-        finally:
-            self.held -= received
+        finally:  # (its reply is over: the app holds its body no longer)
+            self.held -= counted
 
     def _over_budget(self, coming: int, own: int) -> bool:
         """Whether `coming` more bytes (this request holding `own` of `held` already) pass
-        the budget; a request alone never does."""
+        the budget; a request alone never does. A body counts until its reply is over (a
+        waiting call's upload is still in memory)."""
         return (self.budget_bytes > 0 and self.held + coming > self.budget_bytes
                 and self.held > own)
 

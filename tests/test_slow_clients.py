@@ -154,17 +154,31 @@ def test_uploads_past_the_process_budget_wait_their_turn(tmp_path: Path) -> None
     def upload(size: int) -> int:
         return http.post(url, files={"file": ("x.wav", b"\x01" * size)}, timeout=30).status_code
 
-    try:
+    def holding(declared: int) -> socket.socket:
+        """A client whose upload declares `declared` bytes and has sent a few of them."""
         holder = socket.create_connection(("127.0.0.1", port), timeout=10)
         holder.sendall(_headers("/api/faster-whisper-submit", BODY_START.replace(
-            "Content-Length: 100000", "Content-Length: 950000")) + b"\x01" * 600_000)
+            "Content-Length: 100000", f"Content-Length: {declared}")) + b"\x01" * 1000)
         time.sleep(1.0)  # (the gateway reads what was sent)
+        return holder
+
+    try:
+        # its declared length is held from the start, not what has arrived so far
+        holder = holding(950_000)
         refused = http.post(url, files={"file": ("x.wav", b"\x01" * 600_000)}, timeout=30)
         holder.close()
         assert refused.status_code == 503, refused.text
         assert refused.json()["status"] == "FAILED" and int(refused.headers["retry-after"]) > 0
         wait_until(lambda: upload(600_000) != 503, 20, "the budget freed", 0.5)
         assert upload(3 * 2**20) == 400  # alone, past the budget: read (and refused as audio)
+        # one alone past the budget: a request with no body (a poll) is never refused
+        holder = holding(3 * 2**20)
+        try:
+            assert http.get(f"{gateway.url}/api/status", params={"taskid": "x"},
+                            timeout=30).status_code == 200
+            assert upload(1000) == 503
+        finally:
+            holder.close()
     finally:
         gateway.stop()
         server.stop()
