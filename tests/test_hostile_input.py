@@ -401,9 +401,9 @@ def test_a_voice_routes_body_is_bounded_by_its_one_clip(hostile: dict) -> None:
 
 def test_a_status_poll_is_http_200_json_whatever_the_record_holds(hostile: dict) -> None:
     """Sage takes any non-2xx poll, or a body that is not JSON, for a job that failed for good:
-    whatever a task's record holds (a state a newer worker wrote in a rolling upgrade, a
-    SUCCEEDED with its result gone, an engine's NaN or -inf in the result), both polls answer
-    HTTP 200 with strict JSON, and a FAILED one says its `code`."""
+    whatever a task's record holds (a state a newer worker wrote in a rolling upgrade: still
+    PENDING; a result that cannot be read, or is gone; an engine's NaN or -inf in the
+    result), both polls answer HTTP 200 with strict JSON, and a FAILED one says its `code`."""
     from redis.asyncio import Redis
 
     from common.schemas import TaskState
@@ -429,6 +429,11 @@ def test_a_status_poll_is_http_200_json_whatever_the_record_holds(hostile: dict)
 
     unknown = submit()
     client.hset(keys.task(unknown), "state", "PAUSED")  # a state this gateway does not know
+    for body in polls(unknown):  # (a newer version's, in a rolling upgrade: the task lives)
+        assert body["status"] == "PENDING" and "keep polling" in body["detail"], body
+    client.hset(keys.task(unknown), "params", "{not json")  # a record it cannot read at all
+    client.hset(keys.task(unknown), "state", TaskState.SUCCEEDED.value)
+    client.hset(keys.task(unknown), "result", "{not json")
     for body in polls(unknown):
         assert body["status"] == "FAILED" and body["error"].startswith("internal error"), body
 

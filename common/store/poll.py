@@ -159,10 +159,19 @@ class PollReader:
         return parsed
 
 
+class UnknownState(ValueError):
+    """A record in a state this version does not know (a newer one wrote it, during a
+    rolling upgrade): the task lives on, whatever this reader makes of it."""
+
+
 def _parsed(task_id: str, reply: list[Any], outlooks: dict[str, Outlook]) -> Poll | None:
     if not reply:
         return None
     raw = dict(zip(FIELDS, reply[0], strict=True))
+    state = text(raw["state"] or b"")
+    if state not in TaskState.__members__:
+        raise UnknownState(f"task {task_id} is in a state this version does not know: "
+                           f"{state[:40]!r}")
 
     def field(name: str) -> str:
         value = raw[name]
@@ -173,7 +182,7 @@ def _parsed(task_id: str, reply: list[Any], outlooks: dict[str, Outlook]) -> Pol
         return float(value) if value else None
 
     task = Task(id=task_id, backend=field("backend"), model=field("model"),
-                state=TaskState(field("state")), owner=field("owner"),
+                state=TaskState(state), owner=field("owner"),
                 lane=field("lane") or keys.BATCH, work=number("work"),
                 audio_seconds=number("audio_seconds"), entry_id=field("entry_id"),
                 queue_seq=int(raw["queue_seq"] or 0), error=field("error"),

@@ -21,6 +21,7 @@ from common.formats import fastwhisper_legacy
 from common.schemas import BATCH, TaskState
 from common.settings import Settings
 from common.store import StoreError, TaskStore
+from common.store.poll import UnknownState
 from common.store.running_polls import RunningPolls
 from common.store.voices import VoiceStore
 from gateway.errors import STORE_NOTE, RequestError, refusal_of, refusals_of
@@ -68,8 +69,8 @@ async def status(request: Request, owner: str, settings: Settings,
     every refusal on these routes so (SAGE_STATUS_ROUTES). The hot path of the Sage
     contract: at most one store round trip (none for a RUNNING task polled often:
     common/store/running_polls.py), no validation model, the stored result spliced into the
-    reply unparsed. Nothing but HTTP 200 JSON: an unexpected error (a state only a newer
-    worker knows, in a rolling upgrade) is a FAILED reply, logged."""
+    reply unparsed. Nothing but HTTP 200 JSON: a state only a newer version knows (a
+    rolling upgrade) is PENDING with a note, an unexpected error a FAILED reply, logged."""
     params = await read_params(request)
     task_id = params.get("task_id", "taskid")
     if not task_id:
@@ -79,6 +80,11 @@ async def status(request: Request, owner: str, settings: Settings,
     except StoreError:
         return _reply({"task_id": task_id, "taskid": task_id, "status": "PENDING",
                        "detail": STORE_NOTE})
+    except UnknownState as exc:  # a newer version's state: the task lives; Sage polls on
+        log.warning("%s", exc)
+        return _reply({"task_id": task_id, "taskid": task_id, "status": "PENDING",
+                       "detail": "the task is in a state this gateway does not know (a newer "
+                                 "version wrote it?); keep polling"})
     except Exception as exc:
         log.exception("the status poll of %s failed", task_id)
         return _reply({"task_id": task_id, "taskid": task_id, "status": "FAILED",
