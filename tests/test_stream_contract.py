@@ -171,7 +171,8 @@ TEXT = "And so my fellow Americans, ask not what your country can do."
 
 
 def run_as_a_worker_losing_segments(env: dict[str, Any], task_id: str,
-                                    published: list[int]) -> None:
+                                    published: list[int], texts: list[str] = SEGMENTS,
+                                    ) -> None:
     """Play the worker through the store's own calls: attempt 1 publishes the SEGMENTS
     numbered in `published`, the others never reach the gateway (a message dropped while it
     reconnected, a publish given up after its wait), and the task SUCCEEDS with all of them.
@@ -184,9 +185,9 @@ def run_as_a_worker_losing_segments(env: dict[str, Any], task_id: str,
         attempt = await store.start(task_id, "w1", 1, "faster-whisper")
         assert attempt == 1
         segments = [{"id": number, "start": float(number), "end": number + 1.0, "text": text}
-                    for number, text in enumerate(SEGMENTS)]
-        for number in published:
-            delta = SEGMENTS[number] if number else SEGMENTS[number].lstrip()
+                    for number, text in enumerate(texts)]
+        for number in published:  # (the worker's delta: the first text without its space)
+            delta = texts[number] if any(texts[:number]) else texts[number].lstrip()
             await SegmentPublisher(client).publish(task_id, attempt, number + 1.0, {
                 "type": "segment", **segments[number], "delta": delta})
         await asyncio.sleep(0.5)
@@ -194,7 +195,8 @@ def run_as_a_worker_losing_segments(env: dict[str, Any], task_id: str,
         assert running is not None
         await store.finish(running, TaskState.SUCCEEDED, attempt=attempt,
                            entry_id=running.entry_id,
-                           result={"text": TEXT, "segments": segments, "language": "en",
+                           result={"text": "".join(texts).strip(), "segments": segments,
+                                   "language": "en",
                                    "duration": 3.0, "usage": {"audio_seconds": 3.0}})
         await client.aclose()
     try:
@@ -226,6 +228,29 @@ def test_segments_the_stream_never_got_are_sent_before_the_end(
         event = turn.result(60)
     assert event["type"] == f"{TRANSCRIPTION}.completed", event
     assert "".join(live) == event["transcript"] == TEXT, live
+
+
+def test_a_first_segment_without_text_holds_nothing_back(env: dict[str, Any]) -> None:
+    """A segment with no text first (an engine's blank one), published while the reply
+    still waits for its first event (a 30 s keep-alive here): the reply waits past it for
+    one with text, and the segments after it still stream as they come (it counted as a
+    lost segment, and every delta waited for the end)."""
+    (env["workdir"] / "blank").mkdir(exist_ok=True)
+    gateway = procs.gateway(env["redis"].url, env["workdir"] / "blank", models=MODELS,
+                            stream_keepalive_seconds="30", no_worker_seconds="3600").start()
+    texts = ["", *SEGMENTS]
+    try:
+        before = queued_ids(env["client"], "faster-whisper")
+        with ThreadPoolExecutor(1) as pool:
+            events = pool.submit(transcription_stream, gateway.url, Future())
+            task_id = new_task(env["client"], "faster-whisper", before)
+            run_as_a_worker_losing_segments(env, task_id, [0, 1, 2, 3], texts)
+            streamed = events.result(60)
+    finally:
+        gateway.stop()
+    deltas = [e["delta"] for e in streamed if e["type"] == "transcript.text.delta"]
+    assert deltas == [SEGMENTS[0].lstrip(), *SEGMENTS[1:]], deltas  # one each, as they came
+    assert "".join(deltas) == streamed[-1]["text"] == TEXT
 
 
 def test_a_streams_timeout_names_the_task_that_goes_on(env: dict[str, Any]) -> None:

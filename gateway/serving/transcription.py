@@ -109,11 +109,12 @@ class TranscriptionServing:
                 raise
             if first is None:
                 return Response(status_code=499)  # never delivered: the client is gone
-            if first["type"] == "timeout" or (first["type"] == "done"
-                                              and first["task"].state != TaskState.SUCCEEDED):
+            last = first[-1]
+            if last["type"] == "timeout" or (last["type"] == "done"
+                                             and last["task"].state != TaskState.SUCCEEDED):
                 await call.events.aclose()
-                error = (still_running(call.task_id) if first["type"] == "timeout"
-                         else task_failed(first["task"]))
+                error = (still_running(call.task_id) if last["type"] == "timeout"
+                         else task_failed(last["task"]))
                 error.headers = {**call.headers, **(error.headers or {})}
                 raise error
             return sse_reply(_sse(call.events, call.task_id, asked, first),
@@ -245,30 +246,35 @@ def _done_usage(result: dict[str, Any]) -> dict[str, Any]:
             "seconds": _usage(result)["seconds"]}
 
 
-async def _first_event(events: Events, request: Request) -> dict[str, Any] | None:
-    """The first event a stream's reply waits for: a segment with text, the end, or a tick
-    (nothing within one keep-alive interval: the stream starts without it); None as soon as
-    the client hangs up."""
-    async def first() -> dict[str, Any]:
+async def _first_event(events: Events, request: Request) -> list[dict[str, Any]] | None:
+    """The events up to the first one a stream's reply waits for (a segment with text, the
+    end, or a tick: nothing within one keep-alive interval, the stream starts without it),
+    that one last: the segments without text before it still count for `Deltas` (their
+    ids). None as soon as the client hangs up."""
+    seen: list[dict[str, Any]] = []
+
+    async def first() -> list[dict[str, Any]]:
         async for event in events:
+            seen.append(event)
             if event["type"] != "segment" or event.get("text"):
-                return event
-        return {"type": "tick"}  # (the events end with their done or timeout)
+                return seen
+        return [*seen, {"type": "tick"}]  # (the events end with their done or timeout)
 
-    if (event := await unless_gone(first(), request)) is None:
+    if (found := await unless_gone(first(), request)) is None:
         await events.aclose()
-    return event
+    return found
 
 
-async def _prepended(first: dict[str, Any], events: Events) -> Events:
-    yield first
+async def _prepended(first: list[dict[str, Any]], events: Events) -> Events:
+    for event in first:
+        yield event
     async for event in events:
         yield event
 
 
 async def _sse(events: Events, task_id: str, asked: Asked,
-               first: dict[str, Any]) -> AsyncIterator[bytes]:
-    """Deltas as the worker transcribes (from `first`, the event the reply waited for), then
+               first: list[dict[str, Any]]) -> AsyncIterator[bytes]:
+    """Deltas as the worker transcribes (from `first`, the events the reply waited for), then
     `transcript.text.done`. A diarized_json stream sends its deltas (with their
     `segment_id`) and `transcript.text.segment` events once the task is done: diarization,
     which may split segments, runs after transcription."""
