@@ -19,19 +19,19 @@ if [ -z "${SPEECH_HOST_WORKERS+x}" ]; then
 fi
 # a port already taken would leave its program FATAL while the rest runs: the gateway on
 # another process's port, or the workers on someone else's Redis (no AOF, not var/redis)
-taken() {  # taken HOST PORT: true when something listens there
+taken() {  # taken HOST PORT: true when something listens there (IPv4 or IPv6)
     python3 -c 'import socket, sys
-with socket.socket() as s:
-    s.settimeout(1)
-    sys.exit(s.connect_ex((sys.argv[1], int(sys.argv[2]))) != 0)' "$1" "$2"
+host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(sys.argv[1], sys.argv[1])
+try:
+    socket.create_connection((host, int(sys.argv[2])), timeout=1).close()
+except OSError:
+    sys.exit(1)' "$1" "$2"
 }
 if [ "$SPEECH_LOCAL_REDIS" = true ] && taken 127.0.0.1 "$SPEECH_REDIS_PORT"; then
     echo "run_stack: port $SPEECH_REDIS_PORT (SPEECH_REDIS_PORT) is taken, but the stack starts its own Redis there: stop what holds it (a distribution's redis-server service?) or set SPEECH_REDIS_PORT" >&2
     exit 2
 fi
-probe_host=$SPEECH_HOST
-[ "$probe_host" = 0.0.0.0 ] && probe_host=127.0.0.1
-if taken "$probe_host" "$SPEECH_PORT"; then
+if taken "$SPEECH_HOST" "$SPEECH_PORT"; then
     echo "run_stack: port $SPEECH_PORT (SPEECH_PORT) is taken: stop what holds it or set SPEECH_PORT" >&2
     exit 2
 fi

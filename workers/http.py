@@ -33,6 +33,7 @@ from common.body_limit import BodyLimitMiddleware
 from common.catalog import BACKENDS, KINDS, speech_language
 from common.paths import AllowedFile
 from common.schemas import MAX_SPEED, MIN_SPEED, ErrorCode, TranscriptionOptions
+from common.store.values import strict_json
 from common.uvicorn_server import QuietServer
 from workers.engine_host import EngineHost
 from workers.execute import TaskError
@@ -99,7 +100,7 @@ def create_worker_app(host: EngineHost, health: Health | None = None,
             outcome = await host.execute(model_or_default(model), params, data, _ignore)
         except TaskError as exc:
             return _error(str(exc), exc.code)
-        return JSONResponse(outcome.result)
+        return _result(outcome.result)
 
     @app.post("/synthesize")
     async def synthesize(
@@ -175,7 +176,7 @@ def create_worker_app(host: EngineHost, health: Health | None = None,
                                            params, clips.pack(uploads), _ignore)
         except TaskError as exc:
             return _error(str(exc), exc.code)
-        return JSONResponse(outcome.result)
+        return _result(outcome.result)
 
     limited = BodyLimitMiddleware(
         app, max_bytes=settings.max_body_bytes)
@@ -191,6 +192,12 @@ def create_worker_app(host: EngineHost, health: Health | None = None,
 def _wrong_endpoint(host: EngineHost) -> JSONResponse:
     kind = host.kind
     return _error(f"this is a {kind} worker; use {KINDS[kind].worker_path}")
+
+
+def _result(result: dict[str, Any] | None) -> Response:
+    """A direct call's result as JSON every parser reads (a NaN or an infinity is null:
+    JSONResponse would raise on it, a 500)."""
+    return Response(strict_json(result), media_type="application/json")
 
 
 def _error(message: str, code: ErrorCode = ErrorCode.INVALID_REQUEST) -> JSONResponse:
