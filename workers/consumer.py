@@ -692,9 +692,10 @@ class Consumer:
             await self.store.append_chunk(task_id, attempt, piece)
 
     async def _give_up(self, task: Task, entry_id: str, deliveries: int) -> None:
-        reason = f"gave up after {deliveries - 1} deliveries: the worker died running this task"
+        crashed = deliveries - 1 - task.spared  # (graceful stops' deliveries not counted)
+        reason = f"gave up after {crashed} deliveries: the worker died running this task"
         if task.last_error:
-            reason = f"{task.last_error} (gave up after {deliveries - 1} deliveries)"
+            reason = f"{task.last_error} (gave up after {crashed} deliveries)"
         log.error("%s", reason)
         await self.store.dead_letter(task.id, reason, deliveries)
         with contextlib.suppress(NotReplicated):  # stored on the primary: not to be redone

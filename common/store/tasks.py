@@ -291,8 +291,9 @@ FINISH_WAITS = 10
 #: within the wait, and the submit was then answered 200 for a task the primary's death lost.
 UNCONFIRMED = "unconfirmed"
 #: a submit whose reply was lost, and whose withdrawal failed too, is withdrawn again in the
-#: background for this long (Redis back within it: the task its caller was told 503 of runs
-#: not, or not twice); past it the task runs, as before
+#: background for this long: Redis back within it, the task its caller was told 503 of (and
+#: sends again) is cancelled if no worker has started it yet (with a replica wait, none does
+#: for 5 s: UNCONFIRMED); else, or past it, it runs as well
 WITHDRAW_PATIENCE_SECONDS = 30.0
 
 log = logging.getLogger(__name__)
@@ -349,6 +350,9 @@ class TaskStore:
         return cls.for_settings(bounded_client(settings, client_name), settings)
 
     async def close(self) -> None:
+        for withdrawal in list(self._withdrawals):  # (bounded retries: a stop ends them)
+            withdrawal.cancel()
+        await asyncio.gather(*self._withdrawals, return_exceptions=True)
         await self.redis.aclose()
 
     async def ping(self) -> bool:
