@@ -12,6 +12,7 @@ import asyncio
 import atexit
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -36,9 +37,25 @@ CORE_PYTHON = Path(sys.executable)
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A port free now, below the kernel's ephemeral range: nothing started later takes it
+    meanwhile by binding port 0 (a worker's HTTP server) or connecting out (supervisord
+    starts the workers before the gateway, and a worker once held the gateway's port)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    chooser = random.SystemRandom()  # (each test process its own draw, whatever is seeded)
+    for _ in range(200):
+        port = chooser.randrange(max(1024, low - 12000), max(1025, low))
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # (a range that is all taken: the kernel's choice)
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str,
