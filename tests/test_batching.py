@@ -743,3 +743,25 @@ def test_what_a_long_batch_measured_does_not_shrink_short_ones() -> None:
     host.executor.shutdown()
     assert host.batch_item_mib(70.0) is not None  # measured for its class
     assert host.batch_item_mib(3.0) is None  # nothing known of short clips: they probe
+
+
+def test_a_fixed_call_bound_is_each_clips_in_a_batched_call() -> None:
+    """SPEECH_MAX_ENGINE_CALL_SECONDS sized for one task: a batched call of four clips gets
+    it four times (it got it once, and a batch that fit per task was taken for stuck, its
+    tasks FAILED and the worker restarted); the default bound already follows the work."""
+    from workers.engine_host import EngineHost
+
+    fixed = worker_settings("redis://127.0.0.1:9/0", max_engine_call_seconds=30.0)
+    host = EngineHost(fixed, FasterWhisperEngine(fixed))
+    default = worker_settings("redis://127.0.0.1:9/0")
+    scaled = EngineHost(default, FasterWhisperEngine(default))
+    try:
+        bound, alone = host._bound(30.0, 4), host._bound(30.0)
+        assert bound is not None and alone is not None
+        assert (bound.seconds, alone.seconds) == (120.0, 30.0)
+        by_work = scaled._bound(700.0, 4)
+        assert by_work is not None and by_work.seconds == 700.0  # (the batch's whole work)
+        assert host._bound(None, 4) is None
+    finally:
+        host.executor.shutdown()
+        scaled.executor.shutdown()

@@ -233,7 +233,7 @@ class EngineHost:
             if not chosen:
                 return
             sizes.append(len(chosen))
-            bound = self._bound(limit_seconds)
+            bound = self._bound(limit_seconds, len(chosen))
             outcomes = await self._bounded(bound, self._run_batch, engine, handle, model,
                                            [told(item, bound) for _, item in chosen],
                                            audio_seconds)
@@ -254,8 +254,15 @@ class EngineHost:
             log.info("a batch of %d split to fit memory: calls of %s", sum(sizes), sizes)
         self.last_batch_calls = sizes
 
-    def _bound(self, limit_seconds: float | None) -> CallBound | None:
-        return None if limit_seconds is None else CallBound(self.settings, limit_seconds)
+    def _bound(self, limit_seconds: float | None, clips: int = 1) -> CallBound | None:
+        """The running bound of a call of `clips` tasks' clips. A fixed
+        SPEECH_MAX_ENGINE_CALL_SECONDS bounds one task's call, so a batched call gets it
+        once per clip (the default bound already follows the call's whole work)."""
+        if limit_seconds is None:
+            return None
+        if self.settings.max_engine_call_seconds > 0:
+            limit_seconds *= max(1, clips)
+        return CallBound(self.settings, limit_seconds)
 
     def _on_decoded(self, model: str, diarize: bool, told: OnDecoded | None,
                     bound: CallBound | None = None) -> OnDecoded:
