@@ -12,9 +12,7 @@ import asyncio
 import atexit
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,33 +27,12 @@ import redis
 
 from common.backends import BACKENDS, WORKER_PROCESS_ENV
 from harness.http_client import http
+from harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_AUDIO = ROOT / "tests" / "audio"  # in the repo: see tests/audio/README.md
 VENVS = ROOT / ".venvs"
 CORE_PYTHON = Path(sys.executable)
-
-
-def free_port() -> int:
-    """A port free now, below the kernel's ephemeral range: nothing started later takes it
-    meanwhile by binding port 0 (a worker's HTTP server) or connecting out (supervisord
-    starts the workers before the gateway, and a worker once held the gateway's port)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    chooser = random.SystemRandom()  # (each test process its own draw, whatever is seeded)
-    for _ in range(200):
-        port = chooser.randrange(max(1024, low - 12000), max(1025, low))
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as sock:  # (a range that is all taken: the kernel's choice)
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str,

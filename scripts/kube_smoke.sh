@@ -14,18 +14,8 @@ python=.venvs/core/bin/python
 kubectl=.venvs/core/bin/kubectl
 [ -x "$kubectl" ] || kubectl=kubectl
 work=$(mktemp -d)
-# a port free now, below the kernel's ephemeral range: the stack's workers bind port 0 (and
-# connect out) before its gateway binds this one, on the host's network
-free_port() { python3 -c 'import random, socket
-low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-while True:
-    port, s = random.randrange(max(1024, low - 12000), low), socket.socket()
-    try:
-        s.bind(("127.0.0.1", port))
-    except OSError:
-        continue
-    print(port)
-    break'; }
+# a port free now, below the kernel's ephemeral range (harness/ports.py, standard library)
+free_port() { python3 -m harness.ports; }
 port=$(free_port)
 redis_port=$(free_port)
 

@@ -75,15 +75,20 @@ def test_a_window_unlike_all_others_does_not_break_the_clustering() -> None:
         assert found[0] != found[10], bounds
 
 
-def test_many_windows_are_clustered_in_groups(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Past MAX_SPECTRAL_POINTS windows (an hour is thousands), the spectral clustering runs
-    on tight groups of them: the same speakers come out."""
+def three_voices() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """240 windows of three voices at three pitches: (voices, truth, windows, pitch)."""
     rng = np.random.default_rng(7)
     voices = np.abs(rng.normal(size=(3, 64)))
     truth = rng.integers(0, 3, 240)
     windows = voices[truth] + 0.5 * np.abs(rng.normal(size=(240, 64)))
     windows /= np.linalg.norm(windows, axis=1, keepdims=True)
-    pitch = np.log(100.0 + 30 * truth) + rng.normal(0, 0.03, 240)
+    return voices, truth, windows, np.log(100.0 + 30 * truth) + rng.normal(0, 0.03, 240)
+
+
+def test_many_windows_are_clustered_in_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_SPECTRAL_POINTS windows (an hour is thousands), the spectral clustering runs
+    on tight groups of them: the same speakers come out."""
+    _, truth, windows, pitch = three_voices()
     monkeypatch.setattr(speaker_clusters, "MAX_SPECTRAL_POINTS", 40)
     found = speaker_clusters.cluster(windows, (1, 8), pitch)
     assert found.max() == 2
@@ -97,12 +102,7 @@ def test_hours_of_windows_are_grouped_from_a_sample(monkeypatch: pytest.MonkeyPa
     256 MB of them; four hours, 1.5 GB)."""
     import tracemalloc
 
-    rng = np.random.default_rng(7)
-    voices = np.abs(rng.normal(size=(3, 64)))
-    truth = rng.integers(0, 3, 240)
-    windows = voices[truth] + 0.5 * np.abs(rng.normal(size=(240, 64)))
-    windows /= np.linalg.norm(windows, axis=1, keepdims=True)
-    pitch = np.log(100.0 + 30 * truth) + rng.normal(0, 0.03, 240)
+    voices, truth, windows, pitch = three_voices()
     with monkeypatch.context() as small:
         small.setattr(speaker_clusters, "MAX_SPECTRAL_POINTS", 40)
         small.setattr(speaker_clusters, "MAX_GROUPED_WINDOWS", 100)
@@ -110,6 +110,7 @@ def test_hours_of_windows_are_grouped_from_a_sample(monkeypatch: pytest.MonkeyPa
     assert found.max() == 2
     assert all(len(set(found[truth == voice])) == 1 for voice in range(3))
 
+    rng = np.random.default_rng(8)
     many = np.abs(rng.normal(size=(8000, 64))) + voices[rng.integers(0, 3, 8000)]
     many /= np.linalg.norm(many, axis=1, keepdims=True)
     tracemalloc.start()

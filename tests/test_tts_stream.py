@@ -136,29 +136,43 @@ def stream(base: str, **body: Any) -> tuple[httpx.Response, bytes]:
         return reply, b"".join(reply.iter_bytes())
 
 
-def test_the_first_piece_arrives_while_the_rest_is_spoken_and_pcm_is_the_wav(
-        stack: dict[str, Any]) -> None:
+def paused_stream(stack: dict[str, Any], text: str,
+                  while_paused: Callable[[httpx.Response, bytes, str], None],
+                  ) -> tuple[httpx.Response, bytes, str]:
+    """A pcm stream of `text` whose engine pauses once its first piece is stored:
+    `while_paused(reply, first bytes, task id)` runs then; (reply, whole body, task id)."""
     client, pause = stack["redis"], stack["pause"]
     pause.arm()
     try:
         with http.stream("POST", f"{stack['url']}/v1/audio/speech", timeout=TIMEOUT,
-                          json={**SPEECH, "input": SHORT, "response_format": "pcm",
+                          json={**SPEECH, "input": text, "response_format": "pcm",
                                 "stream_format": "audio"}) as reply:
             assert reply.status_code == 200
-            assert reply.headers["content-type"] == f"audio/pcm; rate={RATE}"
-            assert "content-length" not in reply.headers  # chunked
             pieces = reply.iter_bytes()
             first = next(pieces)
             task_id = pause.wait(client)
-            # the engine waits before its second piece: nothing below changes until released
-            assert reply.headers["x-task-id"] == task_id
-            assert client.hget(keys.task(task_id), "state") == b"RUNNING"
-            assert client.xlen(keys.speech_chunks(task_id)) == 1
-            assert first and stored_pcm(client, task_id).startswith(first)
+            while_paused(reply, first, task_id)
             pause.release()
             body = first + b"".join(pieces)
     finally:
         pause.release()
+    return reply, body, task_id
+
+
+def test_the_first_piece_arrives_while_the_rest_is_spoken_and_pcm_is_the_wav(
+        stack: dict[str, Any]) -> None:
+    client = stack["redis"]
+
+    def paused(reply: httpx.Response, first: bytes, task_id: str) -> None:
+        assert reply.headers["content-type"] == f"audio/pcm; rate={RATE}"
+        assert "content-length" not in reply.headers  # chunked
+        # the engine waits before its second piece: nothing below changes until released
+        assert reply.headers["x-task-id"] == task_id
+        assert client.hget(keys.task(task_id), "state") == b"RUNNING"
+        assert client.xlen(keys.speech_chunks(task_id)) == 1
+        assert first and stored_pcm(client, task_id).startswith(first)
+
+    reply, body, task_id = paused_stream(stack, SHORT, paused)
     pcm, rate = wav_pcm(stored_wav(reply))
     assert rate == RATE and body == pcm
     assert client.xlen(keys.speech_chunks(task_id)) == 2  # the rest was spoken after it
@@ -171,22 +185,13 @@ def test_pieces_a_failover_lost_are_stored_again_and_the_task_goes_on(
     """A failover's new primary lacks the last pieces the old one acknowledged (taken here
     from the stream, as a promoted replica that never got them would be): the attempt stores
     them again and speaks on; it used to FAIL with "out of order" at its next piece."""
-    client, pause = stack["redis"], stack["pause"]
-    pause.arm()
-    try:
-        with http.stream("POST", f"{stack['url']}/v1/audio/speech", timeout=TIMEOUT,
-                          json={**SPEECH, "input": THREE, "response_format": "pcm",
-                                "stream_format": "audio"}) as reply:
-            assert reply.status_code == 200
-            pieces = reply.iter_bytes()
-            first = next(pieces)
-            task_id = pause.wait(client)
-            assert client.xlen(keys.speech_chunks(task_id)) == 1
-            client.delete(keys.speech_chunks(task_id))
-            pause.release()
-            body = first + b"".join(pieces)
-    finally:
-        pause.release()
+    client = stack["redis"]
+
+    def lose_the_stored_piece(reply: httpx.Response, first: bytes, task_id: str) -> None:
+        assert client.xlen(keys.speech_chunks(task_id)) == 1
+        client.delete(keys.speech_chunks(task_id))
+
+    reply, body, task_id = paused_stream(stack, THREE, lose_the_stored_piece)
     assert client.hget(keys.task(task_id), "state") == b"SUCCEEDED"
     pcm, _ = wav_pcm(stored_wav(reply))
     assert client.xlen(keys.speech_chunks(task_id)) == 3
