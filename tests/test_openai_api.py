@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
@@ -408,11 +409,16 @@ def test_too_long_audio_is_413(keyed: str, redis_server: procs.RedisServer) -> N
 
 def test_client_disconnect_loses_and_duplicates_nothing(stack: dict) -> None:
     """A caller that hangs up while waiting: the task still runs, once."""
+    from common.audio import decode_audio, encode_wav
+
     redis = stack["redis"]
     before = set(redis.scan_iter(match="sg:task:*"))
+    # 132 s of speech: its task outlasts the caller's 1.5 s on an idle machine too
+    speech = decode_audio(JFK.read_bytes(), 16000, None)
+    long_clip = encode_wav(np.concatenate([speech] * 12), 16000)
     with pytest.raises(httpx.ReadTimeout):
         http.post(f"{stack['gateway']}/v1/audio/transcriptions",
-                   files={"file": (TEST_AUDIO / "multilingual.mp3").open("rb")}, timeout=1.5)
+                   files={"file": ("long.wav", long_clip)}, timeout=1.5)
     new = wait_until(lambda: set(redis.scan_iter(match="sg:task:*")) - before, 10, "the task")
     (key,) = new
     task_id = key.decode().split(":", 2)[2]

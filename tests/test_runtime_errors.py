@@ -65,7 +65,7 @@ def test_a_model_is_idle_from_the_end_of_its_last_call_not_its_start() -> None:
     settings = Settings(redis_url="redis://127.0.0.1:1/0", idle_unload_seconds=1.0)
     host = EngineHost(settings, FasterWhisperEngine(settings))
     speech = decode_audio(JFK.read_bytes(), 16000, None)
-    long_clip = encode_wav(np.concatenate([speech] * 6), 16000)  # 66 s: a few s on a cpu
+    long_clip = encode_wav(np.concatenate([speech] * 12), 16000)  # 132 s: seconds on a cpu
 
     async def scenario() -> tuple[float, float, float]:
         await host.execute("tiny.en", {"beam_size": 1}, JFK.read_bytes(), lambda s: None)
