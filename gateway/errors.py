@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import Scope
 
 from common.store import StoreError
+from common.store.connection import transient
 from common.store.refusals import Refusals
 
 log = logging.getLogger("gateway")
@@ -146,11 +147,25 @@ def sage_body(exc: RequestError) -> dict[str, Any]:
 
 
 def store_unavailable(exc: Exception, headers: dict[str, str] | None = None) -> RequestError:
-    """The 503 of a call that needed the task store while it is unreachable (Redis down,
-    failing over, or no replica confirming the write): always with `Retry-After`."""
+    """The refusal of a call that needed the task store: a 503 with `Retry-After` while the
+    store is unreachable (Redis down, failing over, or no replica confirming the write); a
+    500 `store_error` when it answered with an error no retry cures (an ACL's NOPERM, a key of
+    another application's type, a command this Redis lacks): the operator's to fix, so no
+    client is told to come back in a second, forever."""
+    if not transient(exc):
+        log.error("the task store refused a command: %s: %s", type(exc).__name__, exc)
+        return RequestError(500, f"the task store refused the command ({store_error_name(exc)})"
+                                 "; the gateway's log has the details", code="store_error")
     return RequestError(503, f"the task store is unavailable ({type(exc).__name__})",
                         code="store_unavailable",
                         headers={"Retry-After": str(STORE_RETRY_AFTER_SECONDS), **(headers or {})})
+
+
+def store_error_name(exc: Exception) -> str:
+    """A Redis error's own code (NOPERM, WRONGTYPE, ERR), or its class: never its text, which
+    may name keys, users or scripts."""
+    first = str(exc).split(" ", 1)[0]
+    return first if re.fullmatch(r"[A-Z]{2,20}", first) else type(exc).__name__
 
 
 # --- the handler ------------------------------------------------------------------------------
@@ -218,9 +233,12 @@ def _wants_task(scope: Scope) -> bool:
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     return query.get(REFUSAL_PARAM) == ["task"]
 async def store_error(request: Request, exc: StoreError) -> JSONResponse:
-    """A store call no route guarded: the same 503 as a guarded one, not a 500; on a Sage
-    status poll, PENDING with a note (HTTP 200: Sage fails a task for good on anything else)."""
+    """A store call no route guarded: the same refusal as a guarded one (store_unavailable),
+    not an internal error; on a Sage status poll HTTP 200, PENDING with a note while the store
+    is unreachable (Sage fails a task for good on anything else), FAILED when it refuses."""
     if getattr(request.scope.get("route"), "path", None) in SAGE_STATUS_ROUTES:
+        if not transient(exc):
+            return JSONResponse(sage_body(store_unavailable(exc)))
         task_id = request.query_params.get("task_id") or request.query_params.get("taskid", "")
         return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "PENDING",
                              "detail": STORE_NOTE})

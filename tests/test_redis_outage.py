@@ -74,3 +74,24 @@ def test_polls_answer_within_seconds_while_redis_is_paused(
     finally:
         os.kill(redis.proc.pid, signal.SIGCONT)
     assert wait_done(base, task_id, timeout=60)["status"] == "SUCCEEDED"
+
+
+def test_a_store_that_refuses_the_read_fails_the_poll_rather_than_keep_it_pending(
+        done: tuple[procs.RedisServer, str, str]) -> None:
+    """An error no retry cures (here WRONGTYPE: another application's value at the task's
+    key; an ACL's NOPERM alike) is no outage: Sage's poll is FAILED `store_error` (PENDING
+    would have it poll forever) and the REST view a 500, neither quoting Redis's text; the
+    other tasks are served as before."""
+    redis, base, task_id = done
+    other = submit_file(base, JFK).json()["taskid"]
+    assert wait_done(base, other)["status"] == "SUCCEEDED"
+    client = redis.client()
+    client.delete(f"sg:task:{task_id}")
+    client.set(f"sg:task:{task_id}", "another application's value")
+    poll = status(base, task_id)
+    assert (poll["status"], poll["code"]) == ("FAILED", "store_error"), poll
+    assert "WRONGTYPE" in poll["error"] and "kind of value" not in poll["error"], poll
+    view = http.get(f"{base}/v1/tasks/{task_id}", timeout=30)
+    assert view.status_code == 500 and view.json()["error"]["code"] == "store_error", view.text
+    assert "Retry-After" not in view.headers
+    assert status(base, other)["status"] == "SUCCEEDED"

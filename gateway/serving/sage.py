@@ -21,10 +21,17 @@ from common.formats import fastwhisper_legacy
 from common.schemas import BATCH, TaskState
 from common.settings import Settings
 from common.store import StoreError, TaskStore
+from common.store.connection import transient
 from common.store.poll import UnknownState
 from common.store.running_polls import RunningPolls
 from common.store.voices import VoiceStore
-from gateway.errors import STORE_NOTE, RequestError, refusal_of, refusals_of
+from gateway.errors import (
+    STORE_NOTE,
+    RequestError,
+    refusal_of,
+    refusals_of,
+    store_unavailable,
+)
 from gateway.policy.admission import Outlook, estimate_at
 from gateway.policy.signing import output_url
 from gateway.serving.tasks import queue_fields
@@ -70,14 +77,19 @@ async def status(request: Request, owner: str, settings: Settings,
     contract: at most one store round trip (none for a RUNNING task polled often:
     common/store/running_polls.py), no validation model, the stored result spliced into the
     reply unparsed. Nothing but HTTP 200 JSON: a state only a newer version knows (a
-    rolling upgrade) is PENDING with a note, an unexpected error a FAILED reply, logged."""
+    rolling upgrade) is PENDING with a note, as is a store out of reach; a store that answers
+    with an error no retry cures (an ACL's NOPERM) and an unexpected error are FAILED, logged."""
     params = await read_params(request)
     task_id = params.get("task_id", "taskid")
     if not task_id:
         raise RequestError(400, "missing task_id", param="task_id")
     try:
         return await _status(request, owner, settings, polls, task_id, params.get("format"))
-    except StoreError:
+    except StoreError as exc:
+        if not transient(exc):  # NOPERM, WRONGTYPE…: polling on would never end
+            refused = store_unavailable(exc)
+            return _reply({"task_id": task_id, "taskid": task_id, "status": "FAILED",
+                           "error": refused.message, "code": refused.code})
         return _reply({"task_id": task_id, "taskid": task_id, "status": "PENDING",
                        "detail": STORE_NOTE})
     except UnknownState as exc:  # a newer version's state: the task lives; Sage polls on
