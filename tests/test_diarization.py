@@ -359,6 +359,27 @@ def test_known_speakers_with_close_voices(tmp_path: Path, diarizer_handle: tuple
         assert said.speaker == names[turn.speaker], (turn, found.turns)
 
 
+def test_a_reference_is_its_speech_and_one_without_speech_is_refused(
+        diarizer_handle: tuple) -> None:
+    """A known speaker's reference is compared by its speech only, and a clip that holds no
+    voice (noise, a tone, a hum: each loud enough to pass the silence check) is refused with
+    the reason, where it used to be paired with whichever speaker came closest."""
+    diarizer, handle = diarizer_handle
+    rng = np.random.default_rng(25)
+    second = np.arange(3 * 16000) / 16000
+    for clip in ((rng.standard_normal(4 * 16000) * 0.2).astype(np.float32),
+                 (0.3 * np.sin(2 * np.pi * 440 * second)).astype(np.float32),
+                 (0.3 * np.sin(2 * np.pi * 100 * second)).astype(np.float32)):
+        with pytest.raises(ValueError, match="0.0 s of speech"):
+            diarizer.reference(handle, "nobody", clip)
+    voice = diarization_set.Voice("en-us", "m3", 45, 165).say(diarization_set.SENTENCES[10])
+    hiss = (rng.standard_normal(3 * 16000) * 0.01).astype(np.float32)
+    padded = diarizer.reference(handle, "ann", np.concatenate([hiss, voice, hiss]))
+    assert 1.0 <= len(padded) / 16000 <= len(voice) / 16000 + 0.5, len(padded) / 16000
+    real = decode_audio(TEST_AUDIO / "jfk.flac")[:8 * 16000]  # a real, noisy recording
+    assert len(diarizer.reference(handle, "jfk", real)) >= 16000 * 4
+
+
 # --- the service ------------------------------------------------------------------------------
 
 def test_api_config_says_which_backends_diarize(service: dict) -> None:
@@ -455,6 +476,14 @@ def test_openai_sdk_diarized_json_with_known_speakers(service: dict, clips: dict
             model="whisper-1", file=handle, response_format="diarized_json",
             known_speaker_names=["alice"], known_speaker_references=[silence])
     assert "silent" in str(bad.value)
+    hiss = "data:audio/wav;base64," + base64.b64encode(encode_wav(
+        (np.random.default_rng(7).standard_normal(3 * 16000) * 0.2).astype(np.float32),
+        16000)).decode()
+    with clips["talk"].open("rb") as handle, pytest.raises(openai.BadRequestError) as bad:
+        client.audio.transcriptions.create(
+            model="whisper-1", file=handle, response_format="diarized_json",
+            known_speaker_names=["alice"], known_speaker_references=[hiss])
+    assert "0.0 s of speech" in str(bad.value)
 
 
 def test_bad_diarization_input_is_refused_before_queueing(service: dict, clips: dict) -> None:

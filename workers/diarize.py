@@ -124,12 +124,9 @@ class Diarizer:
             return _labelled([(start, end, speaker) for start, end, speaker in found],
                              self._names(centroids, voices), 1.0)
         import torch
-        from silero_vad import get_speech_timestamps
 
         with torch.inference_mode():
-            regions = [(r["start"], r["end"]) for r in get_speech_timestamps(
-                torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32)), handle.vad,
-                sampling_rate=SAMPLE_RATE)]
+            regions = _speech_regions(handle, audio)
             windows = [w for start, end in regions for w in _windows(start, end)]
             if not windows:
                 return Diarization([])
@@ -146,6 +143,29 @@ class Diarizer:
                 names = self._names(centroids, {name: _embed(handle, clip)
                                                 for name, clip in references.items()})
         return _labelled(_turns(windows, clusters), names, SAMPLE_RATE)
+
+    def reference(self, handle: DiarizerHandle | pyannote_diarizer.PyannoteHandle, name: str,
+                  clip: np.ndarray) -> np.ndarray:
+        """A known speaker's clip (16 kHz) as it is compared: its speech only, where the
+        bundled VAD finds it (pauses and noise around the voice would pull its embedding
+        toward nobody's). ValueError (the task's 400) for a clip that holds no voice: silent,
+        or noise, music, a tone, which would otherwise be paired with whichever speaker came
+        closest; found before the engine runs, as a bad reference found after the transcript
+        was streamed would fail a task whose output was delivered."""
+        if not len(clip) or float(np.max(np.abs(clip))) < SILENT_REFERENCE_PEAK:
+            raise ValueError(f"the reference clip of known speaker {name!r} is silent")
+        if isinstance(handle, pyannote_diarizer.PyannoteHandle):
+            return clip  # the pipeline's embedding model takes the clip as it is
+        import torch
+
+        with torch.inference_mode():
+            speech = [clip[start:end] for start, end in _speech_regions(handle, clip)]
+        voiced = sum(len(part) for part in speech) / SAMPLE_RATE
+        if voiced < MIN_REFERENCE_SPEECH_SECONDS:
+            raise ValueError(f"the reference clip of known speaker {name!r} holds "
+                             f"{voiced:.1f} s of speech; give one with at least "
+                             f"{MIN_REFERENCE_SPEECH_SECONDS:g} s of that speaker talking")
+        return np.concatenate(speech)
 
     def _names(self, centroids: dict[Any, np.ndarray],
                voices: dict[str, np.ndarray]) -> dict[Any, str]:
@@ -170,14 +190,19 @@ class Diarizer:
 #: a known speaker's reference clip whose loudest sample is below this (of full scale) holds
 #: no voice to compare (digital silence makes the encoder's volume normalisation NaN)
 SILENT_REFERENCE_PEAK = 1e-3
+#: the speech the VAD must find in a known speaker's reference clip (a clip is 2-10 s long):
+#: less embeds too little of the voice to tell it from a close one
+MIN_REFERENCE_SPEECH_SECONDS = 1.0
 
 
-def check_reference(name: str, clip: np.ndarray) -> None:
-    """Refuse (ValueError: the task's 400) a known speaker's clip that holds no voice, before
-    the engine runs: a bad reference found after the transcript was streamed would fail a
-    task whose output was delivered."""
-    if not len(clip) or float(np.max(np.abs(clip))) < SILENT_REFERENCE_PEAK:
-        raise ValueError(f"the reference clip of known speaker {name!r} is silent")
+def _speech_regions(handle: DiarizerHandle, audio: np.ndarray) -> list[tuple[int, int]]:
+    """Where silero-vad hears speech in `audio` (16 kHz), in samples (under inference_mode)."""
+    import torch
+    from silero_vad import get_speech_timestamps
+
+    return [(r["start"], r["end"]) for r in get_speech_timestamps(
+        torch.from_numpy(np.ascontiguousarray(audio, dtype=np.float32)), handle.vad,
+        sampling_rate=SAMPLE_RATE)]
 
 
 def _labelled(turns: list[tuple[Any, Any, Any]], names: dict[Any, str],

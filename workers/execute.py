@@ -141,11 +141,10 @@ def run_engine(
             raise ValueError(f"{backend} has no diarizer loaded")
         # every clip is decoded and checked before the engine runs: a bad reference found
         # after the transcript was streamed would fail a task whose output was delivered
-        references = {name: _decode(sources[clip], diarize.SAMPLE_RATE,
-                                    MAX_REFERENCE_SECONDS)
+        references = {name: diarizer[0].reference(
+                          diarizer[1], name,
+                          _decode(sources[clip], diarize.SAMPLE_RATE, MAX_REFERENCE_SECONDS))
                       for name, clip in zip(speakers.names, speakers.references, strict=True)}
-        for name, clip in references.items():
-            diarize.check_reference(name, clip)
     transcription = transcriber.transcribe(handle, audio, options, on_segment)
     if speakers is not None and row.speakers:  # its own speakers, in the diarizer's labels
         diarize.own_speakers(transcription)
