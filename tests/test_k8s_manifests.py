@@ -230,6 +230,15 @@ def test_cpu_overlay_asks_for_no_gpu_and_external_redis_drops_the_bundled_one() 
     images = {c["image"] for doc in cpu if doc["kind"] in ("Deployment", "StatefulSet")
               for c in doc["spec"]["template"]["spec"]["containers"]}
     assert images == {"localhost/speech-gateway:core"}  # the image scripts/image.sh builds
+    # on GPU nodes the workers take every environment's image, the gateway and Redis the
+    # core one (a gateway pod scheduled on a new node pulls no engine stacks)
+    for overlay in ("base", "overlays/no-keda"):
+        docs = rendered(overlay)
+        pods = {doc["metadata"]["name"]: {c["image"] for c in doc["spec"]["template"]["spec"][
+            "containers"]} for doc in docs if doc["kind"] in ("Deployment", "StatefulSet")}
+        for name, used in pods.items():
+            tag = "all" if name.startswith("speech-gateway-worker-") else "core"
+            assert used == {f"localhost/speech-gateway:{tag}"}, (overlay, name, used)
     # no models claim: the demo's tiny.en is bundled, and a 100 GiB ReadWriteMany claim stays
     # Pending on a one-node cluster's storage (and every worker pod with it)
     assert not of_kind(cpu, "PersistentVolumeClaim")
