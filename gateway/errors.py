@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from redis.exceptions import ResponseError
 from starlette.exceptions import HTTPException
 from starlette.types import Scope
 
@@ -152,13 +153,19 @@ def store_unavailable(exc: Exception, headers: dict[str, str] | None = None) -> 
     500 `store_error` when it answered with an error no retry cures (an ACL's NOPERM, a key of
     another application's type, a command this Redis lacks): the operator's to fix, so no
     client is told to come back in a second, forever."""
-    if not transient(exc):
+    if store_refused(exc):
         log.error("the task store refused a command: %s: %s", type(exc).__name__, exc)
         return RequestError(500, f"the task store refused the command ({store_error_name(exc)})"
                                  "; the gateway's log has the details", code="store_error")
     return RequestError(503, f"the task store is unavailable ({type(exc).__name__})",
                         code="store_unavailable",
                         headers={"Retry-After": str(STORE_RETRY_AFTER_SECONDS), **(headers or {})})
+
+
+def store_refused(exc: Exception) -> bool:
+    """Whether Redis answered the command with an error that no retry cures (not a lost
+    connection, a failover's READONLY or LOADING, or a write no replica confirmed)."""
+    return isinstance(exc, ResponseError) and not transient(exc)
 
 
 def store_error_name(exc: Exception) -> str:
@@ -237,7 +244,7 @@ async def store_error(request: Request, exc: StoreError) -> JSONResponse:
     not an internal error; on a Sage status poll HTTP 200, PENDING with a note while the store
     is unreachable (Sage fails a task for good on anything else), FAILED when it refuses."""
     if getattr(request.scope.get("route"), "path", None) in SAGE_STATUS_ROUTES:
-        if not transient(exc):
+        if store_refused(exc):
             return JSONResponse(sage_body(store_unavailable(exc)))
         task_id = request.query_params.get("task_id") or request.query_params.get("taskid", "")
         return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "PENDING",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from common import keys
 from common.schemas import TaskState
@@ -36,14 +37,16 @@ FIELDS = ("state", "owner", "backend", "model", "lane", "work", "audio_seconds",
 # KEYS: the tasks, one per poll | ARGV: group, the backend slot, then the templates: the batch
 # queue, its counter, the interactive queue, its counter, the backlog, the rates, the live set
 # -> {replies, outlooks}: per task {} for no task, {fields} unless it is PENDING, else
-#    {fields, position (-1: unknown)}; per backend of a PENDING task, once: backend, its
+#    {fields, position (-1: unknown)}, or Redis's error reading it (a key of another type:
+#    another application's); per backend of a PENDING task, once: backend, its
 #    backlog (flat hash), rates (flat hash), live workers
 _POLL = LUA_NOW_MS + positions.LUA + """
 local outlooks, seen = {}, {}
 local function poll(task)
-local f = redis.call('HMGET', task, 'state', 'owner', 'backend', 'model', 'lane', 'work',
-                     'audio_seconds', 'entry_id', 'queue_seq', 'error', 'error_code', 'result',
-                     'usage', 'held')
+local f = redis.pcall('HMGET', task, 'state', 'owner', 'backend', 'model', 'lane', 'work',
+                      'audio_seconds', 'entry_id', 'queue_seq', 'error', 'error_code', 'result',
+                      'usage', 'held')
+if f.err then return f.err end  -- this poll's own error, not every poll's of the call
 if not f[1] then return {} end
 if f[1] ~= 'PENDING' or not (f[8] or f[14]) or not f[3] then return {f} end
 local backend = f[3]
@@ -164,7 +167,10 @@ class UnknownState(ValueError):
     rolling upgrade): the task lives on, whatever this reader makes of it."""
 
 
-def _parsed(task_id: str, reply: list[Any], outlooks: dict[str, Outlook]) -> Poll | None:
+def _parsed(task_id: str, reply: list[Any] | bytes,
+            outlooks: dict[str, Outlook]) -> Poll | None:
+    if isinstance(reply, bytes):  # the read of this task's key failed (WRONGTYPE)
+        raise ResponseError(text(reply))
     if not reply:
         return None
     raw = dict(zip(FIELDS, reply[0], strict=True))

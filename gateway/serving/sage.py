@@ -21,7 +21,6 @@ from common.formats import fastwhisper_legacy
 from common.schemas import BATCH, TaskState
 from common.settings import Settings
 from common.store import StoreError, TaskStore
-from common.store.connection import transient
 from common.store.poll import UnknownState
 from common.store.running_polls import RunningPolls
 from common.store.voices import VoiceStore
@@ -30,6 +29,7 @@ from gateway.errors import (
     RequestError,
     refusal_of,
     refusals_of,
+    store_refused,
     store_unavailable,
 )
 from gateway.policy.admission import Outlook, estimate_at
@@ -86,7 +86,7 @@ async def status(request: Request, owner: str, settings: Settings,
     try:
         return await _status(request, owner, settings, polls, task_id, params.get("format"))
     except StoreError as exc:
-        if not transient(exc):  # NOPERM, WRONGTYPE…: polling on would never end
+        if store_refused(exc):  # NOPERM, WRONGTYPE…: polling on would never end
             refused = store_unavailable(exc)
             return _reply({"task_id": task_id, "taskid": task_id, "status": "FAILED",
                            "error": refused.message, "code": refused.code})
