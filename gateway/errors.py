@@ -162,17 +162,25 @@ def store_unavailable(exc: Exception, headers: dict[str, str] | None = None) -> 
                         headers={"Retry-After": str(STORE_RETRY_AFTER_SECONDS), **(headers or {})})
 
 
+#: Redis's error replies that a wait cures: memory full (noeviction: tasks expire and
+#: finish), persistence failing (the operator's disk), a long script, a cluster re-forming
+PASSING_REFUSALS = ("OOM", "MISCONF", "BUSY", "CLUSTERDOWN")
+
+
 def store_refused(exc: Exception) -> bool:
     """Whether Redis answered the command with an error that no retry cures (not a lost
-    connection, a failover's READONLY or LOADING, or a write no replica confirmed)."""
-    return isinstance(exc, ResponseError) and not transient(exc)
+    connection, a failover's READONLY or LOADING, a write no replica confirmed, nor one of
+    PASSING_REFUSALS)."""
+    return (isinstance(exc, ResponseError) and not transient(exc)
+            and store_error_name(exc) not in PASSING_REFUSALS)
 
 
 def store_error_name(exc: Exception) -> str:
     """A Redis error's own code (NOPERM, WRONGTYPE, ERR), or its class: never its text, which
-    may name keys, users or scripts."""
-    first = str(exc).split(" ", 1)[0]
-    return first if re.fullmatch(r"[A-Z]{2,20}", first) else type(exc).__name__
+    may name keys, users or scripts. (redis-py keeps the code apart from the text of the
+    errors it has a class for, OOM's and NOPERM's, and in the text of the others.)"""
+    code = getattr(exc, "status_code", None) or str(exc).split(" ", 1)[0]
+    return code if re.fullmatch(r"[A-Z]{2,20}", code) else type(exc).__name__
 
 
 # --- the handler ------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import redis as redis_lib
 
 from harness import procs
 from harness.http_client import http
@@ -102,3 +103,29 @@ def test_a_store_that_refuses_the_read_fails_the_poll_rather_than_keep_it_pendin
     assert all(poll["status"] == "FAILED" for poll in polls[::4]), polls[::4]
     others = [poll for i, poll in enumerate(polls) if i % 4]
     assert all(poll["status"] == "SUCCEEDED" for poll in others), others
+    # … where a full Redis (noeviction: tasks expire and finish) is a wait, not a refusal
+    client.config_set("maxmemory", 1)
+    try:
+        full = submit_file(base, JFK)
+        assert full.status_code == 503 and full.headers["Retry-After"] == "1", full.text
+        assert status(base, other)["status"] in ("PENDING", "SUCCEEDED")
+    finally:
+        client.config_set("maxmemory", 0)
+    # … and an ACL that denies the gateway the read (its user, "default", here) a refusal
+    client.acl_setuser("admin", enabled=True, passwords=["+admin"], keys=["*"],
+                       channels=["*"], commands=["+@all"])
+    admin = redis_lib.Redis(port=redis.port, username="admin", password="admin")
+    admin.acl_setuser("default", enabled=True, nopass=True, keys=["*"], channels=["*"],
+                      commands=["+@all", "-hmget", "-hgetall"])
+    try:
+        poll = status(base, other)
+        assert (poll["status"], poll["code"]) == ("FAILED", "store_error"), poll
+        # (a script's denied command is an ERR; the view's own HGETALL a NOPERM)
+        assert "(ERR)" in poll["error"] and "hmget" not in poll["error"], poll
+        view = http.get(f"{base}/v1/tasks/{other}", timeout=30)
+        assert view.status_code == 500 and "(NOPERM)" in view.json()["error"]["message"], \
+            view.text
+    finally:
+        admin.acl_setuser("default", enabled=True, nopass=True, keys=["*"], channels=["*"],
+                          commands=["+@all"])
+    assert status(base, other)["status"] == "SUCCEEDED"
