@@ -55,7 +55,8 @@ KINDS: dict[str, Kind] = {
                            "gpt-4o-mini-transcribe-2025-12-15", "gpt-4o-transcribe-diarize",
                            "gpt-transcribe", "gpt-live-transcribe", "gpt-realtime-whisper")),
         Kind("tts", "/synthesize", "tts_submit_request.json.j2", "tts_status_response.json.j2",
-             openai_names=("tts-1", "tts-1-hd", "gpt-4o-mini-tts"), audio_output=True,
+             openai_names=("tts-1", "tts-1-hd", "gpt-4o-mini-tts",
+                           "gpt-4o-mini-tts-2025-12-15"), audio_output=True,
              usage_unit="characters"),
         # audio in, a JSON result out; the row declares its clips and params, so the gateway,
         # the worker's direct endpoint, Sage and the smoke test need nothing of their own

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from openai.types.audio import TranscriptionVerbose
 
 from common import keys
 from common.backends import BACKENDS as TABLE
@@ -110,6 +111,9 @@ def test_sage_and_openai_endpoints(e2e: dict, backend: str) -> None:
     body = verbose.json()
     assert isinstance(body["duration"], float) and body["duration"] == pytest.approx(11.0, 0.01)
     assert all(set(s) >= SEGMENT_FIELDS for s in body["segments"])
+    # the SDK's own type, strictly: `language` is a string even where the engine names none
+    TranscriptionVerbose.model_validate(body, strict=True)
+    assert body["language"] in ("english", "unknown"), body["language"]
     plain = http.post(url, files={"file": JFK.open("rb")}, timeout=240,
                        data={"model": f"{backend}/tiny", "response_format": "text"})
     assert plain.status_code == 200 and plain.text.strip() == body["text"].strip()

@@ -114,6 +114,7 @@ def test_current_openai_model_and_voice_names(client: openai.OpenAI) -> None:
     with JFK.open("rb") as handle:
         body = client.audio.transcriptions.create(model="gpt-4o-transcribe", file=handle)
     assert wer(JFK_TEXT, body.text) <= 0.10
+    assert body._request_id and len(body._request_id) >= 16  # the task's id, for support
     settings = Settings(redis_url="redis://127.0.0.1:1/0",
                         models={"faster-whisper": {"tiny.en": "bundled"},
                                 "xtts": {"v2": "/nonexistent"}})
@@ -130,7 +131,10 @@ def test_current_openai_model_and_voice_names(client: openai.OpenAI) -> None:
     for name in sdk_names:
         assert resolve_public_model(settings, name, "asr") == asr, name
     tts = resolve_public_model(settings, "tts-1", "tts")
-    assert resolve_public_model(settings, "gpt-4o-mini-tts", "tts") == tts
+    from openai.types.audio.speech_model import SpeechModel
+
+    for name in typing.get_args(SpeechModel):  # every speech model the SDK names, too
+        assert resolve_public_model(settings, name, "tts") == tts, name
     assert settings.voice("marin") and settings.voice("cedar")
 
 

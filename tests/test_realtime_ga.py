@@ -36,6 +36,7 @@ from tests.test_realtime import (
     Raw,
     check_turn_events,
     chunks,
+    configure,
     connect,
     joined_transcript,
     pcm,
@@ -349,6 +350,36 @@ def test_completed_events_match_their_turns_by_item_id(live: dict[str, Any]) -> 
         assert closest == sentence and wer(sentence, texts[item]) <= 0.5, texts
 
 
+def test_a_turn_detection_change_mid_speech_ends_that_turn_as_its_item(
+        live: dict[str, Any]) -> None:
+    """Tuning the VAD while the user talks: the speech so far is stopped and committed as the
+    item its speech_started named, and transcribed (it was dropped, but for its last 300 ms,
+    and that item never ended); the new detector then takes the rest as turns of its own."""
+    async def run() -> Raw:
+        client = await connect(live)
+        await configure(client, {"type": "server_vad", "silence_duration_ms": 500})
+        data = pcm(JFK, silence=1.5)
+        parts = chunks(data)
+        for index, chunk in enumerate(parts):
+            await client.send(type="input_audio_buffer.append", audio=chunk)
+            if index == 40:  # 4 s in: JFK is mid-sentence
+                await client.wait(lambda: client.of("input_audio_buffer.speech_started"), 10)
+                await configure(client, {"type": "server_vad", "silence_duration_ms": 400})
+        await client.wait(lambda: client.of("input_audio_buffer.committed") and len(client.of(
+            f"{TRANSCRIPTION}.completed")) == len(client.of("input_audio_buffer.committed")), 90)
+        await asyncio.sleep(1.0)  # (no late events)
+        await client.socket.close()
+        return client
+
+    client = asyncio.run(run())
+    check_turn_events(client, vad=True)  # every started item stopped, committed, completed
+    first = client.of("input_audio_buffer.committed")[0]["item_id"]
+    assert first == client.of("input_audio_buffer.speech_started")[0]["item_id"]
+    texts = {e["item_id"]: e["transcript"] for e in client.of(f"{TRANSCRIPTION}.completed")}
+    assert "fellow" in texts[first].lower(), texts  # the first 4 s, heard
+    assert wer(JFK_TEXT, joined_transcript(client)) <= 0.25, joined_transcript(client)
+
+
 def espeak(text: str, path: Path) -> np.ndarray:
     speak_to(path, text)
     return decode_audio(path, 16000)
@@ -464,6 +495,30 @@ def test_an_ephemeral_key_opens_a_session_until_it_expires(live: dict[str, Any])
 
     closed = asyncio.run(expired())
     assert closed.rcvd is not None and closed.rcvd.code == 1008 and "expired" in closed.rcvd.reason
+
+
+def test_an_ephemeral_key_met_by_a_key_store_outage_is_told_to_come_back(
+        tmp_path: Path) -> None:
+    """With Redis down the gateway cannot look an ephemeral key up: the socket closes 1013
+    (try again later), which the SDK reconnects on, not 1008, which it takes as final."""
+    server = procs.RedisServer(tmp_path / "redis").start()
+    gateway = procs.gateway(server.url, tmp_path, api_keys=[f"sha256:{digest(KEY)}"]).start()
+    server.stop()
+
+    async def run() -> websockets.ConnectionClosed:
+        socket = await websockets.connect(
+            gateway.url.replace("http://", "ws://") + "/v1/realtime?intent=transcription",
+            subprotocols=["realtime", "openai-insecure-api-key.ek_" + "x" * 32])  # type: ignore[list-item]
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await socket.recv()
+        return closed.value
+
+    try:
+        closed = asyncio.run(run())
+    finally:
+        gateway.stop()
+    assert closed.rcvd is not None and closed.rcvd.code == 1013, closed.rcvd
+    assert "unavailable" in closed.rcvd.reason
 
 
 def test_a_client_secret_keeps_only_the_checked_session(live: dict[str, Any]) -> None:

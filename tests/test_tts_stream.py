@@ -225,8 +225,11 @@ def test_wav_mp3_opus_aac_and_sse_streams(stack: dict[str, Any]) -> None:
     *deltas, done = events
     assert {event["type"] for event in deltas} == {"speech.audio.delta"} and len(deltas) > 1
     assert b"".join(base64.b64decode(event["audio"]) for event in deltas) == pcm
+    # the same usage rule as a transcription stream's done event: no tokens, the metered
+    # unit by name
     assert done == {"type": "speech.audio.done", "usage": {
-        "input_tokens": len(SHORT), "output_tokens": 0, "total_tokens": len(SHORT)}}
+        "type": "tokens", "input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
+        "characters": len(SHORT)}}
     assert wav_pcm(stored_wav(reply))[0] == pcm  # seeded: every task speaks alike
 
 
@@ -482,5 +485,35 @@ def test_only_the_running_attempt_appends_each_piece_once(tmp_path: Path) -> Non
 
     try:
         asyncio.run(scenario())
+    finally:
+        server.stop()
+
+
+def test_a_spoken_task_whose_audio_cannot_be_read_is_final(tmp_path: Path) -> None:
+    """A speech task that SUCCEEDED (and was charged) but whose audio is gone or unreadable
+    is a 500 with `x-should-retry: false`: the SDK retries a 500 twice, each retry a new task
+    spoken and charged again, failing the same way."""
+    from gateway.errors import RequestError
+    from gateway.serving.speech_stream import _wav_tail
+
+    server = procs.RedisServer(tmp_path / "redis").start()
+
+    async def scenario() -> list[RequestError]:
+        store = TaskStore(Redis.from_url(server.url), 3600)
+        task = Task(id="t1", backend="xtts", model="tiny", state=TaskState.SUCCEEDED)
+        refused = []
+        for blob in (None, b"RIFF not a wav at all"):
+            if blob is not None:
+                await store.redis.set(keys.output_blob(task.id), blob)
+            with pytest.raises(RequestError) as error:
+                await _wav_tail(store, task, 0)
+            refused.append(error.value)
+        await store.redis.aclose()
+        return refused
+
+    try:
+        for error in asyncio.run(scenario()):
+            assert error.status_code == 500 and error.code == "audio_missing", error
+            assert (error.headers or {}).get("x-should-retry") == "false", error.headers
     finally:
         server.stop()

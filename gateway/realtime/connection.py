@@ -53,8 +53,11 @@ class RealtimeServing:
         await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
         try:
             owner, preset = await websocket_caller(websocket, self.settings, self.secrets)
-        except RequestError as refused:
-            await websocket.close(POLICY_VIOLATION, refused.message)
+        except RequestError as refused:  # a bad key is final; a key store down is not (the
+            # SDK reconnects on 1013, and takes any other code as for good)
+            await websocket.close(
+                TRY_AGAIN_LATER if refused.status_code >= 500 else POLICY_VIOLATION,
+                refused.message)
             return
         intent = websocket.query_params.get("intent")
         if intent is not None and intent not in INTENTS:

@@ -54,6 +54,7 @@ from gateway.realtime.vad import SAMPLE_RATE
 from gateway.serving.calls import (
     Deltas,
     SyncCalls,
+    metered_seconds,
     still_running,
     task_failed,
 )
@@ -243,6 +244,8 @@ class Session:
 
     async def _update(self, event: ClientEvent) -> None:
         config = updated(self.config, event.body.get("session"), event.event_id)
+        if config.turn_detection != self.config.turn_detection and self._speech_item:
+            await self._end_speech()  # the new detector starts afresh: this turn ends here
         self._apply(config, event.event_id)
         await self._send(server_event("session.updated", session=config.public(self.id)))
 
@@ -278,6 +281,15 @@ class Session:
                 await self._send(server_event("input_audio_buffer.speech_stopped",
                                               audio_end_ms=_ms(change.sample), item_id=item))
                 await self._committed(item, change.turn)
+
+    async def _end_speech(self) -> None:
+        """The speech in progress, stopped and committed as the item its speech_started
+        named (a client waits on that item: the turn's audio must not be dropped with it)."""
+        item, self._speech_item = self._speech_item or new_id("item"), None
+        await self._send(server_event("input_audio_buffer.speech_stopped",
+                                      audio_end_ms=_ms(self.buffer.received), item_id=item))
+        if (turn := self.buffer.commit()) is not None:
+            await self._committed(item, turn)
 
     async def _commit(self, event: ClientEvent) -> None:
         held = self.buffer.buffered / SAMPLE_RATE * 1000
@@ -415,7 +427,7 @@ class Session:
             await self._send(server_event(
                 f"{TRANSCRIPTION}.completed", item_id=item, content_index=0,
                 transcript=task.result.get("text", ""),
-                usage={"type": "duration", "seconds": round(seconds, 3)}))
+                usage={"type": "duration", "seconds": metered_seconds(seconds)}))
         else:
             await self._failed(item, openai_error(task_failed(task)))
 

@@ -201,11 +201,17 @@ FINAL_CODES = frozenset({ErrorCode.ENGINE_ERROR, ErrorCode.INVALID_REQUEST,
 NO_RETRY = {"x-should-retry": "false"}
 
 
+def task_headers(task_id: str) -> dict[str, str]:
+    """The headers naming a call's task: `x-task-id`, and the same as `x-request-id`, the id
+    the openai SDK keeps (`response._request_id`, `error.request_id`) for a support request."""
+    return {"x-task-id": task_id, "x-request-id": task_id}
+
+
 def task_failed(task: Task) -> RequestError:
     """A FAILED or CANCELLED task, as the error its caller gets (with `x-task-id`, and
     `x-should-retry: false` for FINAL_CODES): the one error of every reply, whole or streamed
     (SSE `error` events, realtime `...failed`), with the task's own code."""
-    headers = {"x-task-id": task.id}
+    headers = task_headers(task.id)
     if task.state == TaskState.CANCELLED:
         return RequestError(409, task.error or "the task was cancelled",
                             code=ErrorCode.CANCELLED.value, headers={**headers, **NO_RETRY})
@@ -285,7 +291,7 @@ def still_running(task_id: str, headers: dict[str, str] | None = None) -> Reques
     retry would queue the same work again (`x-should-retry: false`)."""
     return RequestError(504, f"the task is still running; poll /v1/tasks/{task_id}",
                         code="task_timeout", type=ErrorType.TIMEOUT,
-                        headers={"x-task-id": task_id, **NO_RETRY, **(headers or {})},
+                        headers={**task_headers(task_id), **NO_RETRY, **(headers or {})},
                         extra={"task_id": task_id})
 
 
@@ -350,6 +356,21 @@ def sse_error(error: RequestError) -> bytes:
     """The `error` event that ends a stream (transcription and speech alike), with what the
     whole reply's body carries beside the error (a timeout's `task_id`)."""
     return sse_event({"type": "error", "error": openai_error(error), **error.extra})
+
+
+def stream_usage(**metered: float) -> dict[str, Any]:
+    """The `usage` of a stream's last event (`transcript.text.done`, `speech.audio.done`):
+    OpenAI's token usage, with no tokens (nothing here is billed in tokens), and beside it
+    what is metered, by name (`seconds` of audio heard, `characters` spoken): one rule for
+    both streams, so a client that reads one reads the other."""
+    return {"type": "tokens", "input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
+            **metered}
+
+
+def metered_seconds(seconds: float) -> float:
+    """Audio seconds as every reply reports them (a body's `usage`, a stream's, a realtime
+    turn's): as charged, to the millisecond."""
+    return round(seconds, 3)
 
 
 #: an SSE comment: clients ignore it, proxies see the connection is alive

@@ -19,11 +19,13 @@ from gateway.auth import owner_or_none
 from gateway.errors import RequestError
 from gateway.policy.signing import output_url, token_valid
 from gateway.serving.calls import (
+    NO_RETRY,
     Disconnected,
     SyncCalls,
     public_model,
     response_format,
     task_failed,
+    task_headers,
 )
 from gateway.serving.speech_stream import stream_reply
 from gateway.serving.voices import use_custom_voice
@@ -72,15 +74,17 @@ class SpeechServing:
     async def _audio_reply(self, task: Task, response_format: str) -> Response:
         if task.state != TaskState.SUCCEEDED:
             raise task_failed(task)
-        headers = {"x-task-id": task.id}
+        headers = task_headers(task.id)
         wav = await guard_store(self.store.blobs.output(task.id), headers)
+        # the task SUCCEEDED (and is charged): the SDK's retry of a 500 would speak it again
+        final = {**headers, **NO_RETRY}
         if wav is None:
             raise RequestError(500, "the synthesized audio is missing", code="audio_missing",
-                               headers=headers)
+                               headers=final)
         try:
             body, content_type = await asyncio.to_thread(transcode, wav, response_format)
         except AudioError as exc:
-            raise RequestError(500, str(exc), headers=headers) from None
+            raise RequestError(500, str(exc), headers=final) from None
         return Response(body, media_type=content_type, headers=headers)
 
     async def task_audio(self, request: Request, task_id: str, token: str | None) -> Response:

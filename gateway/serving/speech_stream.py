@@ -31,13 +31,16 @@ from common.stream_audio import StreamEncoder
 from gateway.errors import RequestError, store_unavailable
 from gateway.serving.calls import (
     KEEPALIVE,
+    NO_RETRY,
     Call,
     TimedStreamingResponse,
     sse_error,
     sse_event,
     sse_reply,
     still_running,
+    stream_usage,
     task_failed,
+    task_headers,
     unless_gone,
 )
 
@@ -103,11 +106,12 @@ async def _wav_tail(store: TaskStore, task: Task, sent: int) -> tuple[bytes, int
     """The finished task's samples past the first `sent` bytes, and their rate."""
     wav = await store.blobs.output(task.id)
     if wav is None:
-        raise RequestError(500, "the synthesized audio is missing", code="audio_missing")
+        raise RequestError(500, "the synthesized audio is missing", code="audio_missing",
+                           headers=NO_RETRY)
     try:
         pcm, rate = await asyncio.to_thread(wav_pcm, wav)
     except AudioError as exc:
-        raise RequestError(500, str(exc), code="audio_missing") from None
+        raise RequestError(500, str(exc), code="audio_missing", headers=NO_RETRY) from None
     return (pcm[sent:], rate) if len(pcm) > sent else None
 
 
@@ -124,7 +128,7 @@ async def stream_reply(request: Request, call: Call, store: TaskStore, *, fmt: s
     if isinstance(first, Task):  # finished without a piece: it failed
         await pieces.aclose()
         raise task_failed(first)
-    headers = {"x-task-id": call.task_id, "cache-control": "no-cache", **headers}
+    headers = {**task_headers(call.task_id), "cache-control": "no-cache", **headers}
     if isinstance(first, Quiet):  # (sse only) the encoder is made with the first piece
         return sse_reply(_sse(pieces, None, Encoding(fmt), characters), send_timeout,
                          headers)
@@ -132,8 +136,9 @@ async def stream_reply(request: Request, call: Call, store: TaskStore, *, fmt: s
     try:
         encoder = encoding.of(first.sample_rate)
     except AudioError as exc:
-        await pieces.aclose()
-        raise RequestError(500, str(exc)) from None
+        await pieces.aclose()  # (the task speaks on: a retry would speak it again)
+        final = {**task_headers(call.task_id), **NO_RETRY}
+        raise RequestError(500, str(exc), headers=final) from None
     if stream_format == "sse":
         return sse_reply(_sse(pieces, first, encoding, characters), send_timeout, headers)
     return TimedStreamingResponse(_audio(pieces, first, encoding), send_timeout,
@@ -213,8 +218,8 @@ async def _audio(pieces: Spoken, first: SpeechChunk | None,
 
 async def _sse(pieces: Spoken, first: SpeechChunk | None, encoder: Encoding,
                characters: int) -> AsyncIterator[bytes]:
-    """OpenAI's speech stream events; `usage` counts the text's characters as its input
-    tokens (what this service bills by) and no output tokens."""
+    """OpenAI's speech stream events; `usage` names the text's characters (what this
+    service bills by: calls.stream_usage)."""
     try:
         async for item in _encoded(pieces, first, encoder):
             if item is None:
@@ -223,9 +228,8 @@ async def _sse(pieces: Spoken, first: SpeechChunk | None, encoder: Encoding,
                 yield sse_event({"type": "speech.audio.delta",
                                  "audio": base64.b64encode(item).decode()})
             elif item.state == TaskState.SUCCEEDED:
-                yield sse_event({"type": "speech.audio.done", "usage": {
-                    "input_tokens": characters, "output_tokens": 0,
-                    "total_tokens": characters}})
+                yield sse_event({"type": "speech.audio.done",
+                                 "usage": stream_usage(characters=characters)})
             else:
                 yield sse_error(task_failed(item))
     except RequestError as exc:  # timed out, the store gone too long, the audio missing

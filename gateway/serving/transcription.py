@@ -5,7 +5,6 @@ format. Every refusal is a RequestError, rendered by the app."""
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,13 +25,16 @@ from gateway.serving.calls import (
     Disconnected,
     Events,
     SyncCalls,
+    metered_seconds,
     public_model,
     response_format,
     sse_error,
     sse_event,
     sse_reply,
     still_running,
+    stream_usage,
     task_failed,
+    task_headers,
     unless_gone,
 )
 from gateway.submit.diarization import asr_input
@@ -119,7 +121,7 @@ class TranscriptionServing:
                 raise error
             return sse_reply(_sse(call.events, call.task_id, asked, first),
                              self.settings.send_timeout_seconds,
-                             {"x-task-id": call.task_id, **call.headers})
+                             {**task_headers(call.task_id), **call.headers})
         finished = await call.outcome(request)
         if isinstance(finished, Disconnected):
             return Response(status_code=499)  # never delivered: the client is gone
@@ -156,7 +158,7 @@ def render(task: Task, asked: Asked) -> Response:
         raise task_failed(task)
     result = task.result
     segments = result["segments"]
-    headers = {"x-task-id": task.id}
+    headers = task_headers(task.id)
     usage = _usage(result)
     if asked.response_format == "text":
         return PlainTextResponse(result["text"] + "\n", headers=headers)
@@ -224,26 +226,29 @@ def _diarized(segment: dict[str, Any]) -> dict[str, Any]:
             "speaker": segment.get("speaker") or UNKNOWN_SPEAKER}
 
 
-def _language(result: dict[str, Any], asked: Asked) -> str | None:
+#: verbose_json's `language` where the engine names none (Parakeet, VibeVoice not told one):
+#: the SDK's type is a string, never null
+UNKNOWN_LANGUAGE = "unknown"
+
+
+def _language(result: dict[str, Any], asked: Asked) -> str:
     """verbose_json's `language`: OpenAI's name ("english"); a translation's is English."""
     if asked.task == "translate":
         return "english"
     code = result.get("language")
-    if not isinstance(code, str):
-        return None
+    if not isinstance(code, str) or not code:
+        return UNKNOWN_LANGUAGE
     code = code.lower()
     return LANGUAGE_NAMES.get(code) or LANGUAGE_NAMES.get(code.split("-", 1)[0], code)
 
 
 def _usage(result: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "duration", "seconds": math.ceil(result["usage"]["audio_seconds"])}
+    return {"type": "duration", "seconds": metered_seconds(result["usage"]["audio_seconds"])}
 
 
 def _done_usage(result: dict[str, Any]) -> dict[str, Any]:
-    """`transcript.text.done`'s usage: the SDK reads only token usage there, so it is one
-    with no tokens (nothing is billed in tokens), plus the metered `seconds`."""
-    return {"type": "tokens", "input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
-            "seconds": _usage(result)["seconds"]}
+    """`transcript.text.done`'s usage: the SDK reads only token usage there (calls.stream_usage)."""
+    return stream_usage(seconds=metered_seconds(result["usage"]["audio_seconds"]))
 
 
 async def _first_event(events: Events, request: Request) -> list[dict[str, Any]] | None:
