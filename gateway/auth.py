@@ -69,6 +69,11 @@ async def websocket_caller(websocket: WebSocket, settings: Settings,
         if secret is None:
             raise RequestError(401, "the ephemeral key has expired (or was never minted)",
                                code="invalid_api_key")
+        if settings.api_keys and settings.api_key(secret.owner) is None:
+            # its key was revoked since: the ephemeral keys it minted go with it (they would
+            # run on, for up to two hours, with none of its quotas or limits)
+            raise RequestError(401, "the API key that minted this ephemeral key is no longer "
+                                    "configured", code="invalid_api_key")
         return secret.owner, secret.session
     return key_owner(key, settings), None
 

@@ -521,6 +521,42 @@ def test_an_ephemeral_key_met_by_a_key_store_outage_is_told_to_come_back(
     assert "unavailable" in closed.rcvd.reason
 
 
+def test_an_ephemeral_key_goes_with_the_key_that_minted_it(tmp_path: Path) -> None:
+    """A revoked API key's ephemeral keys are refused (1008) from then on: they ran on, for
+    up to two hours, as an owner no quota, limit or lane share applies to."""
+    server = procs.RedisServer(tmp_path / "redis").start()
+    other = "sk-another-key-entirely"
+    both = [f"sha256:{digest(KEY)}", f"sha256:{digest(other)}"]
+    gateways = [procs.gateway(server.url, tmp_path, api_keys=both).start()]
+    try:
+        minted = http.post(f"{gateways[0].url}/v1/realtime/client_secrets", headers=AUTH,
+                           json={"session": {"type": "transcription"}}, timeout=10)
+        assert minted.status_code == 200, minted.text
+        secret = minted.json()["value"]
+
+        async def opened(url: str) -> int | None:
+            socket = await websockets.connect(
+                url.replace("http://", "ws://") + "/v1/realtime?intent=transcription",
+                subprotocols=["realtime", f"openai-insecure-api-key.{secret}"])  # type: ignore[list-item]
+            try:
+                event = json.loads(await socket.recv())
+                assert event["type"] == "session.created", event
+                return None
+            except websockets.ConnectionClosed as closed:
+                return closed.rcvd.code if closed.rcvd is not None else -1
+            finally:
+                await socket.close()
+
+        assert asyncio.run(opened(gateways[0].url)) is None  # while its key is configured
+        gateways.append(procs.gateway(server.url, tmp_path,
+                                      api_keys=[f"sha256:{digest(other)}"]).start())
+        assert asyncio.run(opened(gateways[1].url)) == 1008  # once it is not
+    finally:
+        for gateway in gateways:
+            gateway.stop()
+        server.stop()
+
+
 def test_a_client_secret_keeps_only_the_checked_session(live: dict[str, Any]) -> None:
     """What a key is minted with is stored for its life: only the fields a session reads,
     from a body of at most 64 KiB; a field no session has is refused by name."""
