@@ -489,6 +489,25 @@ def test_only_the_running_attempt_appends_each_piece_once(tmp_path: Path) -> Non
         server.stop()
 
 
+def test_a_repeated_idempotency_key_cannot_stream_a_task_submitted_whole(
+        stack: dict[str, Any]) -> None:
+    """A task submitted whole is charged whole and refunded whole if it fails: a repeat of its
+    idempotency key asking for a stream (which would hear its pieces as they are spoken,
+    while nothing meters them) is a 409; a repeat that asks what the first asked gets the
+    same task."""
+    key = {"Idempotency-Key": "spoken-whole-once"}
+    whole = http.post(f"{stack['url']}/api/xtts-submit", headers=key, timeout=TIMEOUT,
+                      data={"text": SHORT, "voice": "alloy"})
+    assert whole.status_code == 200, whole.text
+    again = http.post(f"{stack['url']}/api/xtts-submit", headers=key, timeout=TIMEOUT,
+                      data={"text": SHORT, "voice": "alloy"})
+    assert again.json()["taskid"] == whole.json()["taskid"]
+    streamed = http.post(f"{stack['url']}/v1/audio/speech", headers=key, timeout=TIMEOUT,
+                         json={**SPEECH, "input": SHORT, "stream_format": "sse"})
+    assert streamed.status_code == 409, streamed.text
+    assert streamed.json()["error"]["code"] == "idempotency_key_reused"
+
+
 def test_a_spoken_task_whose_audio_cannot_be_read_is_final(tmp_path: Path) -> None:
     """A speech task that SUCCEEDED (and was charged) but whose audio is gone or unreadable
     is a 500 with `x-should-retry: false`: the SDK retries a 500 twice, each retry a new task

@@ -86,7 +86,8 @@ async def _enqueue(store: TaskStore, settings: Settings, *, backend: str, model:
     except QuotaExceeded as refused:
         raise quota_exceeded(refused, time.time()) from None
     except Duplicate as repeat:
-        return await _original(store, backend, repeat.task_id, audio)
+        return await _original(store, backend, repeat.task_id, audio,
+                               bool(options.get("streamed")))
     return task
 
 
@@ -106,9 +107,10 @@ async def _refuse_if_broken(store: TaskStore, settings: Settings, backend: str, 
                                param="model", code="model_unavailable")
 
 
-async def _original(store: TaskStore, backend: str, task_id: str, audio: AudioInput) -> Task:
-    """The task a repeated idempotency key made; a 409 when it expired or is another
-    backend's."""
+async def _original(store: TaskStore, backend: str, task_id: str, audio: AudioInput,
+                    streamed: bool) -> Task:
+    """The task a repeated idempotency key made; a 409 when it expired, is another
+    backend's, or was not streamed where the repeat streams it."""
     await store.blobs.unstage(audio.staged)  # the original task has its own input
     original = await guard_store(store.get(task_id))
     if original is None:
@@ -117,6 +119,13 @@ async def _original(store: TaskStore, backend: str, task_id: str, audio: AudioIn
     if original.backend != backend:  # another kind of call could not render it
         raise RequestError(409, f"this idempotency key was used for a {original.backend} "
                                 f"task, not {backend}: use a new key for another request",
+                           param="idempotency_key", code="idempotency_key_reused")
+    if streamed and not original.params.get("streamed"):
+        # a task not streamed is charged whole, and refunded whole if it fails: a stream of
+        # its pieces would take what a failure gives back (the worker meters a streamed
+        # task's pieces as it delivers them)
+        raise RequestError(409, "this idempotency key was used for a request that was not "
+                                "streamed: use a new key to stream",
                            param="idempotency_key", code="idempotency_key_reused")
     return original
 
