@@ -59,6 +59,18 @@ class BodiesOverBudget(BodyRefused):
                 "already; retry shortly")
 
 
+class HolderOverShare(BodiesOverBudget):
+    """One caller's bodies in progress would pass its share of the budget: a caller that
+    trickles a few large uploads must not leave every other caller's upload refused."""
+
+    def message(self, limits: BodyLimitMiddleware) -> str:
+        return (f"this key's uploads in progress hold its share of this gateway process's "
+                f"{limits.budget_bytes // 2**20} MiB already; retry shortly")
+
+
+#: the request's scope -> who holds its body, for the budget's per-holder share (None: no one
+#: in particular)
+Holder = Callable[[Scope], str | None]
 #: (the request's scope, HTTP status, message, code) -> the (HTTP status, JSON body) that
 #: answer a refusal
 ErrorReply = Callable[[Scope, int, str, str], Awaitable[tuple[int, dict[str, Any]]]]
@@ -76,16 +88,22 @@ class BodyLimitMiddleware:
     def __init__(self, app: ASGIApp, max_bytes: int, idle_seconds: float = 60.0,
                  deadline_seconds: float = 900.0,
                  error_reply: ErrorReply = default_error_reply,
-                 path_limits: dict[str, int] | None = None, budget_bytes: int = 0) -> None:
+                 path_limits: dict[str, int] | None = None, budget_bytes: int = 0,
+                 holder: Holder | None = None, holder_share: float = 0.5) -> None:
         """`error_reply` shapes a refusal's answer (the gateway passes its own renderer);
         `path_limits`: a smaller limit for the paths that begin with each prefix (a route
         whose uploads are small is not made to read the whole `max_bytes` first);
         `budget_bytes`: the most body bytes the requests in progress may hold together
-        (0: no bound; one request alone always may)."""
+        (0: no bound; one request alone always may); `holder` names the caller of a request
+        (the gateway: its API key), who may hold `holder_share` of the budget at most (again,
+        one request of its alone always may)."""
         self.app = app
         self.max_bytes = max_bytes
         self.budget_bytes = budget_bytes
+        self.holder = holder
+        self.share_bytes = int(budget_bytes * holder_share)
         self.held = 0  # the body bytes of the requests in progress
+        self.held_by: dict[str, int] = {}  # … by holder
         self.path_limits = path_limits or {}
         self.idle_seconds = idle_seconds
         self.deadline_seconds = deadline_seconds
@@ -104,10 +122,11 @@ class BodyLimitMiddleware:
         # a declared length is held from the start (uploads arriving together would all see
         # an empty budget, and one be refused half-way); what arrives past it counts as it comes
         reserved = int(declared) if declared is not None and declared.isdigit() else 0
-        if reserved and self._over_budget(reserved, 0):  # (no body, no refusal: a poll)
-            await self._reject(scope, send, BodiesOverBudget())
+        who = self.holder(scope) if self.holder is not None and self.budget_bytes else None
+        if reserved and (over := self._over_budget(reserved, 0, who)):  # (no body: a poll)
+            await self._reject(scope, send, over)
             return
-        self.held += reserved
+        self._hold(who, reserved)
         counted = reserved  # what this request holds of `held`
         received = 0
         body_done = False
@@ -130,13 +149,13 @@ class BodyLimitMiddleware:
                 received += len(message.get("body", b""))
                 grown = received > counted  # past what it declared (or had no length)
                 if grown:
-                    self.held += received - counted
+                    self._hold(who, received - counted)
                     counted = received
                 if received > limit:
                     refused = BodyTooLarge(limit)
                     raise refused
-                if grown and self._over_budget(0, counted):
-                    refused = BodiesOverBudget()
+                if grown and (over := self._over_budget(0, counted, who)):
+                    refused = over
                     raise refused
                 body_done = not message.get("more_body", False)
             return message
@@ -160,14 +179,29 @@ class BodyLimitMiddleware:
                 response_started = True
                 await self._reject(scope, send, refusal)
         finally:  # (its reply is over: the app holds its body no longer)
-            self.held -= counted
+            self._hold(who, -counted)
 
-    def _over_budget(self, coming: int, own: int) -> bool:
-        """Whether `coming` more bytes (this request holding `own` of `held` already) pass
-        the budget; a request alone never does. A body counts until its reply is over (a
-        waiting call's upload is still in memory)."""
-        return (self.budget_bytes > 0 and self.held + coming > self.budget_bytes
-                and self.held > own)
+    def _hold(self, who: str | None, size: int) -> None:
+        self.held += size
+        if who is not None:
+            if mine := self.held_by.get(who, 0) + size:
+                self.held_by[who] = mine
+            else:
+                self.held_by.pop(who, None)
+
+    def _over_budget(self, coming: int, own: int, who: str | None) -> BodiesOverBudget | None:
+        """The refusal when `coming` more bytes (this request holding `own` of `held`
+        already) pass the budget, or the holder's share of it; a request alone never does.
+        A body counts until its reply is over (a waiting call's upload is still in memory)."""
+        if self.budget_bytes <= 0:
+            return None
+        if who is not None:
+            mine = self.held_by.get(who, 0)
+            if mine + coming > self.share_bytes and mine > own:
+                return HolderOverShare()
+        if self.held + coming > self.budget_bytes and self.held > own:
+            return BodiesOverBudget()
+        return None
 
     async def _reject(self, scope: Scope, send: Send, refusal: BodyRefused) -> None:
         status, body = await self.error_reply(scope, refusal.status_code, refusal.message(self),

@@ -272,8 +272,8 @@ class Settings(BaseSettings):
     #: turns of one session being transcribed at once; a turn committed past it fails
     #: (`too_many_pending_turns`)
     realtime_max_pending_turns: int = Field(default=8, ge=1)
-    #: one key may hold at most this share of a process's sessions and of its waiting calls
-    #: (`max_waiting_requests`; keys on)
+    #: one key may hold at most this share of a process's sessions, of its waiting calls
+    #: (`max_waiting_requests`) and of its upload budget (`upload_budget_mib`; keys on)
     realtime_key_share: float = Field(default=0.5, gt=0, le=1)
     #: one key's live sessions in every gateway process together (0: its share of one
     #: process's, `realtime_key_share` x `realtime_max_sessions`)

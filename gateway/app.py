@@ -20,6 +20,7 @@ from common.store.webhooks import WebhookStore
 from gateway import errors
 from gateway.auth import (
     PUBLIC_ROUTES,
+    body_holder,
     require_key,
     require_key_or_metrics_token,
     require_key_or_signed_url,
@@ -99,7 +100,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                        error_reply=errors.refusal_reply,
                        # (/v1/audio/voices and /v1/audio/voice_consents)
                        path_limits={"/v1/audio/voice": VOICE_BODY_BYTES},
-                       budget_bytes=int(settings.upload_budget_mib * 2**20))
+                       budget_bytes=int(settings.upload_budget_mib * 2**20),
+                       # each key its share (with keys off, one caller: no share)
+                       holder=body_holder if settings.api_keys else None,
+                       holder_share=settings.realtime_key_share)
 
     # anyone: liveness, readiness, the try-it page's files (exactly auth.PUBLIC_ROUTES)
     public = [health.public, ui.router]

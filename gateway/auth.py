@@ -26,6 +26,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request, WebSocket
 from starlette.requests import HTTPConnection
+from starlette.types import Scope
 
 from common.settings import Settings
 from common.store import StoreError
@@ -162,6 +163,12 @@ def _is_metrics_token(request: Request, token: str) -> bool:
 
 def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def body_holder(scope: Scope) -> str | None:
+    """Who holds a request's body, for the upload budget's per-key share
+    (common/body_limit.py): the key it presents (checked later, by its route)."""
+    return presented_key(HTTPConnection(scope))
 
 
 def presented_key(request: HTTPConnection) -> str | None:

@@ -10,9 +10,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
+from gateway.auth import digest
 from harness import procs
 from harness.http_client import http
 from harness.procs import wait_until
@@ -180,5 +182,40 @@ def test_uploads_past_the_process_budget_wait_their_turn(tmp_path: Path) -> None
         finally:
             holder.close()
     finally:
+        gateway.stop()
+        server.stop()
+
+
+def test_one_key_holds_at_most_half_the_upload_budget(tmp_path: Path) -> None:
+    """With keys on, one key's uploads in progress hold at most half of
+    SPEECH_UPLOAD_BUDGET_MIB: a key that trickles a large upload or two is refused its next
+    (503 with Retry-After), while another key's upload still passes (every other caller's
+    upload was refused for as long as the trickle lasted)."""
+    keys = {"a": "sk-key-of-the-trickler", "b": "sk-key-of-someone-else"}
+    server = procs.RedisServer(tmp_path / "redis", appendonly=False).start()
+    gateway = procs.gateway(server.url, tmp_path, upload_budget_mib="1",
+                            body_timeout_seconds="20",
+                            api_keys=[f"sha256:{digest(key)}" for key in keys.values()]).start()
+    url = f"{gateway.url}/api/faster-whisper-submit"
+    port = int(gateway.url.rsplit(":", 1)[1])
+
+    def upload(key: str, size: int) -> httpx.Response:
+        return http.post(url, files={"file": ("x.wav", b"\x01" * size)}, timeout=30,
+                         headers={"Authorization": f"Bearer {keys[key]}"})
+
+    holder = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        holder.sendall(_headers("/api/faster-whisper-submit",
+                                f"Authorization: Bearer {keys['a']}\r\n" + BODY_START.replace(
+                                    "Content-Length: 100000", "Content-Length: 600000"))
+                       + b"\x01" * 1000)
+        time.sleep(1.0)  # (the gateway reads what was sent)
+        refused = upload("a", 300_000)
+        assert refused.status_code == 503 and int(refused.headers["retry-after"]) > 0
+        assert "share" in refused.json()["error"], refused.text
+        passed = upload("b", 300_000)  # read: refused as audio, not for the budget
+        assert passed.status_code == 400, passed.text
+    finally:
+        holder.close()
         gateway.stop()
         server.stop()
