@@ -66,8 +66,10 @@ def test_each_model_counts_at_its_own_rate_and_the_backlog_balances(redis_url: s
         view = await admission.outlook(store, BACKEND)
         assert view.workers == 2
         assert view.rates.models == {FAST: 10.0, SLOW: 1.0}
-        # the backend's rate over all models is kept too: 10, then 1 folded in at 0.3
-        assert view.rates.backend == pytest.approx(10.0 + 0.3 * (1.0 - 10.0))
+        # the backend's rate over all models is kept too: the work over the time it took,
+        # the older time fading by the newer (facts.RATE_HORIZON_SECONDS)
+        keep = math.exp(-2.0 / facts.RATE_HORIZON_SECONDS)
+        assert view.rates.backend == pytest.approx((10.0 * keep + 2.0) / (1.0 * keep + 2.0))
         assert view.rate_of(NEW) == pytest.approx(5.5)  # the mean of the measured models
         # a new batch task has both lanes ahead; the running slow task has just started:
         # what is left of it is its processing time less the time it has run
@@ -79,11 +81,12 @@ def test_each_model_counts_at_its_own_rate_and_the_backlog_balances(redis_url: s
         assert view.ahead(keys.BATCH) == (5, pytest.approx(work_ahead))
         assert view.ahead(keys.INTERACTIVE) == (1, pytest.approx(0.5))
         assert view.start_after(work_ahead) == pytest.approx(start, abs=0.05)
-        # with one rate for every model the same queue looked far shorter (34 audio-seconds
-        # queued, 4 running, all at 7.3): what per-model rates fix
+        # with one rate for every model (the backend's, 4.0) the same queue reads shorter
+        # (34 audio-seconds queued, 4 running): per-model rates weigh the slow model's
+        # share of it by the slow rate
         one_rate = view.rates.backend
         assert one_rate is not None
-        assert start > 1.5 * (34.0 / one_rate + 4.0 / one_rate) / 2
+        assert start > 1.05 * (34.0 / one_rate + 4.0 / one_rate) / 2
         # the task's own finish is at its model's rate
         slow_estimate = view.estimate(work_ahead, SLOW, 2.0)
         fast_estimate = view.estimate(work_ahead, FAST, 2.0)
@@ -131,6 +134,26 @@ async def queue_view(model: str, seconds: float) -> Task:
     """A new task as admit() sees it before its submit (nothing written)."""
     return Task(id=new_task_id(), backend=BACKEND, model=model, state=TaskState.PENDING,
                 audio_seconds=seconds)
+
+
+def test_a_handful_of_tiny_tasks_moves_the_rate_by_the_time_they_take(redis_url: str) -> None:
+    """Ten near-empty tasks (a 0.1 s clip Whisper pads to 30 s: 0.33 s each) after ten long
+    ones move the rate by the time they really took: it was an average of per-task ratios, and
+    any key's handful cut it 30x, so every other key's deadline submit was refused."""
+    async def scenario() -> float:
+        redis = Redis.from_url(redis_url)
+        rates = facts.RateRecorder(redis, "rates-tiny")
+        for _ in range(10):
+            await rates.record(FAST, 100.0, 2.0)  # 50 audio-seconds a second
+        for _ in range(10):
+            await rates.record(FAST, 0.1, 0.33)
+        rate = float(await redis.hget(keys.rate("rates-tiny"), f"rate:{FAST}") or 0)
+        await redis.aclose()
+        return rate
+
+    rate = asyncio.run(scenario())
+    # the time the tiny tasks took (3.3 s) against the long ones' (~19 s, faded): ~42
+    assert 35.0 < rate < 50.0, rate
 
 
 def test_no_rate_no_estimate_then_the_backend_rate_then_the_models_mean(

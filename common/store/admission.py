@@ -17,24 +17,32 @@ from redis.asyncio import Redis
 from common import keys
 from common.store.live import LiveWorkers
 
-#: weight of the newest finished task in the moving processing rate
-RATE_WEIGHT = 0.3
+#: the processing rate is the work done over the time it took, of the tasks of about this
+#: much processing time (seconds) back: older time fades as newer is added. Weighed by time,
+#: not by task, a few tiny tasks (a 1-character speech, a 0.1 s clip Whisper pads to 30 s)
+#: move it by the time they really take, not as much as a long file each (one key's handful
+#: cut every other key's predicted rate 10-100x, and their deadline submits were refused)
+RATE_HORIZON_SECONDS = 120.0
 #: the backlog key of the running tasks (the lanes are keys.LANES)
 RUNNING = "running"
 
-# KEYS: rate | ARGV: audio seconds per wall second of one finished task, weight, model
-# ("" = none) -> the backend's new rate. Folded into the backend's rate and the model's.
+# KEYS: rate | ARGV: one finished task's work (audio-seconds or characters), its wall
+# seconds, model ("" = none), RATE_HORIZON_SECONDS -> the backend's new rate. Folded into
+# the backend's sums and the model's ('work', 'time'; 'rate' = work / time, what readers read).
 _RECORD_RATE = """
-local function fold(rate, count)
-  local old = tonumber(redis.call('HGET', KEYS[1], rate) or '')
-  local value = tonumber(ARGV[1])
-  if old then value = old + tonumber(ARGV[2]) * (value - old) end
-  redis.call('HSET', KEYS[1], rate, value)
-  redis.call('HINCRBY', KEYS[1], count, 1)
-  return value
+local done, took = tonumber(ARGV[1]), tonumber(ARGV[2])
+local keep = math.exp(-took / tonumber(ARGV[4]))
+local function fold(suffix)
+  local work = (tonumber(redis.call('HGET', KEYS[1], 'work' .. suffix) or '') or 0) * keep + done
+  local time = (tonumber(redis.call('HGET', KEYS[1], 'time' .. suffix) or '') or 0) * keep + took
+  local rate = work / time
+  redis.call('HSET', KEYS[1], 'work' .. suffix, tostring(work), 'time' .. suffix, tostring(time),
+             'rate' .. suffix, tostring(rate))
+  redis.call('HINCRBY', KEYS[1], 'tasks' .. suffix, 1)
+  return rate
 end
-if ARGV[3] ~= '' then fold('rate:' .. ARGV[3], 'tasks:' .. ARGV[3]) end
-return tostring(fold('rate', 'tasks'))
+if ARGV[3] ~= '' then fold(':' .. ARGV[3]) end
+return tostring(fold(''))
 """
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +195,8 @@ class RateRecorder:
     async def record(self, model: str, audio_seconds: float, wall_seconds: float) -> None:
         if audio_seconds > 0 and wall_seconds > 0:
             await self._record(keys=[keys.rate(self.backend)],
-                               args=[repr(audio_seconds / wall_seconds), RATE_WEIGHT, model])
+                               args=[repr(audio_seconds), repr(wall_seconds), model,
+                                     RATE_HORIZON_SECONDS])
 
 
 class OutlookReader:
