@@ -408,3 +408,35 @@ def test_a_long_series_of_failures_still_backs_off_and_gives_up() -> None:
     _, due = deliverer.judge(Owed(task, 2000, now - 9 * 3600), now, None, "HTTP 500")
     assert due is None
     asyncio.run(deliverer.client.aclose())
+
+
+def test_one_keys_flood_of_due_webhooks_does_not_hold_up_another_keys(
+        redis_server: procs.RedisServer) -> None:
+    """300 due deliveries of one key (a submit-and-cancel loop makes them at no cost), all
+    older than another key's one: the first pass claims that key's share and the other key's
+    delivery (it used to take the oldest 64, all the flood's, and the other key's waited a
+    pass per 64 of them); the flood's surplus is spread over the passes its share takes."""
+    async def scenario() -> tuple[list[str], dict[str, float]]:
+        redis = Redis.from_url(redis_server.url)
+        store = WebhookStore(redis)
+        now = time.time() * 1000
+        flood = [f"flood-task-{i:04d}" for i in range(300)]
+        for i, task_id in enumerate(flood):
+            await redis.hset(keys.task(task_id), "owner", "flooder")
+            await redis.zadd(keys.webhooks_due(), {task_id: now - 60_000 + i})
+        await redis.hset(keys.task("tenant-task"), "owner", "tenant")
+        await redis.zadd(keys.webhooks_due(), {"tenant-task": now - 1_000})
+        claims = await store.claim(64, 30.0, per_key=4, pass_seconds=1.0)
+        scores = {task_id.decode(): score for task_id, score in await redis.zrange(
+            keys.webhooks_due(), 0, -1, withscores=True)}
+        await redis.delete(keys.webhooks_due(), *(keys.task(t) for t in [*flood, "tenant-task"]))
+        await redis.aclose()
+        return [claim.task_id for claim in claims], scores
+
+    claimed, scores = asyncio.run(scenario())
+    assert "tenant-task" in claimed and len(claimed) == 5, claimed
+    assert sorted(claimed)[:4] == [f"flood-task-{i:04d}" for i in range(4)]
+    # the rest: 4 a pass, over the 74 passes they take (not due again all at once)
+    spread = sorted(score for task_id, score in scores.items() if task_id not in claimed)
+    assert len(spread) == 296 and spread[0] > time.time() * 1000
+    assert spread[-1] >= time.time() * 1000 + 70_000 and spread[3] < spread[4]

@@ -37,14 +37,30 @@ MAX_ATTEMPTS_KEPT = 100
 UNCONFIRMED_RETRY_SECONDS = 1.0
 OUTCOMES = ("delivered", "failed", "gave_up")
 
-# KEYS: due | ARGV: now (ms), lease (ms), most -> {task id, claimed score, ...}
+#: due entries one claim looks through: a key's surplus among them is spread out (below)
+CLAIM_WINDOW = 1000
+
+# KEYS: due | ARGV: now (ms), lease (ms), most, one key's most per pass (0: no limit), the
+# window, the pass interval (ms), a task's key less its id -> {task id, claimed score, ...}
+# A key's entries past its most in the window are put off over the passes that its most
+# takes them in, so a flood of one key's (a submit-and-cancel loop makes a webhook due at
+# no cost) no longer holds the head of the set, and every other key's waited behind it.
 _CLAIM = """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
-local claimed, lease_end = {}, tonumber(ARGV[1]) + tonumber(ARGV[2])
+local now, most, share = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[5])
+local claimed, lease_end, seen, taken = {}, now + tonumber(ARGV[2]), {}, 0
 for _, id in ipairs(ids) do
-  redis.call('ZADD', KEYS[1], lease_end, id)
-  table.insert(claimed, id)
-  table.insert(claimed, string.format('%d', lease_end))
+  local owner = redis.call('HGET', ARGV[7] .. id, 'owner') or ''
+  local n = (seen[owner] or 0) + 1
+  seen[owner] = n
+  if share > 0 and owner ~= '' and n > share then
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[6]) * math.floor((n - 1) / share), id)
+  elseif taken < most then
+    redis.call('ZADD', KEYS[1], lease_end, id)
+    table.insert(claimed, id)
+    table.insert(claimed, string.format('%d', lease_end))
+    taken = taken + 1
+  end
 end
 return claimed
 """
@@ -157,13 +173,18 @@ class WebhookStore:
         """The webhook side of `store`, on its connection pool (and its replicas' rule)."""
         return cls(store.redis, store.replicas)
 
-    async def claim(self, most: int, lease_seconds: float) -> list[Claim]:
-        """Up to `most` due deliveries, each held for `lease_seconds`; none while no replica
-        confirms the claim (see the module's docstring)."""
+    async def claim(self, most: int, lease_seconds: float, per_key: int = 0,
+                    pass_seconds: float = 1.0) -> list[Claim]:
+        """Up to `most` due deliveries, each held for `lease_seconds`, at most `per_key` of
+        one key's (0: any number; its surplus is put off over the passes, `pass_seconds`
+        apart, that take it); none while no replica confirms the claim (see the module's
+        docstring)."""
         try:
-            flat = await self.replicas.call(self.redis, self._claim, keys=[keys.webhooks_due()],
-                                            args=[_ms(time.time()), _ms(lease_seconds), most],
-                                            wrote=bool)  # nothing claimed: nothing to wait for
+            flat = await self.replicas.call(
+                self.redis, self._claim, keys=[keys.webhooks_due()],
+                args=[_ms(time.time()), _ms(lease_seconds), most, per_key, CLAIM_WINDOW,
+                      _ms(pass_seconds), keys.task("")],
+                wrote=bool)  # nothing claimed: nothing to wait for
         except NotReplicated as short:
             if time.monotonic() >= self._quiet_until:  # (a line a minute while it lasts)
                 self._quiet_until = time.monotonic() + 60.0

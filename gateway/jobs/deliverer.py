@@ -81,7 +81,9 @@ class Deliverer:
         """Claim what is due, as many as there are free slots, and start each; how many
         were claimed."""
         free = self.settings.webhook_concurrency - len(self.running)
-        claims = await self.webhooks.claim(free, self.lease) if free > 0 else []
+        claims = await self.webhooks.claim(
+            free, self.lease, self.settings.webhook_concurrency_per_key,
+            self.settings.webhook_poll_seconds) if free > 0 else []
         for claim in claims:
             task = asyncio.create_task(self.deliver(claim))
             self.running.add(task)
