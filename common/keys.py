@@ -39,7 +39,8 @@ def lane_share(backend: str, lane: str, owner: str) -> str:
     """Integer: how many of an owner's entries wait in the lane's stream, not yet read
     (counted when one is added, uncounted when a worker reads it, or it starts or ends: its
     `share` field names this key). At SPEECH_QUEUED_PER_KEY, the owner's next tasks wait in
-    `held` instead."""
+    `held` instead. Beside it, this key + ":work" (float): their work (SPEECH_QUEUED_SECONDS_
+    PER_KEY bounds it; shares.py's Lua names it so, from this key)."""
     return f"{PREFIX}lane-share:{backend}:{lane}:{owner}"
 
 

@@ -46,6 +46,9 @@ CONSENT_PHRASES: dict[str, str] = {
 
 #: the fewest words a consent phrase may have (SPEECH_CONSENT_PHRASES)
 MIN_CONSENT_WORDS = 5
+#: speech's characters per second, what a TTS backend's work (characters) counts as in
+#: `queued_seconds_per_key`
+CHARACTERS_PER_SECOND = 15.0
 
 #: OpenAI's voice names -> XTTS v2 built-in speakers (the tiny test checkpoint has only
 #: "Claribel Dervla" and "Ana Florence", i.e. alloy and nova)
@@ -252,6 +255,10 @@ class Settings(BaseSettings):
     #: as its entries there are read, so other keys' work is queued behind at most this many
     #: of its own (0 = no limit; keys off: not applied, one caller has no one to be fair to)
     queued_per_key: int = Field(default=8, ge=0)
+    #: … and at most this much of its work (audio-seconds; a TTS backend's characters at 15
+    #: a second): eight four-hour files are not "eight entries" to the key whose two-second
+    #: clip waits behind them (one task alone always enters, whatever its size; 0 = no limit)
+    queued_seconds_per_key: float = Field(default=900.0, ge=0)
     #: backend -> most tasks queued (both lanes) before a submit is refused with 429
     max_queued_tasks: dict[str, int] = Field(default_factory=dict)
     #: backend -> longest predicted wait (seconds) before a submit is refused with 429
@@ -486,6 +493,14 @@ class Settings(BaseSettings):
         if key is None:
             return 0
         return self.queued_per_key if key.max_queued is None else key.max_queued
+
+    def lane_share_work(self, owner: str, unit: str) -> float:
+        """The most work (in `unit`) of `owner`'s entries waiting in one lane (0: no limit;
+        keys off: none, as `lane_share`)."""
+        if self.api_key(owner) is None:
+            return 0.0
+        per_second = CHARACTERS_PER_SECOND if unit == "characters" else 1.0
+        return self.queued_seconds_per_key * per_second
 
     def lane_for(self, owner: str, lane: str) -> str:
         """`lane`, unless it is interactive and `owner`'s key may not use it (then batch);

@@ -276,6 +276,45 @@ def test_a_keys_flood_waits_in_its_own_line_not_ahead_of_another_key(tmp_path) -
         server.stop()
 
 
+def test_a_keys_share_of_a_lane_is_bounded_in_work_too(tmp_path) -> None:
+    """SPEECH_QUEUED_SECONDS_PER_KEY: a key's entries waiting in a lane hold at most that much
+    audio, however few they are (eight four-hour files were "eight entries" to the key whose
+    short clip waited behind them all); a task alone enters whatever its length, so a long
+    file never waits for nothing; the work counted goes with the entries."""
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    short, long = clips / "short.wav", clips / "long.wav"
+    speak_to(short, "Hello world.")
+    speak_to(long, " ".join(["The quick brown fox jumps over the lazy dog."] * 3))
+    seconds = decoded_seconds(short.read_bytes())
+    server = procs.RedisServer(tmp_path / "redis").start()
+    entries = [{"key": "sha256:" + digest(KEYS[name]), "name": name}
+               for name in ("batchy", "capped")]
+    gateway = procs.gateway(server.url, tmp_path, api_keys=entries, allowed_roots=[str(clips)],
+                            queued_seconds_per_key=str(2.5 * seconds)).start()
+    env = {"gateway": gateway.url, "clip": short}
+    owner = digest(KEYS["batchy"])[:16]
+    share = keys.lane_share("faster-whisper", "batch", owner)
+    client = server.client()
+    try:
+        flood = [task_id(submit(env, "batchy")) for _ in range(4)]
+        other = task_id(submit(env, "capped"))
+        stream = [fields[b"task_id"].decode()
+                  for _, fields in client.xrange(keys.queue("faster-whisper"))]
+        assert stream == [*flood[:2], other], stream  # two clips' worth, then the other key
+        assert float(client.get(f"{share}:work")) == pytest.approx(2 * seconds, abs=0.01)
+        for tid in flood:
+            cancel(env, "batchy", tid)  # the line's come in as the lane's go, then leave too
+        assert client.get(share) is None and client.get(f"{share}:work") is None
+        alone = task_id(submit({**env, "clip": long}, "batchy"))  # longer than the bound
+        assert client.hget(keys.task(alone), "entry_id"), "a task alone enters the lane"
+        cancel(env, "batchy", alone)
+        assert client.get(f"{share}:work") is None
+    finally:
+        gateway.stop()
+        server.stop()
+
+
 def test_a_keys_line_is_counted_once_through_cancel_start_and_deadline(tmp_path) -> None:
     """The store's bookkeeping of a key's share (common/store/shares.py) on a real Redis: a
     waiting entry cancelled or started lets the next of its line in, a task cancelled in the

@@ -1,6 +1,8 @@
 """Each key's share of a lane: at most SPEECH_QUEUED_PER_KEY of one key's entries wait in a
-lane's stream at once (not yet read by a worker), so another key's task is queued behind at
-most that many of its own, however many it sent. The key's further tasks wait in its own line
+lane's stream at once (not yet read by a worker), and at most SPEECH_QUEUED_SECONDS_PER_KEY
+of work (audio-seconds; characters at 15 a second; one task alone always may, whatever its
+size), so another key's task is queued behind at most that many of its own, and that much
+of its work, however many it sent and however long. The key's further tasks wait in its own line
 (keys.held; every key's of a backend also in keys.lines, which an autoscaler counts beside
 the streams' lag), oldest first, and enter the stream one at a time, each as one of the
 key's entries there is read or ends: a key alone keeps the workers busy (its entries come in
@@ -27,19 +29,33 @@ from __future__ import annotations
 from common.store import admission
 
 # Lua functions, for tasks._CLOSE and tasks._SUBMIT (after admission.BACKLOG_LUA):
-# admit(line, share, backlog, most) -> the owner's next tasks in line into the stream (and the
-#   backlog), while fewer than `most` of its entries wait there
-# unshare(task, backlog) -> the task waits no more: out of its owner's count (and the owner's
-#   next tasks in line in, by the limit the task was counted under), or out of the line.
+# fits(share, most, most_work, work) -> whether one more entry of `work` may wait in the
+#   stream: fewer than `most` wait, and their work (keys.lane_share_work) and this one's
+#   stay within `most_work` (0: no bound), or none of theirs is left (a task alone always may)
+# admit(line, share, backlog, most, most_work) -> the owner's next tasks in line into the
+#   stream (and the backlog), while they fit
+# unshare(task, backlog) -> the task waits no more: out of its owner's count and work (and the
+#   owner's next tasks in line in, by the limits the task was counted under), or out of the
+#   line.
 LUA = """
-local function admit(line, share, backlog, most)
-  while tonumber(redis.call('GET', share) or '0') < most do
-    local task = redis.call('LPOP', line)
+local function fits(share, most, most_work, work)
+  if tonumber(redis.call('GET', share) or '0') >= most then return false end
+  if most_work <= 0 then return true end
+  local sum = tonumber(redis.call('GET', share .. ':work') or '0') or 0
+  return sum <= 1e-6 or sum + work <= most_work
+end
+local function admit(line, share, backlog, most, most_work)
+  while true do
+    local task = redis.call('LINDEX', line, 0)
     if not task then return end
     local f = redis.call('HMGET', task, 'held_queue', 'held_counter', 'id', 'state', 'held_all',
                          'lane', 'work', 'audio_seconds', 'created_at')
+    local work = tonumber(f[7] or f[8] or '') or 0
+    local pending = f[1] and f[2] and f[3] and f[4] == 'PENDING'
+    if pending and not fits(share, most, most_work, work) then return end
+    redis.call('LPOP', line)
     if f[5] then redis.call('LREM', f[5], 1, task) end
-    if f[1] and f[2] and f[3] and f[4] == 'PENDING' then
+    if pending then
       local seq = redis.call('INCR', f[2])
       local entry
       if tonumber(f[9]) then
@@ -50,17 +66,28 @@ local function admit(line, share, backlog, most)
       end
       redis.call('HDEL', task, 'held', 'held_queue', 'held_counter', 'held_all')
       redis.call('HSET', task, 'entry_id', entry, 'queue_seq', seq, 'share', share,
-                 'line', line, 'share_most', most)
+                 'line', line, 'share_most', most, 'share_work', work,
+                 'share_work_most', most_work)
       redis.call('INCR', share)
-      enqueue(task, backlog, f[6] or 'batch', tonumber(f[7] or f[8] or '') or 0)
+      redis.call('INCRBYFLOAT', share .. ':work', work)
+      enqueue(task, backlog, f[6] or 'batch', work)
     end
   end
 end
 local function unshare(task, backlog)
-  local f = redis.call('HMGET', task, 'share', 'line', 'held', 'held_all', 'share_most')
-  if f[1] and redis.call('HDEL', task, 'share', 'line', 'share_most') > 0 then
-    if redis.call('DECR', f[1]) <= 0 then redis.call('DEL', f[1]) end
-    if f[2] then admit(f[2], f[1], backlog, tonumber(f[5] or '') or 1) end
+  local f = redis.call('HMGET', task, 'share', 'line', 'held', 'held_all', 'share_most',
+                       'share_work', 'share_work_most')
+  if f[1] and redis.call('HDEL', task, 'share', 'line', 'share_most', 'share_work',
+                         'share_work_most') > 0 then
+    if redis.call('DECR', f[1]) <= 0 then
+      redis.call('DEL', f[1], f[1] .. ':work')
+    elseif tonumber(f[6] or '') and tonumber(redis.call(
+        'INCRBYFLOAT', f[1] .. ':work', -tonumber(f[6]))) <= 1e-6 then
+      redis.call('DEL', f[1] .. ':work')
+    end
+    if f[2] then
+      admit(f[2], f[1], backlog, tonumber(f[5] or '') or 1, tonumber(f[7] or '') or 0)
+    end
   end
   if f[3] and redis.call('HDEL', task, 'held', 'held_queue', 'held_counter', 'held_all') > 0 then
     redis.call('LREM', f[3], 1, task)
@@ -71,14 +98,15 @@ end
 
 # The submit's side (tasks._SUBMIT, after LUA), a function of its KEYS and ARGV:
 # share_or_hold(task, stream, counter, share, line, all lines, backlog, lane, work, most,
-#   task id, fields...) -> the task in the stream (and the backlog): its entry id and number;
-#   or in its owner's line: '' and 0. It waits in line while the line has tasks (a key's own
-#   come in in order; `most` 0 or raised since included: a raised limit lets the line in now).
+#   most work, task id, fields...) -> the task in the stream (and the backlog): its entry id
+#   and number; or in its owner's line: '' and 0. It waits in line while the line has tasks
+#   (a key's own come in in order; `most` 0 or raised since included: a raised limit lets the
+#   line in now).
 SUBMIT_LUA = """
 local function share_or_hold(task, stream, counter, share, line, lines, backlog, lane, work,
-                             most, task_id, ...)
+                             most, most_work, task_id, ...)
   if redis.call('LLEN', line) == 0
-      and (most == 0 or tonumber(redis.call('GET', share) or '0') < most) then
+      and (most == 0 or fits(share, most, most_work, tonumber(work) or 0)) then
     local seq = redis.call('INCR', counter)
     local entry
     if most > 0 then
@@ -89,7 +117,9 @@ local function share_or_hold(task, stream, counter, share, line, lines, backlog,
     redis.call('HSET', task, 'entry_id', entry, 'queue_seq', seq, ...)
     if most > 0 then
       redis.call('INCR', share)
-      redis.call('HSET', task, 'share', share, 'line', line, 'share_most', most)
+      redis.call('INCRBYFLOAT', share .. ':work', tonumber(work) or 0)
+      redis.call('HSET', task, 'share', share, 'line', line, 'share_most', most,
+                 'share_work', tonumber(work) or 0, 'share_work_most', most_work)
     end
     enqueue(task, backlog, lane, work)
     return entry, seq
@@ -98,7 +128,7 @@ local function share_or_hold(task, stream, counter, share, line, lines, backlog,
   redis.call('RPUSH', lines, task)
   redis.call('HSET', task, 'held', line, 'held_queue', stream, 'held_counter', counter,
              'held_all', lines, ...)
-  if most > 0 then admit(line, share, backlog, most) end
+  if most > 0 then admit(line, share, backlog, most, most_work) end
   local came = redis.call('HMGET', task, 'entry_id', 'queue_seq')
   if came[1] then return came[1], tonumber(came[2]) end
   return '', 0

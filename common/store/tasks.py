@@ -137,8 +137,8 @@ if ARGV[9] ~= '' then
   if refused then return refused end
 end
 local entry, seq = share_or_hold(KEYS[1], KEYS[2], KEYS[4], KEYS[11], KEYS[12], KEYS[13],
-                                 KEYS[6], ARGV[6], ARGV[7], tonumber(ARGV[19]) or 0, ARGV[1],
-                                 unpack(ARGV, 20))
+                                 KEYS[6], ARGV[6], ARGV[7], tonumber(ARGV[19]) or 0,
+                                 tonumber(ARGV[20]) or 0, ARGV[1], unpack(ARGV, 21))
 if cap then
   redis.call('INCR', KEYS[10])
   redis.call('HSET', KEYS[1], 'in_flight', KEYS[10])
@@ -376,7 +376,7 @@ class TaskStore:
     async def submit(self, task: Task, blob: bytes | None, idempotency_key: str = "",
                      max_queued_tasks: int = 0, charge: Charge | None = None,
                      max_in_flight: int | None = None, staged: str = "",
-                     lane_share: int = 0) -> None:
+                     lane_share: int = 0, lane_share_work: float = 0.0) -> None:
         """Write the task record, its queue entry and its input blob in one atomic step, and
         charge its owner's usage (`charge`; None: unmetered). `staged`: the key the blob was
         staged under (BlobStore.stage), renamed to the input here; the blob itself is sent
@@ -387,8 +387,8 @@ class TaskStore:
         (0: no limit), QuotaExceeded when the charge would pass one of its quotas,
         TooManyInFlight when its owner already has `max_in_flight` tasks queued or running
         (0: no limit; None: not counted): nothing is written then. `lane_share`: the most
-        entries its owner may have waiting in the lane; past it the task waits in the owner's
-        line (shares.py; 0: no limit)."""
+        entries its owner may have waiting in the lane, `lane_share_work` the most work (its
+        units; 0: no limit); past them the task waits in the owner's line (shares.py)."""
         now = time.time()
         hashes, usage_args, charged = [keys.task(task.id)] * 2, [""] * 9, ""
         if charge is not None:
@@ -421,7 +421,8 @@ class TaskStore:
                           repr(task.work_units),
                           "" if task.deadline is None else repr(task.deadline), *usage_args,
                           "" if max_in_flight is None else max_in_flight,
-                          lane_share if task.owner else 0, *flat])
+                          lane_share if task.owner else 0,
+                          repr(lane_share_work) if task.owner else 0, *flat])
             except (RedisConnectionError, RedisTimeoutError):
                 # the reply was lost: the task may be queued. A retry with its key finds it,
                 # so its input stays (BlobStore.sweep removes it if it was not); without a
@@ -457,7 +458,8 @@ class TaskStore:
                 self.blobs.delete_input_file(task.id)
         if queued == 5:  # staged on a primary that has since failed over: send it along
             await self.submit(task, blob, idempotency_key, max_queued_tasks, charge,
-                              max_in_flight, lane_share=lane_share)
+                              max_in_flight, lane_share=lane_share,
+                              lane_share_work=lane_share_work)
             return
         if queued == 2:
             raise QueueFull(int(value))
