@@ -165,6 +165,7 @@ def store_unavailable(exc: Exception, headers: dict[str, str] | None = None) -> 
 #: Redis's error replies that a wait cures: memory full (noeviction: tasks expire and
 #: finish), persistence failing (the operator's disk), a long script, a cluster re-forming
 PASSING_REFUSALS = ("OOM", "MISCONF", "BUSY", "CLUSTERDOWN")
+_PASSING_IN_TEXT = re.compile(rf"-(?:{'|'.join(PASSING_REFUSALS)})\b")
 
 
 def store_refused(exc: Exception) -> bool:
@@ -172,7 +173,10 @@ def store_refused(exc: Exception) -> bool:
     connection, a failover's READONLY or LOADING, a write no replica confirmed, nor one of
     PASSING_REFUSALS)."""
     return (isinstance(exc, ResponseError) and not transient(exc)
-            and store_error_name(exc) not in PASSING_REFUSALS)
+            and store_error_name(exc) not in PASSING_REFUSALS
+            # (a write a script made, refused on a Redis before 7.0: "ERR Error running
+            # script … -OOM command not allowed …")
+            and not _PASSING_IN_TEXT.search(str(exc)))
 
 
 def store_error_name(exc: Exception) -> str:
@@ -252,9 +256,11 @@ async def store_error(request: Request, exc: StoreError) -> JSONResponse:
     not an internal error; on a Sage status poll HTTP 200, PENDING with a note while the store
     is unreachable (Sage fails a task for good on anything else), FAILED when it refuses."""
     if getattr(request.scope.get("route"), "path", None) in SAGE_STATUS_ROUTES:
-        if store_refused(exc):
-            return JSONResponse(sage_body(store_unavailable(exc)))
         task_id = request.query_params.get("task_id") or request.query_params.get("taskid", "")
+        if store_refused(exc):
+            refused = store_unavailable(exc)
+            return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "FAILED",
+                                 "error": refused.message, "code": refused.code})
         return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "PENDING",
                              "detail": STORE_NOTE})
     return await refused(request, store_unavailable(exc))

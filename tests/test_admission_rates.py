@@ -155,6 +155,18 @@ def test_a_handful_of_tiny_tasks_moves_the_rate_by_the_time_they_take(redis_url:
     # the time the tiny tasks took (3.3 s) against the long ones' (~19 s, faded): ~42
     assert 35.0 < rate < 50.0, rate
 
+    async def upgraded() -> float:
+        """A rate an older version kept (no sums) is a horizon's worth of history: one
+        near-empty task after an upgrade does not set it alone."""
+        redis = Redis.from_url(redis_url)
+        await redis.hset(keys.rate("rates-old"), mapping={f"rate:{FAST}": "50", "rate": "50"})
+        await facts.RateRecorder(redis, "rates-old").record(FAST, 0.1, 0.33)
+        rate = float(await redis.hget(keys.rate("rates-old"), f"rate:{FAST}") or 0)
+        await redis.aclose()
+        return rate
+
+    assert 45.0 < asyncio.run(upgraded()) < 50.0
+
 
 def test_no_rate_no_estimate_then_the_backend_rate_then_the_models_mean(
         redis_url: str) -> None:

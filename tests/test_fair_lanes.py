@@ -310,6 +310,13 @@ def test_a_keys_share_of_a_lane_is_bounded_in_work_too(tmp_path) -> None:
         assert client.hget(keys.task(alone), "entry_id"), "a task alone enters the lane"
         cancel(env, "batchy", alone)
         assert client.get(f"{share}:work") is None
+        # work an older version's scripts left (they uncount entries, not their work) goes
+        # with the count: the key's next task is alone, and enters
+        client.set(f"{share}:work", 1000)
+        after = task_id(submit(env, "batchy"))
+        assert client.hget(keys.task(after), "entry_id"), "a leftover sum held the line"
+        assert float(client.get(f"{share}:work")) == pytest.approx(seconds, abs=0.01)
+        cancel(env, "batchy", after)
     finally:
         gateway.stop()
         server.stop()

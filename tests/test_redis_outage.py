@@ -129,3 +129,23 @@ def test_a_store_that_refuses_the_read_fails_the_poll_rather_than_keep_it_pendin
         admin.acl_setuser("default", enabled=True, nopass=True, keys=["*"], channels=["*"],
                           commands=["+@all"])
     assert status(base, other)["status"] == "SUCCEEDED"
+
+
+def test_which_store_errors_are_a_wait() -> None:
+    """The codes a wait cures stay a 503, also where a Redis before 7.0 wraps a script's
+    refused write in its own error; those no retry cures are refused, named by code only."""
+    from redis.exceptions import NoPermissionError, OutOfMemoryError, ResponseError
+
+    from gateway.errors import store_error_name, store_refused
+
+    assert not store_refused(OutOfMemoryError("command not allowed", status_code="OOM"))
+    assert not store_refused(ResponseError(
+        "Error running script (call to f_0123): @user_script:12: -OOM command not allowed "
+        "when used memory > 'maxmemory'"))
+    assert not store_refused(ResponseError("MISCONF Redis is configured to save RDB snapshots"))
+    assert store_refused(NoPermissionError("no permissions to run 'hgetall'", status_code="NOPERM"))
+    assert store_refused(ResponseError("WRONGTYPE Operation against a key holding the wrong kind"))
+    assert store_error_name(NoPermissionError("user x: 'hgetall'", status_code="NOPERM")) \
+        == "NOPERM"
+    assert store_error_name(ResponseError("user_script:1: Script attempted something")) \
+        == "ResponseError"

@@ -30,11 +30,16 @@ RUNNING = "running"
 # seconds, model ("" = none), RATE_HORIZON_SECONDS -> the backend's new rate. Folded into
 # the backend's sums and the model's ('work', 'time'; 'rate' = work / time, what readers read).
 _RECORD_RATE = """
-local done, took = tonumber(ARGV[1]), tonumber(ARGV[2])
-local keep = math.exp(-took / tonumber(ARGV[4]))
+local done, took, horizon = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[4])
+local keep = math.exp(-took / horizon)
 local function fold(suffix)
-  local work = (tonumber(redis.call('HGET', KEYS[1], 'work' .. suffix) or '') or 0) * keep + done
-  local time = (tonumber(redis.call('HGET', KEYS[1], 'time' .. suffix) or '') or 0) * keep + took
+  local work = tonumber(redis.call('HGET', KEYS[1], 'work' .. suffix) or '')
+  local time = tonumber(redis.call('HGET', KEYS[1], 'time' .. suffix) or '')
+  if not work or not time then  -- a rate an older version kept: a horizon's worth of it
+    local old = tonumber(redis.call('HGET', KEYS[1], 'rate' .. suffix) or '')
+    work, time = (old or 0) * horizon, old and horizon or 0
+  end
+  work, time = work * keep + done, time * keep + took
   local rate = work / time
   redis.call('HSET', KEYS[1], 'work' .. suffix, tostring(work), 'time' .. suffix, tostring(time),
              'rate' .. suffix, tostring(rate))

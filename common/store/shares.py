@@ -30,8 +30,8 @@ from common.store import admission
 
 # Lua functions, for tasks._CLOSE and tasks._SUBMIT (after admission.BACKLOG_LUA):
 # fits(share, most, most_work, work) -> whether one more entry of `work` may wait in the
-#   stream: fewer than `most` wait, and their work (keys.lane_share_work) and this one's
-#   stay within `most_work` (0: no bound), or none of theirs is left (a task alone always may)
+#   stream: fewer than `most` wait, and their work (keys.lane_share + ":work") and this one's
+#   stay within `most_work` (0: no bound), or none of theirs waits (a task alone always may)
 # admit(line, share, backlog, most, most_work) -> the owner's next tasks in line into the
 #   stream (and the backlog), while they fit
 # unshare(task, backlog) -> the task waits no more: out of its owner's count and work (and the
@@ -39,10 +39,20 @@ from common.store import admission
 #   line.
 LUA = """
 local function fits(share, most, most_work, work)
-  if tonumber(redis.call('GET', share) or '0') >= most then return false end
-  if most_work <= 0 then return true end
+  local count = tonumber(redis.call('GET', share) or '0') or 0
+  if count >= most then return false end
+  if most_work <= 0 or count <= 0 then return true end  -- alone: whatever its work
   local sum = tonumber(redis.call('GET', share .. ':work') or '0') or 0
-  return sum <= 1e-6 or sum + work <= most_work
+  return sum + work <= most_work
+end
+-- one more entry of `work` counted; the first restarts the sum (an older version's scripts
+-- uncount entries but not their work: what they left behind goes with the count)
+local function count_in(share, work)
+  if redis.call('INCR', share) == 1 then
+    redis.call('SET', share .. ':work', work)
+  else
+    redis.call('INCRBYFLOAT', share .. ':work', work)
+  end
 end
 local function admit(line, share, backlog, most, most_work)
   while true do
@@ -68,8 +78,7 @@ local function admit(line, share, backlog, most, most_work)
       redis.call('HSET', task, 'entry_id', entry, 'queue_seq', seq, 'share', share,
                  'line', line, 'share_most', most, 'share_work', work,
                  'share_work_most', most_work)
-      redis.call('INCR', share)
-      redis.call('INCRBYFLOAT', share .. ':work', work)
+      count_in(share, work)
       enqueue(task, backlog, f[6] or 'batch', work)
     end
   end
@@ -116,8 +125,7 @@ local function share_or_hold(task, stream, counter, share, line, lines, backlog,
     end
     redis.call('HSET', task, 'entry_id', entry, 'queue_seq', seq, ...)
     if most > 0 then
-      redis.call('INCR', share)
-      redis.call('INCRBYFLOAT', share .. ':work', tonumber(work) or 0)
+      count_in(share, tonumber(work) or 0)
       redis.call('HSET', task, 'share', share, 'line', line, 'share_most', most,
                  'share_work', tonumber(work) or 0, 'share_work_most', most_work)
     end

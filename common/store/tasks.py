@@ -90,7 +90,7 @@ end
 #       limit), lane, audio seconds, deadline ("" = none), the 9 arguments of
 #       charge_usage (usage.LUA; all "" = not metered), the owner's most tasks in flight
 #       (0 = no limit, "" = not counted), the owner's most entries waiting in the lane (0 =
-#       no limit), field, value, ...
+#       no limit), their most work (0 = no limit), field, value, ...
 # -> {1, entry id, its number} queued ({1, "", 0}: in the owner's line, shares.py),
 #    {0, original task id} for a repeated idempotency key
 #    (or a repeated submit of the same task),

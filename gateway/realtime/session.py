@@ -168,7 +168,8 @@ class Session:
         """session.created, with the session an ephemeral key was minted with applied."""
         if preset:
             with contextlib.suppress(ProtocolError):  # checked when the key was minted
-                self._apply(updated(self.config, preset, None), None)
+                config = updated(self.config, preset, None)
+                self._apply(config, self._target_of(config, None))
         await self._send(server_event("session.created", session=self.config.public(self.id)))
 
     async def handle(self, text: str) -> None:
@@ -244,15 +245,19 @@ class Session:
 
     async def _update(self, event: ClientEvent) -> None:
         config = updated(self.config, event.body.get("session"), event.event_id)
+        target = self._target_of(config, event.event_id)  # (a refused update changes nothing)
         if config.turn_detection != self.config.turn_detection and self._speech_item:
             await self._end_speech()  # the new detector starts afresh: this turn ends here
-        self._apply(config, event.event_id)
+        self._apply(config, target)
         await self._send(server_event("session.updated", session=config.public(self.id)))
 
-    def _apply(self, config: SessionConfig, event_id: str | None) -> None:
-        target = self._target
+    def _target_of(self, config: SessionConfig, event_id: str | None) -> Target | None:
+        """Where `config`'s turns go (ProtocolError for a model not served here)."""
         if config.transcription is not None and config.transcription != self.config.transcription:
-            target = resolve(self.settings, config.transcription, event_id)
+            return resolve(self.settings, config.transcription, event_id)
+        return self._target
+
+    def _apply(self, config: SessionConfig, target: Target | None) -> None:
         if config.rate != self.config.rate:
             self.buffer.set_rate(config.rate)
         if config.turn_detection != self.config.turn_detection:

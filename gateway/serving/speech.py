@@ -75,9 +75,10 @@ class SpeechServing:
         if task.state != TaskState.SUCCEEDED:
             raise task_failed(task)
         headers = task_headers(task.id)
-        wav = await guard_store(self.store.blobs.output(task.id), headers)
-        # the task SUCCEEDED (and is charged): the SDK's retry of a 500 would speak it again
+        # the task SUCCEEDED (and is charged): the SDK's retry of a 5xx would speak it again
+        # (its audio stays at its URL, x-output-url)
         final = {**headers, **NO_RETRY}
+        wav = await guard_store(self.store.blobs.output(task.id), final)
         if wav is None:
             raise RequestError(500, "the synthesized audio is missing", code="audio_missing",
                                headers=final)
