@@ -271,6 +271,8 @@ def test_a_keys_flood_waits_in_its_own_line_not_ahead_of_another_key(tmp_path) -
         assert [tid for _, tid in ran][:3] == [*flood[:2], other], ran
         owner = digest(KEYS["batchy"])[:16]
         assert client.get(keys.lane_share("faster-whisper", "batch", owner)) is None
+        # (read by the worker, started, finished: their work went with them)
+        assert client.get(keys.lane_share("faster-whisper", "batch", owner) + ":work") is None
         assert client.llen(keys.held("faster-whisper", "batch", owner)) == 0
     finally:
         server.stop()
