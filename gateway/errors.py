@@ -25,7 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ResponseError
 from starlette.exceptions import HTTPException
 from starlette.types import Scope
 
@@ -173,6 +173,7 @@ def store_refused(exc: Exception) -> bool:
     connection, a failover's READONLY or LOADING, a write no replica confirmed, nor one of
     PASSING_REFUSALS)."""
     return (isinstance(exc, ResponseError) and not transient(exc)
+            and not isinstance(exc, OutOfMemoryError)  # (a redis-py that keeps no code)
             and store_error_name(exc) not in PASSING_REFUSALS
             # (a write a script made, refused on a Redis before 7.0: "ERR Error running
             # script … -OOM command not allowed …")
