@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -230,6 +231,45 @@ def test_a_model_of_unknown_size_is_measured_not_refused(redis: procs.RedisServe
     asyncio.run(run_worker(settings))
     assert asyncio.run(task_of(redis.url, task_id)).state == TaskState.SUCCEEDED
     assert float(redis.client().hget(keys.model_peaks(), "faster-whisper/tiny.en")) > 1
+    # … also where the model is unloaded after each task (idle unload 0): it was unloaded
+    # before its peak was read, so none was ever recorded
+    redis.client().delete(keys.model_peaks())
+    task_id = asyncio.run(submit(redis.url, "tiny.en"))
+    asyncio.run(run_worker(settings.model_copy(update={"idle_unload_seconds": 0})))
+    assert asyncio.run(task_of(redis.url, task_id)).state == TaskState.SUCCEEDED
+    assert float(redis.client().hget(keys.model_peaks(), "faster-whisper/tiny.en") or 0) > 1
+
+
+def test_a_broker_call_redis_refuses_is_a_wait_or_a_clear_failure(
+        redis: procs.RedisServer) -> None:
+    """Redis refusing the broker's call: out of reach or full (a failover, noeviction) is no
+    fault of the task's, a wait (its entry given back; a full Redis's error was read as "GPU
+    memory limit" and the task FAILED out_of_memory); an error no wait cures (here the
+    holders key is another application's string: WRONGTYPE) fails the task saying so, and the
+    worker serves on."""
+    from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
+
+    from common.store.connection import store_unreachable
+    from workers import memory
+
+    full = OutOfMemoryError("command not allowed when used memory > 'maxmemory'",
+                            status_code="OOM")
+    assert store_unreachable(full) and not memory.is_out_of_memory(full)
+    assert store_unreachable(ReadOnlyError("You can't write against a read only replica."))
+    assert not store_unreachable(ResponseError("WRONGTYPE Operation against a key"))
+    settings = worker_settings(redis.url, {"tiny.en": "bundled"}).model_copy(update={
+        "device_memory_mib": {"cpu": 100_000}})
+    holders = keys.device_holders(f"{socket.gethostname()}/cpu")
+    redis.client().set(holders, "another application's value")
+    task_id = asyncio.run(submit(redis.url, "tiny.en"))
+    try:
+        left = asyncio.run(run_worker(settings))
+    finally:
+        redis.client().delete(holders)
+    assert not left["exits"], left["exits"]
+    task = asyncio.run(task_of(redis.url, task_id))
+    assert (task.state, task.error_code) == (TaskState.FAILED, "engine_error"), task.error
+    assert "WRONGTYPE" in (task.error or "") and "memory" not in (task.error or "").lower()
 
 
 async def _devices(url: str) -> list[Any]:

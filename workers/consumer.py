@@ -38,7 +38,7 @@ from common.schemas import (
 from common.settings import Settings
 from common.store import Task, WorkerStore
 from common.store.chunks import PiecesLost
-from common.store.connection import transient
+from common.store.connection import store_unreachable, transient
 from common.store.queue import Delivery, Lease
 from common.store.replicas import NotReplicated
 from workers import batching
@@ -151,6 +151,10 @@ class Consumer:
                         return  # drained: nothing new, nothing abandoned
                 await self._handle_leased(deliveries)
             except ResponseError as exc:
+                if store_unreachable(exc):  # a demoted primary's READONLY, a full Redis
+                    log.warning("redis cannot take work now (%s); retrying", exc)
+                    await asyncio.sleep(1.0)
+                    continue
                 if not str(exc).startswith(("NOGROUP", "UNBLOCKED")):
                     raise
                 # Redis came back without our stream (no AOF, or flushed): make it again.

@@ -18,9 +18,12 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from redis.exceptions import RedisError
+
 from common.catalog import BACKENDS
 from common.schemas import DIARIZER, ErrorCode, Segment
 from common.settings import Settings
+from common.store.connection import store_unreachable
 from workers import batching, memory
 from workers.device_budget import NO_BUDGET, DeviceBudget, PeakClass
 from workers.device_holding import DeviceHolding
@@ -302,7 +305,7 @@ class EngineHost:
         async with self.lock:
             self.running_calls += 1
             outcome: T | None = None
-            failure: TaskError | None = None
+            failure: TaskError | RedisError | None = None
             try:
                 await self.holding.reserve(model, peak_class)
                 handle = await self._acquire(model, on_load or self.on_load,
@@ -311,7 +314,10 @@ class EngineHost:
                 await self._call(self._refuse_over_cap)
                 outcome = await run(handle)
             except Exception as exc:
-                failure = task_error(exc)
+                # Redis out of reach (a failover) or full, for the device broker, is no fault
+                # of the task's: not failed (a full Redis's read as "GPU memory limit"), its
+                # entry is given back by the consumer, to run again
+                failure = exc if store_unreachable(exc) else task_error(exc)
             if self.stalled:  # the engine thread is taken for good: nothing more runs on it
                 self.running_calls -= 1
                 assert failure is not None
@@ -321,9 +327,12 @@ class EngineHost:
             handle = None
             self.slot.touch()  # idle from the call's end: a long task's model stays for the next
             try:
-                await self._call(self._after_engine_call)
+                # the peak first, while the model is still loaded: an unload after each task
+                # (idle unload 0) or past the cap (below) would leave it never recorded, and
+                # a model of no known size reserving 0 MiB for ever
                 with contextlib.suppress(TaskError):  # the task's outcome stands
                     await self.holding.check_peak(model, after_task=True)
+                await self._call(self._after_engine_call)
                 await self.holding.settle()
             finally:
                 self.running_calls -= 1

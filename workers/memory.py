@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 import psutil
+from redis.exceptions import RedisError
 
 MIB = 1024 * 1024
 
@@ -106,6 +107,10 @@ def _nvml_process_memory() -> dict[str, Any]:
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
+    """The process or its device ran out of memory (torch's OutOfMemoryError, CUDA's "out
+    of memory"); not Redis's own, which is named alike."""
+    if isinstance(exc, RedisError):
+        return False
     return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
         "out of memory" in str(exc).lower())
 

@@ -23,6 +23,7 @@ from redis.exceptions import (
     BusyLoadingError,
     ConnectionError,
     MasterDownError,
+    OutOfMemoryError,
     ReadOnlyError,
     RedisError,
     ResponseError,
@@ -77,6 +78,12 @@ def transient(exc: BaseException) -> bool:
     """Whether `exc` is worth trying again later (see TRANSIENT)."""
     return isinstance(exc, TRANSIENT) or (
         isinstance(exc, ResponseError) and str(exc).startswith(("NOREPLICAS", "LOADING")))
+
+
+def store_unreachable(exc: BaseException) -> bool:
+    """Whether `exc` says Redis cannot take work now (transient, or full under noeviction:
+    tasks end and expire): a wait, never a task's failure."""
+    return transient(exc) or isinstance(exc, OutOfMemoryError)
 
 
 def sentinel_addresses(settings: Settings) -> list[tuple[str, int]]:
