@@ -272,6 +272,34 @@ def test_a_broker_call_redis_refuses_is_a_wait_or_a_clear_failure(
     assert "WRONGTYPE" in (task.error or "") and "memory" not in (task.error or "").lower()
 
 
+def test_a_worker_starting_drops_a_reservation_left_under_its_name(
+        redis: procs.RedisServer, tmp_path: Any) -> None:
+    """An entry under this worker's name at its start is one an earlier image of it left (a
+    re-exec with Redis away: same pid, so no neighbour purges it as dead): a fresh image
+    holds nothing, so it goes, and the card's budget with it is whole again (it stayed short
+    until this worker next loaded, maybe never)."""
+    device, name = f"{socket.gethostname()}/cpu", "worker-left-behind"
+
+    async def left_behind() -> None:
+        client = Redis.from_url(redis.url)
+        ledger = DeviceLedger(client, device, name)
+        await ledger.register(100_000)
+        assert (await ledger.reserve("faster-whisper", "tiny.en", 5000, 100_000, 3600)
+                ).status == 1
+        await client.aclose()
+
+    asyncio.run(left_behind())
+    holders = keys.device_holders(device)
+    assert name.encode() in redis.client().hkeys(holders)
+    worker = procs.worker(redis.url, tmp_path, consumer=name, idle_unload_seconds="-1",
+                          device_memory_mib=json.dumps({"cpu": 100_000})).start()
+    try:  # up, idle, nothing loaded: only its start can have dropped it
+        wait_until(lambda: name.encode() not in redis.client().hkeys(holders), 20,
+                   "the entry left under its name", 0.2)
+    finally:
+        worker.stop()
+
+
 async def _devices(url: str) -> list[Any]:
     client = Redis.from_url(url)
     try:

@@ -137,6 +137,10 @@ class EngineHost:
             await self._call(memory.apply_torch_cap, self.settings.memory_cap_mib)
         with contextlib.suppress(Exception):  # Redis not up yet: the first reserve registers
             await self.holding.budget.register()
+            # A fresh image holds nothing: an entry under this worker's name is one an image
+            # before a re-exec could not release (Redis away), which no neighbour purges (the
+            # pid lives on): the card's budget stayed short of it until this worker loaded.
+            await self.holding.budget.release()
 
     async def preload(self, model: str, on_load: OnLoad | None = None) -> None:
         async with self.lock:
