@@ -56,14 +56,16 @@ class DeviceHolding:
         if not self.budget.enabled or model not in self.slot.sources:
             return
         if self.held == model and self.slot.name == model and self.slot.handle is not None:
-            loaded = self.held_class.diarizer if self.slot.diarizer_handle is not None else ""
-            wanted = PeakClass(loaded or peak_class.diarizer, peak_class.length)
-            if wanted != self.held_class or self._short:
-                await self._reserve_in_place(model, wanted)
-                await self.call(memory.reset_peak, self.uses_torch, self.device)
-                return
+            # marked first, also before a resize in place: a resize rewrites the entry, and
+            # would drop a waiting load's request that this one yield (it then waited out
+            # this whole task, or failed device_busy)
             marked = await self.budget.mark(True)
             if marked == 1:
+                loaded = self.held_class.diarizer if self.slot.diarizer_handle is not None else ""
+                wanted = PeakClass(loaded or peak_class.diarizer, peak_class.length)
+                if wanted != self.held_class or self._short:
+                    await self._reserve_in_place(model, wanted)
+                    await self.call(memory.reset_peak, self.uses_torch, self.device)
                 return
             if marked == 2:  # a load waits for this memory: it goes first, this task after
                 log.info("asked to yield device memory: unloading %s, then waiting in line",
