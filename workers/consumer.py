@@ -184,10 +184,13 @@ class Consumer:
             # cut short (a Redis error, a stop past its grace): whatever is still pending to
             # this worker goes back now (an acked entry is not released), not after the
             # visibility timeout, and a stopping pod's entries do not wait for its name.
-            # Only a stop's is spared: an error may be the task's doing (a crash counts)
+            # Only a stop's and Redis's are spared: another error may be the task's doing
+            # (a crash counts)
             left = list(deliveries)
-            spare = isinstance(exc, asyncio.CancelledError) and self.stopping.is_set() \
-                and not self.host.stalled
+            # (Redis out of reach or full is no task's doing either: three blips in a row
+            # dead-lettered a task as "the worker died running this task")
+            spare = (isinstance(exc, asyncio.CancelledError) and self.stopping.is_set()
+                     and not self.host.stalled) or store_unreachable(exc)
             raise
         else:
             spare = True  # entries never started: nothing of theirs ran

@@ -131,9 +131,7 @@ class EngineHost:
 
     async def start(self) -> None:
         """Before any model: bound torch's share of the GPU; make the device's budget seen."""
-        diarizer = self.slot.diarizer
-        torch_here = self.engine.uses_torch or bool(diarizer and diarizer.is_pyannote)
-        if self.device == "cuda" and torch_here and self.settings.memory_cap_mib > 0:
+        if self.device == "cuda" and self.torch_here and self.settings.memory_cap_mib > 0:
             await self._call(memory.apply_torch_cap, self.settings.memory_cap_mib)
         with contextlib.suppress(Exception):  # Redis not up yet: the first reserve registers
             await self.holding.budget.register()
@@ -434,8 +432,15 @@ class EngineHost:
                             "SPEECH_MEMORY_CAP_MIB or use a smaller model",
                             ErrorCode.OUT_OF_MEMORY)
 
+    @property
+    def torch_here(self) -> bool:
+        """torch runs in this process: the engine's, or a pyannote diarizer beside an engine
+        without it (faster-whisper's CTranslate2), whose cache must be emptied as well."""
+        diarizer = self.slot.diarizer
+        return self.engine.uses_torch or bool(diarizer and diarizer.is_pyannote)
+
     def _after_engine_call(self) -> None:
-        memory.release(self.engine.uses_torch)
+        memory.release(self.torch_here)
         if self.settings.idle_unload_seconds == 0:
             self.slot.unload()
         elif (used := self._memory_over_cap()) is not None:
