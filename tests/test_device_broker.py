@@ -300,6 +300,23 @@ def test_a_worker_starting_drops_a_reservation_left_under_its_name(
         worker.stop()
 
 
+def test_a_model_whose_source_fails_its_precheck_does_not_evict_the_resident_one(
+        redis: procs.RedisServer) -> None:
+    """With the broker on, a task for a model whose source fails the check before any load
+    (a missing directory) unloaded the resident model first, to reserve for a load that
+    allocates nothing: each such task cost the good model a reload. It stays now."""
+    settings = worker_settings(redis.url, {"tiny.en": "bundled",
+                                           "missing": "/nonexistent/model"}).model_copy(
+        update={"device_memory_mib": {"cpu": 100_000}, "idle_unload_seconds": -1,
+                "batch_window_ms": 0})  # one task at a time, in order
+    good, bad, again = (asyncio.run(submit(redis.url, model))
+                        for model in ("tiny.en", "missing", "tiny.en"))
+    left = asyncio.run(run_worker(settings))
+    states = [asyncio.run(task_of(redis.url, task_id)).state for task_id in (good, bad, again)]
+    assert states == [TaskState.SUCCEEDED, TaskState.FAILED, TaskState.SUCCEEDED], states
+    assert left["worker"].host.slot.loads == 1  # tiny.en loaded once, kept through the bad one
+
+
 async def _devices(url: str) -> list[Any]:
     client = Redis.from_url(url)
     try:

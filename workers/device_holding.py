@@ -73,6 +73,8 @@ class DeviceHolding:
             else:  # the lease lapsed (a long stall, Redis lost it): no longer counted
                 log.warning("the reservation for %s lapsed: unloading to reserve again", model)
         if self.slot.handle is not None:  # another model: out before waiting in line
+            if self.slot.name != model and await self.call(self.slot.fails_precheck, model):
+                return  # its load fails before allocating: the resident model stays
             await self.call(self.slot.unload)
         if self.held is not None or self.release_owed:  # (an owed one: its stale entry
             await self.budget.release()                 # would pass for a holding's growth)

@@ -72,6 +72,17 @@ class ModelSlot:
         self.diarizer_loads = 0
         self.last_load_seconds = 0.0
 
+    def fails_precheck(self, name: str) -> bool:
+        """Whether model `name`'s source fails the check made before any load (a missing
+        directory …): loading it would allocate nothing, so the resident model need not go."""
+        if name not in self.sources:
+            return False  # (refused as not configured, by acquire)
+        try:
+            check_source(self.engine, ModelRef(name, self.sources[name]))
+        except Exception:
+            return True
+        return False
+
     def acquire(self, name: str, diarize: bool = False) -> Any:
         """The handle of model `name`, loading it (after unloading any other) if needed; with
         `diarize`, the diarizer too."""
