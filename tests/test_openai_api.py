@@ -59,6 +59,13 @@ def test_every_response_format(client: openai.OpenAI) -> None:
         srt = client.audio.transcriptions.create(model="faster-whisper/tiny.en", file=handle,
                                                  response_format="srt")
     assert srt.startswith("1\n00:00:00,000 --> 00:00:")
+    with JFK.open("rb") as handle:  # every text reply names its charset
+        for fmt, kind in (("text", "text/plain"), ("srt", "application/x-subrip"),
+                          ("vtt", "text/vtt")):
+            reply = client.audio.transcriptions.with_raw_response.create(
+                model="whisper-1", file=handle, response_format=fmt)
+            handle.seek(0)
+            assert reply.headers["content-type"] == f"{kind}; charset=utf-8", fmt
     with JFK.open("rb") as handle:
         verbose = client.audio.transcriptions.create(model="whisper-1", file=handle,
                                                      response_format="verbose_json")

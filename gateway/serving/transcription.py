@@ -163,8 +163,10 @@ def render(task: Task, asked: Asked) -> Response:
     if asked.response_format == "text":
         return PlainTextResponse(result["text"] + "\n", headers=headers)
     if asked.response_format == "srt":
+        # (Starlette adds a charset to text/* only: a client guessing the encoding of
+        # another type may read non-ASCII cues wrong)
         return PlainTextResponse(formats.srt(segments), headers=headers,
-                                 media_type="application/x-subrip")
+                                 media_type="application/x-subrip; charset=utf-8")
     if asked.response_format == "vtt":
         return PlainTextResponse(formats.vtt(segments), headers=headers,
                                  media_type="text/vtt")
