@@ -25,12 +25,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from redis.exceptions import OutOfMemoryError, ResponseError
 from starlette.exceptions import HTTPException
 from starlette.types import Scope
 
 from common.store import StoreError
-from common.store.connection import transient
+from common.store.connection import error_code, store_refused
 from common.store.refusals import Refusals
 
 log = logging.getLogger("gateway")
@@ -155,37 +154,22 @@ def store_unavailable(exc: Exception, headers: dict[str, str] | None = None) -> 
     client is told to come back in a second, forever."""
     if store_refused(exc):
         log.error("the task store refused a command: %s: %s", type(exc).__name__, exc)
-        return RequestError(500, f"the task store refused the command ({store_error_name(exc)})"
+        return RequestError(500, f"the task store refused the command ({error_code(exc)})"
                                  "; the gateway's log has the details", code="store_error")
     return RequestError(503, f"the task store is unavailable ({type(exc).__name__})",
                         code="store_unavailable",
                         headers={"Retry-After": str(STORE_RETRY_AFTER_SECONDS), **(headers or {})})
 
 
-#: Redis's error replies that a wait cures: memory full (noeviction: tasks expire and
-#: finish), persistence failing (the operator's disk), a long script, a cluster re-forming
-PASSING_REFUSALS = ("OOM", "MISCONF", "BUSY", "CLUSTERDOWN")
-_PASSING_IN_TEXT = re.compile(rf"-(?:{'|'.join(PASSING_REFUSALS)})\b")
-
-
-def store_refused(exc: Exception) -> bool:
-    """Whether Redis answered the command with an error that no retry cures (not a lost
-    connection, a failover's READONLY or LOADING, a write no replica confirmed, nor one of
-    PASSING_REFUSALS)."""
-    return (isinstance(exc, ResponseError) and not transient(exc)
-            and not isinstance(exc, OutOfMemoryError)  # (a redis-py that keeps no code)
-            and store_error_name(exc) not in PASSING_REFUSALS
-            # (a write a script made, refused on a Redis before 7.0: "ERR Error running
-            # script … -OOM command not allowed …")
-            and not _PASSING_IN_TEXT.search(str(exc)))
-
-
-def store_error_name(exc: Exception) -> str:
-    """A Redis error's own code (NOPERM, WRONGTYPE, ERR), or its class: never its text, which
-    may name keys, users or scripts. (redis-py keeps the code apart from the text of the
-    errors it has a class for, OOM's and NOPERM's, and in the text of the others.)"""
-    code = getattr(exc, "status_code", None) or str(exc).split(" ", 1)[0]
-    return code if re.fullmatch(r"[A-Z]{2,20}", code) else type(exc).__name__
+def sage_store_reply(task_id: str, exc: Exception) -> dict[str, Any]:
+    """A Sage status poll's reply when the store failed it: PENDING with a note while the
+    store is out of reach (Sage fails a task for good on anything else), FAILED
+    `store_error` when it refuses for good (polling on would never end)."""
+    if store_refused(exc):
+        refused = store_unavailable(exc)
+        return {"task_id": task_id, "taskid": task_id, "status": "FAILED",
+                "error": refused.message, "code": refused.code}
+    return {"task_id": task_id, "taskid": task_id, "status": "PENDING", "detail": STORE_NOTE}
 
 
 # --- the handler ------------------------------------------------------------------------------
@@ -258,12 +242,7 @@ async def store_error(request: Request, exc: StoreError) -> JSONResponse:
     is unreachable (Sage fails a task for good on anything else), FAILED when it refuses."""
     if getattr(request.scope.get("route"), "path", None) in SAGE_STATUS_ROUTES:
         task_id = request.query_params.get("task_id") or request.query_params.get("taskid", "")
-        if store_refused(exc):
-            refused = store_unavailable(exc)
-            return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "FAILED",
-                                 "error": refused.message, "code": refused.code})
-        return JSONResponse({"task_id": task_id, "taskid": task_id, "status": "PENDING",
-                             "detail": STORE_NOTE})
+        return JSONResponse(sage_store_reply(task_id, exc))
     return await refused(request, store_unavailable(exc))
 
 

@@ -136,7 +136,7 @@ def test_which_store_errors_are_a_wait() -> None:
     refused write in its own error; those no retry cures are refused, named by code only."""
     from redis.exceptions import NoPermissionError, OutOfMemoryError, ResponseError
 
-    from gateway.errors import store_error_name, store_refused
+    from common.store.connection import error_code, store_refused
 
     assert not store_refused(OutOfMemoryError("command not allowed", status_code="OOM"))
     assert not store_refused(ResponseError(
@@ -145,7 +145,7 @@ def test_which_store_errors_are_a_wait() -> None:
     assert not store_refused(ResponseError("MISCONF Redis is configured to save RDB snapshots"))
     assert store_refused(NoPermissionError("no permissions to run 'hgetall'", status_code="NOPERM"))
     assert store_refused(ResponseError("WRONGTYPE Operation against a key holding the wrong kind"))
-    assert store_error_name(NoPermissionError("user x: 'hgetall'", status_code="NOPERM")) \
+    assert error_code(NoPermissionError("user x: 'hgetall'", status_code="NOPERM")) \
         == "NOPERM"
-    assert store_error_name(ResponseError("user_script:1: Script attempted something")) \
+    assert error_code(ResponseError("user_script:1: Script attempted something")) \
         == "ResponseError"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import re
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -80,10 +81,33 @@ def transient(exc: BaseException) -> bool:
         isinstance(exc, ResponseError) and str(exc).startswith(("NOREPLICAS", "LOADING")))
 
 
+#: Redis's error replies that a wait cures: memory full (noeviction: tasks expire and
+#: finish), persistence failing (the operator's disk), a long script, a cluster re-forming
+PASSING_REFUSALS = ("OOM", "MISCONF", "BUSY", "CLUSTERDOWN")
+#: … as a Redis before 7.0 words a script's refused write: "ERR Error running script … -OOM …"
+_PASSING_IN_TEXT = re.compile(rf"-(?:{'|'.join(PASSING_REFUSALS)})\b")
+
+
+def error_code(exc: BaseException) -> str:
+    """A Redis error's own code (NOPERM, WRONGTYPE, ERR), or its class: never its text, which
+    may name keys, users or scripts. (redis-py keeps the code apart from the text of the
+    errors it has a class for, OOM's and NOPERM's, and in the text of the others.)"""
+    code = getattr(exc, "status_code", None) or str(exc).split(" ", 1)[0]
+    return code if re.fullmatch(r"[A-Z]{2,20}", code) else type(exc).__name__
+
+
 def store_unreachable(exc: BaseException) -> bool:
-    """Whether `exc` says Redis cannot take work now (transient, or full under noeviction:
-    tasks end and expire): a wait, never a task's failure."""
-    return transient(exc) or isinstance(exc, OutOfMemoryError)
+    """Whether `exc` says Redis cannot take work now (transient, full under noeviction, one
+    of PASSING_REFUSALS): a wait, never a task's failure."""
+    return transient(exc) or isinstance(exc, OutOfMemoryError) or (
+        isinstance(exc, ResponseError) and (error_code(exc) in PASSING_REFUSALS
+                                            or bool(_PASSING_IN_TEXT.search(str(exc)))))
+
+
+def store_refused(exc: BaseException) -> bool:
+    """Whether Redis answered with an error that no wait cures (an ACL's NOPERM, another
+    application's key: WRONGTYPE, a script's ERR): the operator's to fix."""
+    return isinstance(exc, ResponseError) and not store_unreachable(exc)
 
 
 def sentinel_addresses(settings: Settings) -> list[tuple[str, int]]:

@@ -201,20 +201,22 @@ FINAL_CODES = frozenset({ErrorCode.ENGINE_ERROR, ErrorCode.INVALID_REQUEST,
 NO_RETRY = {"x-should-retry": "false"}
 
 
-def task_headers(task_id: str) -> dict[str, str]:
+def task_headers(task_id: str, final: bool = False) -> dict[str, str]:
     """The headers naming a call's task: `x-task-id`, and the same as `x-request-id`, the id
-    the openai SDK keeps (`response._request_id`, `error.request_id`) for a support request."""
-    return {"x-task-id": task_id, "x-request-id": task_id}
+    the openai SDK keeps (`response._request_id`, `error.request_id`) for a support request;
+    `final`: an error a retry would not mend, or would pay for again (NO_RETRY)."""
+    named = {"x-task-id": task_id, "x-request-id": task_id}
+    return {**named, **NO_RETRY} if final else named
 
 
 def task_failed(task: Task) -> RequestError:
     """A FAILED or CANCELLED task, as the error its caller gets (with `x-task-id`, and
     `x-should-retry: false` for FINAL_CODES): the one error of every reply, whole or streamed
     (SSE `error` events, realtime `...failed`), with the task's own code."""
-    headers = task_headers(task.id)
     if task.state == TaskState.CANCELLED:
         return RequestError(409, task.error or "the task was cancelled",
-                            code=ErrorCode.CANCELLED.value, headers={**headers, **NO_RETRY})
+                            code=ErrorCode.CANCELLED.value,
+                            headers=task_headers(task.id, final=True))
     try:
         code = ErrorCode(task.error_code or ErrorCode.ENGINE_ERROR)
     except ValueError:  # a code a newer worker wrote
@@ -223,9 +225,8 @@ def task_failed(task: Task) -> RequestError:
     if code == ErrorCode.OUT_OF_MEMORY:
         message = ("the worker has too little memory for this file right now (not an "
                    f"upload size limit); retry later or with shorter audio: {message}")
-    if code in FINAL_CODES:
-        headers.update(NO_RETRY)
-    return RequestError(code.http_status, message, code=code.value, headers=headers)
+    return RequestError(code.http_status, message, code=code.value,
+                        headers=task_headers(task.id, final=code in FINAL_CODES))
 
 
 def delta_of(event: dict[str, Any], started: bool) -> str:
@@ -291,7 +292,7 @@ def still_running(task_id: str, headers: dict[str, str] | None = None) -> Reques
     retry would queue the same work again (`x-should-retry: false`)."""
     return RequestError(504, f"the task is still running; poll /v1/tasks/{task_id}",
                         code="task_timeout", type=ErrorType.TIMEOUT,
-                        headers={**task_headers(task_id), **NO_RETRY, **(headers or {})},
+                        headers={**task_headers(task_id, final=True), **(headers or {})},
                         extra={"task_id": task_id})
 
 

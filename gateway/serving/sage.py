@@ -24,14 +24,7 @@ from common.store import StoreError, TaskStore
 from common.store.poll import UnknownState
 from common.store.running_polls import RunningPolls
 from common.store.voices import VoiceStore
-from gateway.errors import (
-    STORE_NOTE,
-    RequestError,
-    refusal_of,
-    refusals_of,
-    store_refused,
-    store_unavailable,
-)
+from gateway.errors import RequestError, refusal_of, refusals_of, sage_store_reply
 from gateway.policy.admission import Outlook, estimate_at
 from gateway.policy.signing import output_url
 from gateway.serving.tasks import queue_fields
@@ -86,12 +79,7 @@ async def status(request: Request, owner: str, settings: Settings,
     try:
         return await _status(request, owner, settings, polls, task_id, params.get("format"))
     except StoreError as exc:
-        if store_refused(exc):  # NOPERM, WRONGTYPE…: polling on would never end
-            refused = store_unavailable(exc)
-            return _reply({"task_id": task_id, "taskid": task_id, "status": "FAILED",
-                           "error": refused.message, "code": refused.code})
-        return _reply({"task_id": task_id, "taskid": task_id, "status": "PENDING",
-                       "detail": STORE_NOTE})
+        return _reply(sage_store_reply(task_id, exc))
     except UnknownState as exc:  # a newer version's state: the task lives; Sage polls on
         log.warning("%s", exc)
         return _reply({"task_id": task_id, "taskid": task_id, "status": "PENDING",

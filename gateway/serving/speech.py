@@ -19,7 +19,6 @@ from gateway.auth import owner_or_none
 from gateway.errors import RequestError
 from gateway.policy.signing import output_url, token_valid
 from gateway.serving.calls import (
-    NO_RETRY,
     Disconnected,
     SyncCalls,
     public_model,
@@ -77,7 +76,7 @@ class SpeechServing:
         headers = task_headers(task.id)
         # the task SUCCEEDED (and is charged): the SDK's retry of a 5xx would speak it again
         # (its audio stays at its URL, x-output-url)
-        final = {**headers, **NO_RETRY}
+        final = task_headers(task.id, final=True)
         wav = await guard_store(self.store.blobs.output(task.id), final)
         if wav is None:
             raise RequestError(500, "the synthesized audio is missing", code="audio_missing",

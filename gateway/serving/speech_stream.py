@@ -31,7 +31,6 @@ from common.stream_audio import StreamEncoder
 from gateway.errors import RequestError, store_unavailable
 from gateway.serving.calls import (
     KEEPALIVE,
-    NO_RETRY,
     Call,
     TimedStreamingResponse,
     sse_error,
@@ -107,11 +106,12 @@ async def _wav_tail(store: TaskStore, task: Task, sent: int) -> tuple[bytes, int
     wav = await store.blobs.output(task.id)
     if wav is None:
         raise RequestError(500, "the synthesized audio is missing", code="audio_missing",
-                           headers=NO_RETRY)
+                           headers=task_headers(task.id, final=True))
     try:
         pcm, rate = await asyncio.to_thread(wav_pcm, wav)
     except AudioError as exc:
-        raise RequestError(500, str(exc), code="audio_missing", headers=NO_RETRY) from None
+        raise RequestError(500, str(exc), code="audio_missing",
+                           headers=task_headers(task.id, final=True)) from None
     return (pcm[sent:], rate) if len(pcm) > sent else None
 
 
@@ -137,8 +137,8 @@ async def stream_reply(request: Request, call: Call, store: TaskStore, *, fmt: s
         encoder = encoding.of(first.sample_rate)
     except AudioError as exc:
         await pieces.aclose()  # (the task speaks on: a retry would speak it again)
-        final = {**task_headers(call.task_id), **NO_RETRY}
-        raise RequestError(500, str(exc), headers=final) from None
+        raise RequestError(500, str(exc),
+                           headers=task_headers(call.task_id, final=True)) from None
     if stream_format == "sse":
         return sse_reply(_sse(pieces, first, encoding, characters), send_timeout, headers)
     return TimedStreamingResponse(_audio(pieces, first, encoding), send_timeout,
