@@ -8,6 +8,7 @@ The docs/configuration.md's settings table documents each field.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import socket
 from functools import lru_cache
@@ -280,7 +281,8 @@ class Settings(BaseSettings):
     #: (`too_many_pending_turns`)
     realtime_max_pending_turns: int = Field(default=8, ge=1)
     #: one key may hold at most this share of a process's sessions, of its waiting calls
-    #: (`max_waiting_requests`) and of its upload budget (`upload_budget_mib`; keys on)
+    #: (`max_waiting_requests`), of its upload budget (`upload_budget_mib`) and of a
+    #: backend's queued tasks (`max_queued_tasks`; keys on)
     realtime_key_share: float = Field(default=0.5, gt=0, le=1)
     #: one key's live sessions in every gateway process together (0: its share of one
     #: process's, `realtime_key_share` x `realtime_max_sessions`)
@@ -501,6 +503,14 @@ class Settings(BaseSettings):
             return 0.0
         per_second = CHARACTERS_PER_SECOND if unit == "characters" else 1.0
         return self.queued_seconds_per_key * per_second
+
+    def queued_share(self, owner: str, backend: str) -> int:
+        """The most of `backend`'s queued tasks (`max_queued_tasks`) `owner` may hold: its
+        `realtime_key_share`, at least one (0: no limit; keys off, or no limit set)."""
+        most = self.max_queued_tasks.get(backend, 0)
+        if most <= 0 or self.api_key(owner) is None:
+            return 0
+        return max(1, math.floor(most * self.realtime_key_share))
 
     def lane_for(self, owner: str, lane: str) -> str:
         """`lane`, unless it is interactive and `owner`'s key may not use it (then batch);

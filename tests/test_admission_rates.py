@@ -114,6 +114,11 @@ def test_each_model_counts_at_its_own_rate_and_the_backlog_balances(redis_url: s
         excess = (5 - 4 + 1) * work_ahead / 5
         assert full.headers == {
             "Retry-After": str(math.ceil((excess + left) / 2))}
+        # a key past its share of the limit: its next task can go in once a worker is free
+        share = await admission.queue_full(store, await queue_view(FAST, 1.0),
+                                           QueueFull(2, own=True), 4)
+        assert share.status_code == 429 and "its share of the limit 4" in share.message
+        assert share.headers == {"Retry-After": str(math.ceil(left / 2))}
 
         # every task that leaves leaves the backlog, per lane and per model
         for task in queued:

@@ -431,6 +431,57 @@ def test_a_keys_line_is_counted_once_through_cancel_start_and_deadline(tmp_path)
         server.stop()
 
 
+def test_one_key_holds_at_most_its_share_of_a_backends_queued_tasks(tmp_path) -> None:
+    """SPEECH_MAX_QUEUED_TASKS is not one key's to fill: its waiting entries and lines, in
+    both lanes, count against its share (`queued_share`), and past it only its own submits
+    are refused (nothing written); another key's still enter, up to the backend's limit."""
+    from common.schemas import TaskState
+    from common.settings import Settings
+    from common.store import Task, TaskStore
+    from common.store.record import QueueFull
+
+    server = procs.RedisServer(tmp_path / "redis").start()
+    backend = "faster-whisper"
+    settings = Settings(api_keys=[{"key": "sha256:" + digest("k-a"), "name": "a"},
+                                  {"key": "sha256:" + digest("k-b"), "name": "b"}],
+                        max_queued_tasks={backend: 6})
+    a, b = (entry.owner for entry in settings.api_keys)
+    assert settings.queued_share(a, backend) == 3 and settings.queued_share("", backend) == 0
+    assert settings.queued_share(a, "xtts") == 0  # no limit set: no share of one
+
+    async def scenario() -> None:
+        redis = Redis.from_url(server.url)
+        store = TaskStore(redis, 600)
+
+        async def submit(task_id: str, owner: str, lane: str = "batch") -> None:
+            task = Task(id=task_id, backend=backend, model="tiny.en", owner=owner,
+                        state=TaskState.PENDING, lane=lane)
+            await store.submit(task, b"\0" * 64, max_queued_tasks=6, lane_share=1,
+                               max_queued_own=settings.queued_share(owner, backend))
+
+        await submit("a1", a)  # in the stream
+        await submit("a2", a)  # in its line
+        await submit("a3", a, lane="interactive")  # the other lane counts as well
+        with pytest.raises(QueueFull) as refused:
+            await submit("a4", a)
+        assert refused.value.own and refused.value.queued == 3
+        assert not await redis.exists(keys.task("a4"))
+        for index in range(3):  # the rest of the backend's limit is another key's
+            await submit(f"b{index}", b)
+        with pytest.raises(QueueFull) as full:
+            await submit("b3", b)
+        assert not full.value.own and full.value.queued == 6
+        assert await store.cancel("a1", backend) == TaskState.CANCELLED  # a2 comes in
+        assert await store.cancel("b0", backend) == TaskState.CANCELLED
+        await submit("a5", a)  # a's share has room again
+        await redis.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()
+
+
 def test_a_changed_share_applies_to_a_line_that_exists(tmp_path) -> None:
     """SPEECH_QUEUED_PER_KEY raised while a key has a line: its next submit lets the line in
     up to the new limit; set to 0 while a line exists: new tasks still go behind it (a key's

@@ -110,11 +110,13 @@ def _number(value: float | None) -> str:
 # --- what a submit may be refused with (nothing is written then) ---
 
 class QueueFull(Exception):
-    """A submit found its backend with its most queued tasks: `queued` are waiting."""
+    """A submit found its backend with its most queued tasks: `queued` are waiting; or, with
+    `own`, its owner holding its share of them (`queued` are the owner's)."""
 
-    def __init__(self, queued: int) -> None:
+    def __init__(self, queued: int, own: bool = False) -> None:
         super().__init__(queued)
         self.queued = queued
+        self.own = own
 
 
 class TooManyInFlight(Exception):

@@ -83,21 +83,23 @@ end
 
 # KEYS: task, queue, input blob, queue counter, idempotency key, backlog, deadlines, the
 #       owner's day and month usage hashes, the owner's in-flight count, its lane share, its
-#       line and the backend's lines (shares.py), and (optional) the staged upload
-#       (BlobStore.stage) that becomes the input blob
+#       line and the backend's lines (shares.py), the owner's share and line of the other
+#       lane, and (optional) the staged upload (BlobStore.stage) that becomes the input blob
 # ARGV: task_id, the input's and idempotency key's ttl (0 = none: close() ends them), blob
 #       ("" = none, or staged), idempotent ("1"/"0"), most queued tasks (0 = no
 #       limit), lane, audio seconds, deadline ("" = none), the 9 arguments of
 #       charge_usage (usage.LUA; all "" = not metered), the owner's most tasks in flight
 #       (0 = no limit, "" = not counted), the owner's most entries waiting in the lane (0 =
-#       no limit), their most work (0 = no limit), field, value, ...
+#       no limit), their most work (0 = no limit), the owner's most of the queued tasks
+#       (0 = no limit), field, value, ...
 # -> {1, entry id, its number} queued ({1, "", 0}: in the owner's line, shares.py),
 #    {0, original task id} for a repeated idempotency key
 #    (or a repeated submit of the same task),
 #    {2, tasks queued} when the backend already has its most queued tasks, {3, which
 #    limit, used} when the charge would pass a quota, or {4, in flight} when the owner has
-#    its most tasks queued or running, or {5} when the staged upload is gone (nothing
-#    written for any of those).
+#    its most tasks queued or running, or {5} when the staged upload is gone, or {6, its
+#    tasks queued} when the owner holds its most of the queued tasks (nothing written for
+#    any of those).
 # Each entry carries its own number in the backend's add order (our counter, not Redis's
 # group "entries-read", which Redis 7.0 loses when it reloads the AOF): a queue position
 # is then one subtraction from the first entry not yet handed to a worker.
@@ -119,13 +121,20 @@ if ARGV[4] == '1' then
     return {0, original}
   end
 end
-if KEYS[14] and redis.call('EXISTS', KEYS[14]) == 0 then return {5, ''} end
+if KEYS[16] and redis.call('EXISTS', KEYS[16]) == 0 then return {5, ''} end
 local most = tonumber(ARGV[5])
 if most > 0 then
   local b = redis.call('HMGET', KEYS[6], 'interactive:tasks', 'batch:tasks')
   local queued = (tonumber(b[1] or '') or 0) + (tonumber(b[2] or '') or 0)
                  + redis.call('LLEN', KEYS[13])  -- and those in the keys' lines
   if queued >= most then return {2, tostring(queued)} end
+  local own_most = tonumber(ARGV[21]) or 0
+  if own_most > 0 then  -- the owner's waiting entries and lines, both lanes
+    local own = (tonumber(redis.call('GET', KEYS[11]) or '0') or 0) + redis.call('LLEN', KEYS[12])
+                + (tonumber(redis.call('GET', KEYS[14]) or '0') or 0)
+                + redis.call('LLEN', KEYS[15])
+    if own >= own_most then return {6, tostring(own)} end
+  end
 end
 local cap = tonumber(ARGV[18])
 if cap and cap > 0 then
@@ -138,7 +147,7 @@ if ARGV[9] ~= '' then
 end
 local entry, seq = share_or_hold(KEYS[1], KEYS[2], KEYS[4], KEYS[11], KEYS[12], KEYS[13],
                                  KEYS[6], ARGV[6], ARGV[7], tonumber(ARGV[19]) or 0,
-                                 tonumber(ARGV[20]) or 0, ARGV[1], unpack(ARGV, 21))
+                                 tonumber(ARGV[20]) or 0, ARGV[1], unpack(ARGV, 22))
 if cap then
   redis.call('INCR', KEYS[10])
   redis.call('HSET', KEYS[1], 'in_flight', KEYS[10])
@@ -153,8 +162,8 @@ end
 if ARGV[3] ~= '' then
   redis.call('SET', KEYS[3], ARGV[3])
   keep(KEYS[3])
-elseif KEYS[14] then
-  redis.call('RENAME', KEYS[14], KEYS[3])
+elseif KEYS[16] then
+  redis.call('RENAME', KEYS[16], KEYS[3])
   keep(KEYS[3])
 end
 if ARGV[4] == '1' then
@@ -376,7 +385,8 @@ class TaskStore:
     async def submit(self, task: Task, blob: bytes | None, idempotency_key: str = "",
                      max_queued_tasks: int = 0, charge: Charge | None = None,
                      max_in_flight: int | None = None, staged: str = "",
-                     lane_share: int = 0, lane_share_work: float = 0.0) -> None:
+                     lane_share: int = 0, lane_share_work: float = 0.0,
+                     max_queued_own: int = 0) -> None:
         """Write the task record, its queue entry and its input blob in one atomic step, and
         charge its owner's usage (`charge`; None: unmetered). `staged`: the key the blob was
         staged under (BlobStore.stage), renamed to the input here; the blob itself is sent
@@ -388,7 +398,9 @@ class TaskStore:
         TooManyInFlight when its owner already has `max_in_flight` tasks queued or running
         (0: no limit; None: not counted): nothing is written then. `lane_share`: the most
         entries its owner may have waiting in the lane, `lane_share_work` the most work (its
-        units; 0: no limit); past them the task waits in the owner's line (shares.py)."""
+        units; 0: no limit); past them the task waits in the owner's line (shares.py).
+        `max_queued_own`: the most of the backend's queued tasks its owner may hold, counted
+        in its lane shares and lines (0: no limit); past it QueueFull(own=True)."""
         now = time.time()
         hashes, usage_args, charged = [keys.task(task.id)] * 2, [""] * 9, ""
         if charge is not None:
@@ -397,6 +409,7 @@ class TaskStore:
         if self.replicas.replicas > 0:  # no worker starts it before a replica holds it
             fields[UNCONFIRMED] = "1"
         flat = [item for pair in fields.items() for item in pair]
+        other_lane = next(lane for lane in keys.LANES if lane != task.lane)
         in_file = self.blobs.in_file(blob)
         if in_file:
             assert blob is not None
@@ -414,7 +427,10 @@ class TaskStore:
                           keys.in_flight(task.owner),
                           keys.lane_share(task.backend, task.lane, task.owner),
                           keys.held(task.backend, task.lane, task.owner),
-                          keys.lines(task.backend), *([staged] if staged else [])],
+                          keys.lines(task.backend),
+                          keys.lane_share(task.backend, other_lane, task.owner),
+                          keys.held(task.backend, other_lane, task.owner),
+                          *([staged] if staged else [])],
                     args=[task.id, self.input_ttl,
                           b"" if in_file or staged else (blob or b""),
                           "1" if idempotency_key else "0", max_queued_tasks, task.lane,
@@ -422,7 +438,8 @@ class TaskStore:
                           "" if task.deadline is None else repr(task.deadline), *usage_args,
                           "" if max_in_flight is None else max_in_flight,
                           lane_share if task.owner else 0,
-                          repr(lane_share_work) if task.owner else 0, *flat])
+                          repr(lane_share_work) if task.owner else 0,
+                          max_queued_own if task.owner else 0, *flat])
             except (RedisConnectionError, RedisTimeoutError):
                 # the reply was lost: the task may be queued. A retry with its key finds it,
                 # so its input stays (BlobStore.sweep removes it if it was not); without a
@@ -459,10 +476,10 @@ class TaskStore:
         if queued == 5:  # staged on a primary that has since failed over: send it along
             await self.submit(task, blob, idempotency_key, max_queued_tasks, charge,
                               max_in_flight, lane_share=lane_share,
-                              lane_share_work=lane_share_work)
+                              lane_share_work=lane_share_work, max_queued_own=max_queued_own)
             return
-        if queued == 2:
-            raise QueueFull(int(value))
+        if queued in (2, 6):
+            raise QueueFull(int(value), own=queued == 6)
         if queued == 3:
             assert charge is not None
             raise charge.refusal(int(value), float(number[0]), now)

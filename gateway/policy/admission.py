@@ -160,6 +160,11 @@ async def queue_full(store: TaskStore, task: Task, full: QueueFull, most: int) -
     except StoreError:
         view = None
     wait = None
+    if full.own:  # its share is freed as its own tasks start: at the rate, one of them
+        return RequestError(429, f"this key holds {full.queued} of the {task.backend} "
+                                 f"queue's tasks, its share of the limit {most}; retry "
+                                 "when some have started", code="queue_full",
+                            headers=retry_after(None if view is None else view.start_after(0)))
     if view is not None and (ahead := view.ahead(BATCH)) is not None:
         tasks, work = ahead
         mean = work / tasks if tasks else 0.0

@@ -76,7 +76,8 @@ async def _enqueue(store: TaskStore, settings: Settings, *, backend: str, model:
         await guard_store(store.submit(task, audio.blob, terms.idempotency_key, most, charge,
                                        settings.in_flight_limit(owner), audio.staged,
                                        settings.lane_share(owner),
-                                       settings.lane_share_work(owner, charge.unit)))
+                                       settings.lane_share_work(owner, charge.unit),
+                                       settings.queued_share(owner, backend)))
     except TooManyInFlight as busy:
         raise RequestError(429, f"this key already has {busy.in_flight} tasks queued or "
                                 "running, its most at once; retry when some have finished",
