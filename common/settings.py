@@ -125,6 +125,11 @@ class Settings(BaseSettings):
     #: an allowed root>"; the first one is the default voice
     voices: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_VOICES))
     tts_max_characters: int = 4096  # OpenAI's own limit on `input`
+    #: the most speech one TTS task may make: a task whose next sentence would take it past
+    #: this fails there (`audio_too_long`; a stream keeps the charge of the sentences it
+    #: heard), so a slow `speed` and long spelled-out numbers cannot put a gigabyte of one
+    #: task's audio in Redis
+    tts_max_output_seconds: float = Field(default=1800.0, gt=0)
     #: HMAC key of the signed audio URLs; every gateway replica needs the same one.
     #: Empty: derived from `api_keys` (see `url_signing_key`).
     url_secret: str = ""
@@ -379,6 +384,12 @@ class Settings(BaseSettings):
                 raise ValueError(f"key {entry.label!r}: quotas for unknown backends {unknown}; "
                                  f"known: {', '.join(BACKENDS)}")
         return entries
+
+    @field_validator("blob_dir", mode="before")
+    @classmethod
+    def _read_blob_dir(cls, value: Any) -> Any:
+        # an empty SPEECH_BLOB_DIR (a template's blank) means none, not the working directory
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("url_secret", "worker_secret")
     @classmethod

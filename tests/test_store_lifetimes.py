@@ -212,6 +212,17 @@ def test_idempotency_keys_belong_to_their_owner(service: dict, tmp_path: Path) -
         gateway.stop()
 
 
+def test_an_empty_blob_dir_setting_is_none_not_the_working_directory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from common.settings import Settings
+
+    for blank in ("", "  "):
+        monkeypatch.setenv("SPEECH_BLOB_DIR", blank)
+        assert Settings().blob_dir is None
+    monkeypatch.setenv("SPEECH_BLOB_DIR", "/srv/blobs")
+    assert Settings().blob_dir == Path("/srv/blobs")
+
+
 def test_blob_dir_keeps_the_same_lifetimes(service: dict, tmp_path: Path) -> None:
     """The store on a real Redis with a blob directory: big blobs go to files, small ones
     stay in Redis; a finished task's input file is gone; only the winning attempt's output

@@ -8,6 +8,8 @@ about 0.7 s of CPU each); the worker-killing load failure runs last.
 
 from __future__ import annotations
 
+import json
+import re
 import time
 import wave
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ import numpy as np
 import openai
 import pytest
 
+from common import keys
 from common.audio import OUTPUT_FORMATS, decode_audio, encode_wav, probe_audio
 from gateway.auth import digest
 from harness import procs
@@ -34,6 +37,7 @@ SENTENCE = "Hello there."
 CLIP = TEST_AUDIO / "hotwords.mp3"  # 4 s: a short reference keeps cloning cheap
 RATE = 24000
 MAX_CHARACTERS = 200
+MAX_OUTPUT_SECONDS = 6  # a sentence at speed 1 is ~1.1 s, at the slowest (0.25) ~4.4 s
 KEY_A, KEY_B = "tts-key-alpha-0123456789", "tts-key-bravo-9876543210"
 SYNTH_TIMEOUT = 180
 
@@ -61,7 +65,8 @@ def tts(request: pytest.FixtureRequest,
                       request_timeout_seconds="0.2", **settings),
         procs.worker(server.url, workdir, backend="xtts", python=XTTS_PYTHON, models=models,
                      device="cpu", idle_unload_seconds="3",
-                     allowed_roots=settings["allowed_roots"]),
+                     allowed_roots=settings["allowed_roots"],
+                     tts_max_output_seconds=str(MAX_OUTPUT_SECONDS)),
     ]
     try:
         for service in services:
@@ -268,6 +273,33 @@ def test_bad_requests_are_clear_4xx_and_queue_nothing(tts: dict[str, Any]) -> No
     with pytest.raises(openai.BadRequestError, match="unknown voice"):
         client.audio.speech.create(model="tts-1", voice="nobody", input=SENTENCE)
     assert queue_counts(redis, "xtts") == before
+
+
+def test_speech_past_the_output_limit_fails_there_and_stores_none_of_it(
+        tts: dict[str, Any]) -> None:
+    """SPEECH_TTS_MAX_OUTPUT_SECONDS: six sentences at the slowest speed run past the worker's
+    6 s; the task FAILS `audio_too_long` at the sentence that would pass it (stored none of
+    it), a whole task charged nothing, and the OpenAI call is its 413."""
+    text = "One more. Two more. Three more. Four more. Five more. Six more."
+    reply = submit(tts["url"], text=text, voice="alloy", speed="0.25")
+    assert reply.status_code == 200, reply.text
+    task_id = reply.json()["taskid"]
+    final = wait_done(tts["url"], task_id, timeout=SYNTH_TIMEOUT)
+    assert final["status"] == "FAILED" and final["code"] == "audio_too_long", final
+    assert f"runs past {MAX_OUTPUT_SECONDS} s" in final["error"], final
+    # after the first sentence at least (~4.4 s), which stays inside it; a whole task that
+    # fails keeps no charge
+    assert re.search(r"\(sentence [2-6], at speed 0.25\)", final["error"]), final
+    assert json.loads(tts["redis"].hget(keys.task(task_id), "charge"))["amount"] == 0
+    assert not tts["redis"].exists(keys.output_blob(task_id))
+    speech = http.post(f"{tts['url']}/v1/audio/speech", timeout=SYNTH_TIMEOUT,
+                       json={"model": "tts-1", "input": text, "voice": "alloy", "speed": 0.25})
+    assert speech.status_code == 413, speech.text
+    assert speech.json()["error"]["code"] == "audio_too_long"
+    # a sentence at speed 1 is far inside it
+    ok = submit(tts["url"], text=SENTENCE, voice="alloy")
+    assert wait_done(tts["url"], ok.json()["taskid"], timeout=SYNTH_TIMEOUT)["status"] == (
+        "SUCCEEDED")
 
 
 def test_broken_model_fails_its_task_and_the_worker_keeps_serving(tts: dict[str, Any]) -> None:

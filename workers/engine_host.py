@@ -170,7 +170,8 @@ class EngineHost:
                 params=params, source=source, on_segment=on_segment,
                 max_audio_seconds=self.settings.max_audio_seconds,
                 allowed_roots=tuple(self.settings.allowed_roots),
-                diarizer=self.slot.diarization(), speech=speech, on_decoded=decoded)
+                diarizer=self.slot.diarization(), speech=speech, on_decoded=decoded,
+                max_speech_seconds=self.settings.tts_max_output_seconds)
 
         return await self._engine_call(model, on_load, run,
                                        self._peak_class(diarize, audio_seconds))

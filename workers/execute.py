@@ -109,8 +109,10 @@ def run_engine(
     diarizer: tuple[diarize.Diarizer, Any] | None = None,
     speech: SpeechProgress | None = None,
     on_decoded: OnDecoded | None = None,
+    max_speech_seconds: float | None = None,
 ) -> Outcome:
-    """`max_audio_seconds` bounds the decoded input (AudioTooLong past it); `allowed_roots`
+    """`max_audio_seconds` bounds the decoded input (AudioTooLong past it), `max_speech_seconds`
+    a TTS task's output (`audio_too_long` when a piece would pass it); `allowed_roots`
     are what the paths in a task's options are checked against as they are opened;
     `diarizer` (and its handle) runs after an ASR engine when the task asks for speakers;
     `speech` takes a TTS task's pieces as they are spoken (none: only the whole WAV).
@@ -118,7 +120,7 @@ def run_engine(
     kind = BACKENDS[backend].kind
     if kind == "tts":
         return _synthesize(cast(SpeechEngine, engine), handle, backend, model, params, source,
-                           max_audio_seconds, speech)
+                           max_audio_seconds, speech, max_speech_seconds)
     if kind == "analysis":
         return _analyze(cast(AnalysisEngine, engine), handle, backend, model, params, source,
                         max_audio_seconds, allowed_roots, on_decoded)
@@ -205,9 +207,11 @@ def _decode(source: Source, sample_rate: int, max_seconds: float | None,
 
 def _synthesize(engine: SpeechEngine, handle: Any, backend: str, model: str,
                 params: dict[str, Any], reference_source: Source | None,
-                max_audio_seconds: float | None, speech: SpeechProgress | None) -> Outcome:
+                max_audio_seconds: float | None, speech: SpeechProgress | None,
+                max_speech_seconds: float | None) -> Outcome:
     """The WAV is exactly the pieces' samples joined: what a streaming client got is what
-    `output_url` serves."""
+    `output_url` serves. A piece that would take it past `max_speech_seconds` is not stored:
+    the task fails there (what was spoken before stays charged)."""
     options = SynthesisOptions(**{k: v for k, v in params.items()
                                   if k in SynthesisOptions.__dataclass_fields__})
     reference = (_decode(reference_source, engine.sample_rate, max_audio_seconds,
@@ -215,11 +219,18 @@ def _synthesize(engine: SpeechEngine, handle: Any, backend: str, model: str,
     done = speech.done if speech is not None else []
     pieces = [chunk.pcm for chunk in done]
     rate = done[0].sample_rate if done else 0
+    seconds_spoken = sum(len(pcm) for pcm in pieces) / 2 / rate if rate else 0.0
     spoken = engine.speak(handle, options, reference, start=len(done))
     for index, piece in enumerate(spoken, start=len(done)):
         if rate and piece.sample_rate != rate:
             raise TaskError(f"the engine spoke at {piece.sample_rate} Hz after {rate} Hz")
         rate = piece.sample_rate
+        seconds_spoken += len(piece.audio) / rate
+        if max_speech_seconds is not None and seconds_spoken > max_speech_seconds:
+            raise TaskError(f"the speech runs past {max_speech_seconds:g} s, the most one task "
+                            f"may make (sentence {index + 1}, at speed {options.speed:g}): "
+                            "split the text into shorter requests or speak it faster",
+                            ErrorCode.AUDIO_TOO_LONG)
         chunk = SpeechChunk(index, pcm16(piece.audio), rate, piece.characters)
         if speech is not None:
             speech.store(chunk)
