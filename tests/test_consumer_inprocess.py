@@ -195,3 +195,40 @@ def test_the_processing_rate_counts_the_audio_decoded_not_what_the_file_claimed(
     rate = float(redis.client().hget(keys.rate(BACKEND), "rate:tiny.en"))
     # tiny.en on these cores: ~5-20 audio-seconds a second; 600 s over its ~1 s is 400+
     assert rate < 60, rate
+
+
+def test_a_full_redis_at_the_terminal_write_is_waited_out_not_taken_for_a_crash(
+        redis: procs.RedisServer) -> None:
+    """Redis full (noeviction) while the result is written: the worker keeps the result and
+    writes it once there is room, as it does through an outage. Dropped, it would have run
+    again as if the worker had died (three blips: FAILED `delivery_limit`)."""
+    settings = worker_settings(redis.url, {"tiny.en": "bundled"})
+
+    async def scenario() -> tuple[str, list[int]]:
+        task_id = await submit(redis.url, "tiny.en")
+        client = Redis.from_url(redis.url)
+        exits: list[int] = []
+        worker = Worker(settings, FasterWhisperEngine(settings), Redis.from_url(redis.url),
+                        handle_signals=False, exit=exits.append, burst=True)
+        run = asyncio.create_task(worker.run())
+        try:
+            async with asyncio.timeout(120):
+                while not worker.host.busy:  # its engine call runs
+                    await asyncio.sleep(0.005)
+                await client.config_set("maxmemory", 1)
+                while worker.host.busy:  # done: its terminal write meets a full Redis
+                    await asyncio.sleep(0.005)
+                await asyncio.sleep(2.0)  # past what three refusals take (0.6 s)
+                assert await client.hget(keys.task(task_id), "state") == b"RUNNING"
+        finally:
+            await client.config_set("maxmemory", 0)
+        await asyncio.wait_for(run, 60)
+        await client.aclose()
+        return task_id, exits
+
+    task_id, exits = asyncio.run(scenario())
+    assert exits == []
+    task = asyncio.run(task_of(redis.url, task_id))
+    assert task.state == TaskState.SUCCEEDED and task.attempt == 1, task
+    assert wer(JFK_TEXT, task.result["text"]) < 0.2
+    assert "store_refusals" not in counters(redis)

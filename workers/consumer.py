@@ -38,7 +38,7 @@ from common.schemas import (
 from common.settings import Settings
 from common.store import Task, WorkerStore
 from common.store.chunks import PiecesLost
-from common.store.connection import store_unreachable, transient
+from common.store.connection import store_unreachable
 from common.store.queue import Delivery, Lease
 from common.store.replicas import NotReplicated
 from workers import batching
@@ -679,8 +679,14 @@ class Consumer:
                 raise TaskError(f"the custom voice {voice} was deleted, or its consent "
                                 "withdrawn, while this task spoke", ErrorCode.INVALID_REQUEST)
             piece = chunk if streamed else dataclasses.replace(chunk, characters=0)
-            asyncio.run_coroutine_threadsafe(self._until_stored(
-                lambda: self._append(task.id, attempt, spoken, piece)), loop).result()
+            try:
+                asyncio.run_coroutine_threadsafe(self._until_stored(
+                    lambda: self._append(task.id, attempt, spoken, piece)), loop).result()
+            except StoreRefused as gave_up:  # an outage past its patience is no engine
+                cause = gave_up.__cause__  # error: the entry goes back, to run again
+                if isinstance(cause, RedisError) and store_unreachable(cause):
+                    raise cause from None
+                raise
             spoken.append(piece)
 
         return SpeechProgress(done, store)
@@ -739,9 +745,11 @@ class Consumer:
             except NotReplicated:
                 raise
             except RedisError as exc:
-                if transient(exc) and time.monotonic() < give_up_at:
+                # full (noeviction), or refusing while its disk fails: a wait, as an outage
+                # is; a result dropped for it would be run again as if the worker had died
+                if store_unreachable(exc) and time.monotonic() < give_up_at:
                     log.warning("redis unavailable (%s); retrying in %.1f s", exc, delay)
-                elif not transient(exc) and (refusals := refusals + 1) < REFUSAL_TRIES:
+                elif not store_unreachable(exc) and (refusals := refusals + 1) < REFUSAL_TRIES:
                     log.warning("redis refused a write (%s); retrying in %.1f s", exc, delay)
                 else:
                     log.error("giving up on a redis write after %s: %s",
