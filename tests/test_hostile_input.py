@@ -209,6 +209,28 @@ def test_engine_options_are_checked_at_submit(hostile: dict) -> None:
     refused(hostile, ROUTES[-1], "response_format", "ogg")
 
 
+def test_word_timestamps_from_a_backend_without_them_are_a_400_not_empty_words() -> None:
+    """A Sage/REST submit, as the OpenAI route does: qwen3 and vibevoice have no word
+    timestamps, so asking is refused (it read as SUCCEEDED with `"words": []` before)."""
+    from common.backends import BACKENDS
+    from common.settings import Settings
+    from gateway.errors import RequestError
+    from gateway.submit.asr import AsrRequest, asr_options
+
+    settings = Settings(models={name: {"m": "unused"} for name in BACKENDS})
+    asked = AsrRequest(word_timestamps=True)
+    without = [name for name, row in BACKENDS.items() if row.kind == "asr"
+               and not row.word_timestamps]
+    assert {"qwen3", "vibevoice"} <= set(without)
+    for backend in without:
+        with pytest.raises(RequestError) as refused:
+            asr_options(asked, settings, backend)
+        assert refused.value.status_code == 400 and refused.value.param == "word_timestamps"
+        assert asr_options(AsrRequest(), settings, backend)["word_timestamps"] is False
+    for backend in ("faster-whisper", "parakeet"):
+        assert asr_options(asked, settings, backend)["word_timestamps"] is True
+
+
 def test_a_client_secret_is_made_only_of_text_and_numbers_it_can_keep(hostile: dict) -> None:
     """A lone surrogate (a \\ud800 escape) or a number past a float's range in the session
     is a 400, and no key is made (one made then would live its TTL, its caller never told)."""

@@ -66,6 +66,9 @@ def asr_options(request: AsrRequest, settings: Settings, backend: str) -> dict[s
         raise RequestError(400, "task must be 'transcribe' or 'translate'", param="task")
     if request.task == "translate" and not info.translate:
         raise RequestError(400, f"backend {backend!r} cannot translate", param="task")
+    if request.word_timestamps and not info.word_timestamps:  # not an empty `words` list
+        raise RequestError(400, f"backend {backend!r} has no word timestamps",
+                           param="word_timestamps")
     options: dict[str, Any] = {"task": request.task,
                                "word_timestamps": request.word_timestamps}
     if request.language:
