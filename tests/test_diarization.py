@@ -171,6 +171,30 @@ def test_a_segment_that_changes_speaker_is_split_at_the_word_boundary() -> None:
     assert [s.text for s in unspaced.segments] == ["你好", "世界"]
 
 
+def test_labels_follow_first_appearance_on_the_segments() -> None:
+    """One long segment (qwen3 gives one a clip) under a short turn of one voice and a long
+    one of another: it is the second voice's, and so that voice is SPEAKER_00 on segments,
+    words and in `speakers` (it was SPEAKER_01, with no SPEAKER_00 on any segment); the voice
+    no segment took comes after it. A known name keeps its name."""
+    turns = [Turn(0.0, 1.0, "SPEAKER_00"), Turn(1.0, 9.0, "SPEAKER_01")]
+    one = Transcription("long", "en", 9.0, [Segment(0, 0.0, 9.0, " long")])
+    attach(one, Diarization(turns, ["SPEAKER_00", "SPEAKER_01"]))
+    assert one.segments[0].speaker == "SPEAKER_00"
+    assert list(one.speakers or {}) == ["SPEAKER_00", "SPEAKER_01"]
+    assert one.speakers == {"SPEAKER_00": {"seconds": 8.0, "segments": 1},
+                            "SPEAKER_01": {"seconds": 1.0, "segments": 0}}
+    words = [Word(" a", 0.2, 0.6), Word(" b", 1.5, 2.0), Word(" c", 3.0, 3.5)]
+    turns = [Turn(0.0, 1.0, "SPEAKER_01"), Turn(1.0, 2.5, "Ada"),
+             Turn(2.5, 4.0, "SPEAKER_00")]
+    named = Transcription(" a b c", "en", 4.0, [Segment(0, 0.0, 3.5, " a b c", words=words)])
+    attach(named, Diarization(turns, ["SPEAKER_01", "Ada", "SPEAKER_00"]))
+    assert [(s.text, s.speaker) for s in named.segments] == [
+        (" a", "SPEAKER_00"), (" b", "Ada"), (" c", "SPEAKER_01")]
+    assert [w.speaker for s in named.segments for w in s.words or []] == [
+        "SPEAKER_00", "Ada", "SPEAKER_01"]
+    assert list(named.speakers or {}) == ["SPEAKER_00", "Ada", "SPEAKER_01"]
+
+
 def test_an_engines_own_speakers_take_the_same_labels() -> None:
     transcription = Transcription("a b c", "en", 3.0, [
         Segment(0, 0.0, 1.0, "a", speaker="1"), Segment(1, 1.0, 2.0, "b", speaker="0"),

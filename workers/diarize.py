@@ -24,7 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from common.schemas import MAX_SPEAKERS, DiarizationOptions, Segment, Transcription
+from common.schemas import (
+    AUTOMATIC_LABEL,
+    MAX_SPEAKERS,
+    DiarizationOptions,
+    Segment,
+    Transcription,
+)
 from workers import pyannote_diarizer, speaker_bic, speaker_clusters, speaker_features
 
 BUNDLED = "bundled"
@@ -384,14 +390,30 @@ def speaker_at(turns: list[Turn], start: float, end: float) -> str | None:
 
 def attach(transcription: Transcription, diarization: Diarization) -> Transcription:
     """Every segment and word gets its speaker; a segment whose words change speaker is split
-    at the word boundary (segment ids renumbered). Fills `speakers`."""
+    at the word boundary (segment ids renumbered). The labels are then SPEAKER_00, … in order
+    of first appearance on the segments (a turn that no segment took, a noise the VAD kept, or
+    a speaker under a long segment's other one, comes after them); known names stay. Fills
+    `speakers`, in that order."""
     segments: list[Segment] = []
     for segment in transcription.segments:
         for piece in _split(segment, diarization.turns):
             piece.id = len(segments)
             segments.append(piece)
+    appearing = [segment.speaker for segment in segments if segment.speaker is not None]
+    automatic = [speaker for speaker in dict.fromkeys(
+        appearing + [turn.speaker for turn in diarization.turns])
+        if AUTOMATIC_LABEL.fullmatch(speaker)]
+    renamed = {old: label(index) for index, old in enumerate(automatic)}
+    for segment in segments:
+        if segment.speaker is not None:
+            segment.speaker = renamed.get(segment.speaker, segment.speaker)
+        for word in segment.words or []:
+            if word.speaker is not None:
+                word.speaker = renamed.get(word.speaker, word.speaker)
+    turns = [replace(turn, speaker=renamed.get(turn.speaker, turn.speaker))
+             for turn in diarization.turns]
     transcription.segments = segments
-    transcription.speakers = summary(segments, diarization.turns)
+    transcription.speakers = summary(segments, turns)
     return transcription
 
 
@@ -428,8 +450,11 @@ def _split(segment: Segment, turns: list[Turn]) -> list[Segment]:
 
 def summary(segments: list[Segment], turns: list[Turn]) -> dict[str, dict[str, float | int]]:
     """label -> {"seconds": its speaking time, "segments": its segment count}, in order of
-    first appearance (in the turns, else in the segments)."""
-    speakers: dict[str, dict[str, float | int]] = {}
+    first appearance on the segments, then in the turns."""
+    speakers: dict[str, dict[str, float | int]] = {
+        speaker: {"seconds": 0.0, "segments": 0}
+        for speaker in dict.fromkeys(segment.speaker for segment in segments
+                                     if segment.speaker is not None)}
     for turn in turns:
         entry = speakers.setdefault(turn.speaker, {"seconds": 0.0, "segments": 0})
         entry["seconds"] = round(float(entry["seconds"]) + turn.end - turn.start, 3)
