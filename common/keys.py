@@ -184,6 +184,13 @@ def in_flight(owner: str) -> str:
     return f"{PREFIX}in-flight:{owner or '-'}"
 
 
+def input_bytes(owner: str) -> str:
+    """String: the bytes of input (uploads, reference clips) an owner's unfinished tasks
+    hold in Redis or SPEECH_BLOB_DIR (counted by the submit, uncounted by the terminal write:
+    its `input_bytes_key` field names this key)."""
+    return f"{PREFIX}input-bytes:{owner or '-'}"
+
+
 def slots(kind: str, owner: str) -> str:
     """Sorted set: the holders of an owner's leased slots of one kind ("sessions": live
     sessions, "webhooks": deliveries on the way), scored by when each lease ends (epoch s);

@@ -265,6 +265,10 @@ class Settings(BaseSettings):
     #: a second): eight four-hour files are not "eight entries" to the key whose two-second
     #: clip waits behind them (one task alone always enters, whatever its size; 0 = no limit)
     queued_seconds_per_key: float = Field(default=900.0, ge=0)
+    #: the input (uploads, reference clips) one API key's unfinished tasks may hold at once,
+    #: in Redis or SPEECH_BLOB_DIR: past it its next upload is a 429 (a task alone always
+    #: passes; keys off: not counted). 0 = no bound
+    queued_input_mib_per_key: float = Field(default=512.0, ge=0)
     #: backend -> most tasks queued (both lanes) before a submit is refused with 429
     max_queued_tasks: dict[str, int] = Field(default_factory=dict)
     #: backend -> longest predicted wait (seconds) before a submit is refused with 429
@@ -514,6 +518,12 @@ class Settings(BaseSettings):
             return 0.0
         per_second = CHARACTERS_PER_SECOND if unit == "characters" else 1.0
         return self.queued_seconds_per_key * per_second
+
+    def input_bytes_limit(self, owner: str) -> int:
+        """The most input bytes `owner`'s unfinished tasks may hold (0: not counted)."""
+        if self.api_key(owner) is None:
+            return 0
+        return int(self.queued_input_mib_per_key * 1024 * 1024)
 
     def queued_share(self, owner: str, backend: str) -> int:
         """The most of `backend`'s queued tasks (`max_queued_tasks`) `owner` may hold: its

@@ -482,6 +482,87 @@ def test_one_key_holds_at_most_its_share_of_a_backends_queued_tasks(tmp_path) ->
         server.stop()
 
 
+def test_the_input_one_keys_unfinished_tasks_hold_is_bounded(tmp_path) -> None:
+    """SPEECH_QUEUED_INPUT_MIB_PER_KEY: uploads queued by one key count until each task ends
+    (a cancel included); past the bound its next upload is a 429 with nothing stored, a task
+    alone always passes, a path-based task holds nothing, and another key is not affected."""
+    from common.schemas import TaskState
+    from common.store import InputsFull, Task, TaskStore
+
+    server = procs.RedisServer(tmp_path / "redis").start()
+    backend = "faster-whisper"
+
+    async def scenario() -> None:
+        redis = Redis.from_url(server.url)
+        store = TaskStore(redis, 600)
+
+        async def submit(task_id: str, size: int, owner: str = "a", most: int = 1000) -> None:
+            task = Task(id=task_id, backend=backend, model="tiny.en", owner=owner,
+                        state=TaskState.PENDING)
+            await store.submit(task, b"\0" * size if size else None, max_input_bytes=most)
+
+        held = keys.input_bytes("a")
+        await submit("big", 1500)  # alone: past the bound, still taken
+        with pytest.raises(InputsFull) as refused:
+            await submit("more", 10)
+        assert refused.value.held == 1500 and not await redis.exists(keys.task("more"))
+        assert not await redis.exists(keys.input_blob("more"))
+        await submit("by-path", 0)  # an allowed path: no input of its own
+        await submit("other", 900, owner="b")  # another key's own count
+        assert await store.cancel("big", backend) == TaskState.CANCELLED
+        assert not await redis.exists(held)
+        await submit("t1", 600)
+        await submit("t2", 400)  # exactly the bound
+        with pytest.raises(InputsFull):
+            await submit("t3", 1)
+        assert int(await redis.get(held)) == 1000
+        assert int(await redis.get(keys.input_bytes("b"))) == 900
+        for task_id in ("t1", "t2", "by-path"):
+            assert await store.cancel(task_id, backend) == TaskState.CANCELLED
+        assert not await redis.exists(held)
+        assert not {b"input_bytes", b"input_bytes_key"} & set(
+            await redis.hkeys(keys.task("t1")))
+        await submit("unbounded", 5000, owner="c", most=0)  # keys off: nothing counted
+        assert not await redis.exists(keys.input_bytes("c"))
+        await redis.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()
+    # through a gateway: the 429 names it, and nothing is queued
+    server = procs.RedisServer(tmp_path / "redis2").start()
+    gateway = procs.gateway(server.url, tmp_path, api_keys=[digest(KEYS["batchy"])],
+                            queued_input_mib_per_key="0.01").start()
+    try:
+        clip = (tmp_path / "clip.wav")
+        speak_to(clip, "Hello world, this clip is longer than ten kilobytes.")
+        assert clip.stat().st_size > 0.01 * 2**20
+
+        def upload() -> httpx.Response:
+            return http.post(f"{gateway.url}/api/faster-whisper-submit", headers=auth("batchy"),
+                             files={"file": ("clip.wav", clip.read_bytes())}, timeout=30)
+
+        first = upload()
+        assert first.status_code == 200, first.text
+        second = upload()
+        assert second.status_code == 429, second.text
+        assert "would take them past their most (0.01 MiB)" in second.json()["error"]
+        assert "retry-after" in second.headers
+        openai = http.post(f"{gateway.url}/v1/audio/transcriptions", headers=auth("batchy"),
+                           files={"file": ("clip.wav", clip.read_bytes())},
+                           data={"model": "whisper-1"}, timeout=30)
+        assert openai.status_code == 429, openai.text
+        assert openai.json()["error"]["code"] == "too_much_input_queued"
+        client = server.client()
+        assert client.xlen(keys.queue("faster-whisper")) == 1
+        cancel({"gateway": gateway.url}, "batchy", first.json()["task_id"])
+        assert upload().status_code == 200
+    finally:
+        gateway.stop()
+        server.stop()
+
+
 def test_a_changed_share_applies_to_a_line_that_exists(tmp_path) -> None:
     """SPEECH_QUEUED_PER_KEY raised while a key has a line: its next submit lets the line in
     up to the new limit; set to 0 while a line exists: new tasks still go behind it (a key's

@@ -14,11 +14,18 @@ and the wait for a replica after a submit or a terminal write (`replicas`)."""
 from redis.exceptions import RedisError as StoreError
 
 from common.store.breakers import Admission, Breaker, BreakerPolicy
-from common.store.record import Duplicate, QueueFull, Task, TooManyInFlight, new_task_id
+from common.store.record import (
+    Duplicate,
+    InputsFull,
+    QueueFull,
+    Task,
+    TooManyInFlight,
+    new_task_id,
+)
 from common.store.tasks import TaskStore
 from common.store.usage import Charge, QuotaExceeded
 from common.store.worker import WorkerStore
 
-__all__ = ["Admission", "Breaker", "BreakerPolicy", "Charge", "Duplicate", "QueueFull",
-           "QuotaExceeded", "StoreError", "Task", "TaskStore", "TooManyInFlight", "WorkerStore",
-           "new_task_id"]
+__all__ = ["Admission", "Breaker", "BreakerPolicy", "Charge", "Duplicate", "InputsFull",
+           "QueueFull", "QuotaExceeded", "StoreError", "Task", "TaskStore", "TooManyInFlight",
+           "WorkerStore", "new_task_id"]

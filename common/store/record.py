@@ -119,6 +119,15 @@ class QueueFull(Exception):
         self.own = own
 
 
+class InputsFull(Exception):
+    """A submit whose input would take its owner's unfinished tasks past the input bytes
+    they may hold (`held`: what they hold now)."""
+
+    def __init__(self, held: int) -> None:
+        super().__init__(held)
+        self.held = held
+
+
 class TooManyInFlight(Exception):
     """A submit whose owner already has its most tasks queued or running (`in_flight`)."""
 

@@ -31,7 +31,7 @@ from common.store.devices import DeviceView, devices
 from common.store.live import LiveWorkers
 from common.store.poll import PollReader
 from common.store.positions import Positions
-from common.store.record import Duplicate, QueueFull, Task, TooManyInFlight
+from common.store.record import Duplicate, InputsFull, QueueFull, Task, TooManyInFlight
 from common.store.replicas import NotReplicated, ReplicaWait
 from common.store.slots import SlotStore
 from common.store.usage import Charge, UsageStore
@@ -60,6 +60,12 @@ local function close(task, backlog, input, speech, events, state, now, retention
   if counted and redis.call('HDEL', task, 'in_flight') == 1 then
     if redis.call('DECR', counted) <= 0 then redis.call('DEL', counted) end
   end
+  local held = redis.call('HMGET', task, 'input_bytes_key', 'input_bytes')
+  if held[1] and redis.call('HDEL', task, 'input_bytes_key', 'input_bytes') > 0 then
+    if redis.call('DECRBY', held[1], tonumber(held[2]) or 0) <= 0 then
+      redis.call('DEL', held[1])
+    end
+  end
   unqueue(task, backlog, false)
   unshare(task, backlog)
   unrun(task, backlog)
@@ -84,22 +90,25 @@ end
 # KEYS: task, queue, input blob, queue counter, idempotency key, backlog, deadlines, the
 #       owner's day and month usage hashes, the owner's in-flight count, its lane share, its
 #       line and the backend's lines (shares.py), the owner's share and line of the other
-#       lane, and (optional) the staged upload (BlobStore.stage) that becomes the input blob
+#       lane, the owner's queued input bytes, and (optional) the staged upload
+#       (BlobStore.stage) that becomes the input blob
 # ARGV: task_id, the input's and idempotency key's ttl (0 = none: close() ends them), blob
 #       ("" = none, or staged), idempotent ("1"/"0"), most queued tasks (0 = no
 #       limit), lane, audio seconds, deadline ("" = none), the 9 arguments of
 #       charge_usage (usage.LUA; all "" = not metered), the owner's most tasks in flight
 #       (0 = no limit, "" = not counted), the owner's most entries waiting in the lane (0 =
 #       no limit), their most work (0 = no limit), the owner's most of the queued tasks
-#       (0 = no limit), field, value, ...
+#       (0 = no limit), the owner's most input bytes held by its tasks (0 = not counted),
+#       this task's input bytes, field, value, ...
 # -> {1, entry id, its number} queued ({1, "", 0}: in the owner's line, shares.py),
 #    {0, original task id} for a repeated idempotency key
 #    (or a repeated submit of the same task),
 #    {2, tasks queued} when the backend already has its most queued tasks, {3, which
 #    limit, used} when the charge would pass a quota, or {4, in flight} when the owner has
 #    its most tasks queued or running, or {5} when the staged upload is gone, or {6, its
-#    tasks queued} when the owner holds its most of the queued tasks (nothing written for
-#    any of those).
+#    tasks queued} when the owner holds its most of the queued tasks, or {7, bytes held}
+#    when the input would take the owner past its most input bytes (a task alone always
+#    may) (nothing written for any of those).
 # Each entry carries its own number in the backend's add order (our counter, not Redis's
 # group "entries-read", which Redis 7.0 loses when it reloads the AOF): a queue position
 # is then one subtraction from the first entry not yet handed to a worker.
@@ -121,7 +130,7 @@ if ARGV[4] == '1' then
     return {0, original}
   end
 end
-if KEYS[16] and redis.call('EXISTS', KEYS[16]) == 0 then return {5, ''} end
+if KEYS[17] and redis.call('EXISTS', KEYS[17]) == 0 then return {5, ''} end
 local most = tonumber(ARGV[5])
 if most > 0 then
   local b = redis.call('HMGET', KEYS[6], 'interactive:tasks', 'batch:tasks')
@@ -141,16 +150,25 @@ if cap and cap > 0 then
   local flying = tonumber(redis.call('GET', KEYS[10]) or '0')
   if flying >= cap then return {4, tostring(flying)} end
 end
+local bytes_most, bytes = tonumber(ARGV[22]) or 0, tonumber(ARGV[23]) or 0
+if bytes_most > 0 and bytes > 0 then
+  local held = tonumber(redis.call('GET', KEYS[16]) or '0') or 0
+  if held > 0 and held + bytes > bytes_most then return {7, tostring(held)} end
+end
 if ARGV[9] ~= '' then
   local refused = charge_usage({KEYS[8], KEYS[9]}, {unpack(ARGV, 9, 17)})
   if refused then return refused end
 end
 local entry, seq = share_or_hold(KEYS[1], KEYS[2], KEYS[4], KEYS[11], KEYS[12], KEYS[13],
                                  KEYS[6], ARGV[6], ARGV[7], tonumber(ARGV[19]) or 0,
-                                 tonumber(ARGV[20]) or 0, ARGV[1], unpack(ARGV, 22))
+                                 tonumber(ARGV[20]) or 0, ARGV[1], unpack(ARGV, 24))
 if cap then
   redis.call('INCR', KEYS[10])
   redis.call('HSET', KEYS[1], 'in_flight', KEYS[10])
+end
+if bytes_most > 0 and bytes > 0 then  -- uncounted by close()
+  redis.call('INCRBY', KEYS[16], bytes)
+  redis.call('HSET', KEYS[1], 'input_bytes', bytes, 'input_bytes_key', KEYS[16])
 end
 if ARGV[8] ~= '' then
   redis.call('ZADD', KEYS[7], ARGV[8], ARGV[1])
@@ -162,8 +180,8 @@ end
 if ARGV[3] ~= '' then
   redis.call('SET', KEYS[3], ARGV[3])
   keep(KEYS[3])
-elseif KEYS[16] then
-  redis.call('RENAME', KEYS[16], KEYS[3])
+elseif KEYS[17] then
+  redis.call('RENAME', KEYS[17], KEYS[3])
   keep(KEYS[3])
 end
 if ARGV[4] == '1' then
@@ -386,7 +404,7 @@ class TaskStore:
                      max_queued_tasks: int = 0, charge: Charge | None = None,
                      max_in_flight: int | None = None, staged: str = "",
                      lane_share: int = 0, lane_share_work: float = 0.0,
-                     max_queued_own: int = 0) -> None:
+                     max_queued_own: int = 0, max_input_bytes: int = 0) -> None:
         """Write the task record, its queue entry and its input blob in one atomic step, and
         charge its owner's usage (`charge`; None: unmetered). `staged`: the key the blob was
         staged under (BlobStore.stage), renamed to the input here; the blob itself is sent
@@ -400,7 +418,9 @@ class TaskStore:
         entries its owner may have waiting in the lane, `lane_share_work` the most work (its
         units; 0: no limit); past them the task waits in the owner's line (shares.py).
         `max_queued_own`: the most of the backend's queued tasks its owner may hold, counted
-        in its lane shares and lines (0: no limit); past it QueueFull(own=True)."""
+        in its lane shares and lines (0: no limit); past it QueueFull(own=True).
+        `max_input_bytes`: the most input its owner's unfinished tasks may hold, this one's
+        included unless it is alone (0: not counted); past it InputsFull."""
         now = time.time()
         hashes, usage_args, charged = [keys.task(task.id)] * 2, [""] * 9, ""
         if charge is not None:
@@ -430,7 +450,7 @@ class TaskStore:
                           keys.lines(task.backend),
                           keys.lane_share(task.backend, other_lane, task.owner),
                           keys.held(task.backend, other_lane, task.owner),
-                          *([staged] if staged else [])],
+                          keys.input_bytes(task.owner), *([staged] if staged else [])],
                     args=[task.id, self.input_ttl,
                           b"" if in_file or staged else (blob or b""),
                           "1" if idempotency_key else "0", max_queued_tasks, task.lane,
@@ -439,7 +459,8 @@ class TaskStore:
                           "" if max_in_flight is None else max_in_flight,
                           lane_share if task.owner else 0,
                           repr(lane_share_work) if task.owner else 0,
-                          max_queued_own if task.owner else 0, *flat])
+                          max_queued_own if task.owner else 0,
+                          max_input_bytes if task.owner else 0, len(blob or b""), *flat])
             except (RedisConnectionError, RedisTimeoutError):
                 # the reply was lost: the task may be queued. A retry with its key finds it,
                 # so its input stays (BlobStore.sweep removes it if it was not); without a
@@ -476,7 +497,8 @@ class TaskStore:
         if queued == 5:  # staged on a primary that has since failed over: send it along
             await self.submit(task, blob, idempotency_key, max_queued_tasks, charge,
                               max_in_flight, lane_share=lane_share,
-                              lane_share_work=lane_share_work, max_queued_own=max_queued_own)
+                              lane_share_work=lane_share_work, max_queued_own=max_queued_own,
+                              max_input_bytes=max_input_bytes)
             return
         if queued in (2, 6):
             raise QueueFull(int(value), own=queued == 6)
@@ -485,6 +507,8 @@ class TaskStore:
             raise charge.refusal(int(value), float(number[0]), now)
         if queued == 4:
             raise TooManyInFlight(int(value))
+        if queued == 7:
+            raise InputsFull(int(value))
         if stored:  # the record as written, so its queue position can be read at once
             task.entry_id, task.queue_seq = text(value), int(number[0])
             task.created_at = now

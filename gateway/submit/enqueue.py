@@ -13,6 +13,7 @@ from common.settings import Settings
 from common.store import (
     BreakerPolicy,
     Duplicate,
+    InputsFull,
     QueueFull,
     QuotaExceeded,
     StoreError,
@@ -77,11 +78,18 @@ async def _enqueue(store: TaskStore, settings: Settings, *, backend: str, model:
                                        settings.in_flight_limit(owner), audio.staged,
                                        settings.lane_share(owner),
                                        settings.lane_share_work(owner, charge.unit),
-                                       settings.queued_share(owner, backend)))
+                                       settings.queued_share(owner, backend),
+                                       settings.input_bytes_limit(owner)))
     except TooManyInFlight as busy:
         raise RequestError(429, f"this key already has {busy.in_flight} tasks queued or "
                                 "running, its most at once; retry when some have finished",
                            code="too_many_tasks_in_flight",
+                           headers=retry_after(None)) from None
+    except InputsFull as full:
+        raise RequestError(429, f"this key's unfinished tasks hold {full.held / 1024:.0f} KiB "
+                                "of input, and this upload would take them past their most "
+                                f"({settings.queued_input_mib_per_key:g} MiB); retry when "
+                                "some have finished", code="too_much_input_queued",
                            headers=retry_after(None)) from None
     except QueueFull as full:
         raise await queue_full(store, task, full, most) from None
