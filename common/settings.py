@@ -305,6 +305,9 @@ class Settings(BaseSettings):
     realtime_previous_turn_wait_seconds: float = Field(default=10.0, ge=0)
     #: POST /v1/realtime/client_secrets: a minted key's lifetime unless asked (10 s to 2 h)
     client_secret_seconds: int = Field(default=600, ge=10, le=7200)
+    #: … and how many one API key may have alive at once (keys on; each is a record kept
+    #: until it expires): past it a mint is a 429. 0 = no bound
+    client_secrets_per_key: int = Field(default=100, ge=0)
 
     # --- custom voices (/v1/audio/voice_consents, /v1/audio/voices) ---
     #: language -> the sentence a consent recording must say (its base language is tried

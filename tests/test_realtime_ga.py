@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -554,6 +555,44 @@ def test_an_ephemeral_key_goes_with_the_key_that_minted_it(tmp_path: Path) -> No
     finally:
         for gateway in gateways:
             gateway.stop()
+        server.stop()
+
+
+def test_one_key_has_at_most_its_client_secrets_alive(tmp_path: Path) -> None:
+    """SPEECH_CLIENT_SECRETS_PER_KEY: each minted key is a record kept until it expires, so a
+    key mints at most that many alive (a shorter-lived one does not end the count of the
+    longer ones early); candidate languages are a few short tags, and a record keeps its
+    text as UTF-8 (escaped, an emoji took 12 bytes)."""
+    server = procs.RedisServer(tmp_path / "redis").start()
+    gateway = procs.gateway(server.url, tmp_path, api_keys=[f"sha256:{digest(KEY)}"],
+                            client_secrets_per_key="2").start()
+    url = f"{gateway.url}/v1/realtime/client_secrets"
+
+    def mint(seconds: int, **transcription: Any) -> httpx.Response:
+        session = {"type": "transcription", "audio": {"input": {"transcription": {
+            "model": "whisper-1", **transcription}}}}
+        return http.post(url, headers=AUTH, timeout=10, json={
+            "session": session, "expires_after": {"anchor": "created_at", "seconds": seconds}})
+
+    try:
+        many = mint(600, languages=[f"l{index}" for index in range(21)])
+        assert many.status_code == 400, many.text
+        assert many.json()["error"]["param"].endswith("transcription.languages")
+        assert mint(600, languages=["x" * 36]).status_code == 400
+        assert mint(7200, prompt="\U0001f600" * 50).status_code == 200
+        assert mint(10).status_code == 200  # shorter: the count keeps the first one's life
+        client = server.client()
+        (slots,) = list(client.scan_iter(match=keys.slots("client-secrets", "*")))
+        assert client.pttl(slots) > 7000_000
+        refused = mint(600)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"]["code"] == "too_many_client_secrets"
+        assert "retry-after" in refused.headers
+        stored = [client.get(key) for key in client.scan_iter(match=keys.client_secret("*"))]
+        assert len(stored) == 2
+        assert any("\U0001f600".encode() in one for one in stored), stored
+    finally:
+        gateway.stop()
         server.stop()
 
 

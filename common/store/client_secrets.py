@@ -14,9 +14,16 @@ from typing import Any
 from redis.asyncio import Redis
 
 from common import keys
+from common.store.slots import SlotStore
 from common.store.tasks import TaskStore
 
 PREFIX = "ek_"
+#: the slots kind (common/store/slots.py) that counts an owner's live keys
+SLOTS = "client-secrets"
+
+
+class TooManySecrets(Exception):
+    """The owner has its most keys alive at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,17 +36,25 @@ class ClientSecret:
 class ClientSecretStore:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
+        self.slots = SlotStore(redis)
 
     @classmethod
     def of(cls, store: TaskStore) -> ClientSecretStore:
         return cls(store.redis)
 
-    async def mint(self, owner: str, session: dict[str, Any], seconds: int) -> tuple[str, int]:
-        """A new key and its expiry (epoch seconds)."""
+    async def mint(self, owner: str, session: dict[str, Any], seconds: int,
+                   most: int = 0) -> tuple[str, int]:
+        """A new key and its expiry (epoch seconds); TooManySecrets when `owner` already has
+        `most` alive (0: no bound). Each holds a slot for its lifetime (a key is not revoked
+        early, so its slot is not given back)."""
         value = PREFIX + secrets.token_urlsafe(24)
+        digest = _digest(value)
+        if most and not await self.slots.take(SLOTS, owner, digest, most, seconds):
+            raise TooManySecrets(most)
         expires_at = int(time.time()) + seconds
         record = {"owner": owner, "session": session, "expires_at": expires_at}
-        await self.redis.set(keys.client_secret(_digest(value)), json.dumps(record), ex=seconds)
+        await self.redis.set(keys.client_secret(digest),
+                             json.dumps(record, ensure_ascii=False), ex=seconds)
         return value, expires_at
 
     async def lookup(self, value: str) -> ClientSecret | None:

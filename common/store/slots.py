@@ -20,7 +20,9 @@ if not redis.call('ZSCORE', KEYS[1], ARGV[1])
   return 0
 end
 redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
-redis.call('PEXPIRE', KEYS[1], math.ceil(lease * 1000))
+-- the set lives as long as its longest lease: a shorter one must not end the others early
+local ms = math.ceil(lease * 1000)
+if redis.call('PTTL', KEYS[1]) < ms then redis.call('PEXPIRE', KEYS[1], ms) end
 return 1
 """
 

@@ -32,6 +32,9 @@ NOISE_REDUCTIONS = ("near_field", "far_field")
 EAGERNESS = ("low", "medium", "high", "auto")
 MAX_KEYWORDS = 100
 MAX_KEYWORD_CHARACTERS = 100
+#: candidate languages: a handful of tags (the longest BCP 47 tags run ~35 characters)
+MAX_LANGUAGES = 20
+MAX_LANGUAGE_CHARACTERS = 35
 MAX_EVENT_ID = 128
 #: the fields each object of a session.update may hold (GA's, our extensions, and `id` /
 #: `object` / `expires_at`, so that a session object echoed back from session.created or a
@@ -311,9 +314,12 @@ def _transcription(current: Transcription, given: dict[str, Any], fail: Any) -> 
             result = replace(result, language=value or None)
         else:
             result = replace(result, prompt=value or "")
-    for name in ("languages", "keywords"):
-        if name in given:
-            result = replace(result, **{name: _strings(given[name], f"{path}.{name}", fail)})
+    if "languages" in given:
+        result = replace(result, languages=_strings(
+            given["languages"], f"{path}.languages", fail, MAX_LANGUAGES,
+            MAX_LANGUAGE_CHARACTERS))
+    if "keywords" in given:
+        result = replace(result, keywords=_strings(given["keywords"], f"{path}.keywords", fail))
     if "delay" in given:
         delay = given["delay"]
         if delay is not None and (not isinstance(delay, str) or delay not in DELAYS):
@@ -329,15 +335,16 @@ def _transcription(current: Transcription, given: dict[str, Any], fail: Any) -> 
     return result
 
 
-def _strings(value: Any, path: str, fail: Any) -> tuple[str, ...]:
+def _strings(value: Any, path: str, fail: Any, most: int = MAX_KEYWORDS,
+             characters: int = MAX_KEYWORD_CHARACTERS) -> tuple[str, ...]:
     if value is None:
         return ()
-    if (not isinstance(value, list) or len(value) > MAX_KEYWORDS
-            or not all(isinstance(item, str) and 0 < len(item) <= MAX_KEYWORD_CHARACTERS
+    if (not isinstance(value, list) or len(value) > most
+            or not all(isinstance(item, str) and 0 < len(item) <= characters
                        for item in value)):
         raise fail("invalid_value", f"{path.rsplit('.', 1)[-1]} must be a list of at most "
-                                    f"{MAX_KEYWORDS} non-empty strings of at most "
-                                    f"{MAX_KEYWORD_CHARACTERS} characters", path)
+                                    f"{most} non-empty strings of at most {characters} "
+                                    "characters", path)
     return tuple(value)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import Request
 
 from common.settings import Settings
-from common.store.client_secrets import ClientSecretStore
+from common.store.client_secrets import ClientSecretStore, TooManySecrets
 from gateway.errors import RequestError
 from gateway.realtime.protocol import (
     LONE_SURROGATE,
@@ -49,7 +49,14 @@ async def create_client_secret(request: Request, owner: str, settings: Settings,
     except ProtocolError as exc:
         raise RequestError(400, exc.message, param=exc.param, code=exc.code) from None
     checked = config.public(new_id("sess"))  # what is stored: the fields read, nothing else
-    value, expires_at = await guard_store(secrets.mint(owner, checked, seconds))
+    most = settings.client_secrets_per_key if settings.api_key(owner) is not None else 0
+    try:
+        value, expires_at = await guard_store(secrets.mint(owner, checked, seconds, most))
+    except TooManySecrets:
+        raise RequestError(429, f"this key has {most} client secrets alive, its most at once "
+                                "(SPEECH_CLIENT_SECRETS_PER_KEY); mint more as they expire, or "
+                                "mint shorter-lived ones", code="too_many_client_secrets",
+                           headers={"Retry-After": "60"}) from None
     return {"value": value, "expires_at": expires_at,
             "session": {**checked, "expires_at": expires_at}}
 
