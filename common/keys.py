@@ -238,6 +238,13 @@ def refusal(token: str) -> str:
     return f"{PREFIX}refusal:{token}"
 
 
+def refusals_kept(owner: str) -> str:
+    """Integer: how many refusal reasons (`refusal`) an owner's refused submits have kept in
+    the current retention window (it expires with the window; past
+    refusals.MAX_KEPT_PER_OWNER none is kept until it does)."""
+    return f"{PREFIX}refusals-kept:{owner or '-'}"
+
+
 def client_secret(digest: str) -> str:
     """String with a TTL (its lifetime): an ephemeral realtime key's owner and session, JSON,
     under the SHA-256 of the key (the key itself is never stored)."""

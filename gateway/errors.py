@@ -189,7 +189,11 @@ async def refused(request: Request, exc: RequestError) -> JSONResponse:
         return JSONResponse(sage_body(exc))  # HTTP 200 for Sage: see SAGE_STATUS_ROUTES
     if route in SAGE_SUBMIT_ROUTES and _wants_task(request.scope):
         # HTTP 200 for Sage: see SAGE_SUBMIT_ROUTES
-        return JSONResponse(await sage_refused(exc, refusals_of(request.app)))
+        from gateway.auth import owner_or_none  # (gateway.auth raises this module's errors)
+
+        settings = getattr(request.app.state, "settings", None)
+        owner = None if settings is None else owner_or_none(request, settings)
+        return JSONResponse(await sage_refused(exc, refusals_of(request.app), owner))
     return reply(request, exc)
 
 
@@ -199,17 +203,18 @@ def refusals_of(app: Any) -> Refusals | None:
 
 
 async def sage_refused(exc: RequestError, refusals: Refusals | None,
-                       keep_reason: bool = True) -> dict[str, Any]:
+                       owner: str | None) -> dict[str, Any]:
     """A refused Sage submit as a task FAILED from the start (SAGE_SUBMIT_ROUTES): a new
-    refusal id, its reason kept in `refusals` unless `keep_reason` is False or the caller
-    is not known (a 401): a client without a key writes nothing to Redis (a scanner's loop
-    would fill it), and its id's poll answers from the status and code the id carries."""
+    refusal id, its reason kept in `refusals` (a bounded number per `owner`) unless the
+    caller is not known (`owner` None, or a 401): a client without a key writes nothing to
+    Redis (a scanner's loop would fill it), and its id's poll answers from the status and
+    code the id carries."""
     code = exc.code if _CODE.fullmatch(exc.code or "") else "refused"
     status = exc.status_code if 400 <= exc.status_code <= 599 else 400
     token = secrets.token_urlsafe(12)
     task_id = f"{REFUSED_PREFIX}{status}.{code}.{token}"
-    if refusals is not None and keep_reason and status != 401:
-        await refusals.remember(token, exc.message)
+    if refusals is not None and owner is not None and status != 401:
+        await refusals.remember(token, exc.message, owner)
     retry = (exc.headers or {}).get("retry-after")
     return {"task_id": task_id, "taskid": task_id, **sage_body(exc), "code": exc.code,
             "http_status": exc.status_code, **({"retry_after": retry} if retry else {})}
@@ -283,7 +288,7 @@ async def refusal_reply(scope: Scope, status_code: int, message: str,
     if is_status_path(scope["path"]):  # still HTTP 200: see SAGE_STATUS_ROUTES
         return 200, sage_body(exc)
     if _wants_task(scope):  # before routing, so before the key's check: nothing kept
-        return 200, await sage_refused(exc, refusals_of(scope.get("app")), keep_reason=False)
+        return 200, await sage_refused(exc, refusals_of(scope.get("app")), None)
     return status_code, sage_body(exc)
 
 

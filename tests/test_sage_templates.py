@@ -164,3 +164,35 @@ def test_a_body_refused_before_routing_is_a_failed_task_for_sage() -> None:
             assert await errors.refusal_of(not_one, None) is None
 
     asyncio.run(scenario())
+
+
+def test_the_reasons_kept_for_one_owners_refusals_are_bounded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop of refused submits costs its key nothing: past MAX_KEPT_PER_OWNER reasons in a
+    retention window none more is kept for that owner (the ids still poll FAILED, from their
+    status and code), and another owner's are kept as before."""
+    from redis.asyncio import Redis
+
+    from common import keys
+    from common.store import refusals
+    from harness import procs
+
+    monkeypatch.setattr(refusals, "MAX_KEPT_PER_OWNER", 3)
+    server = procs.RedisServer(tmp_path / "redis").start()
+
+    async def scenario() -> None:
+        redis = Redis.from_url(server.url)
+        kept = refusals.Refusals(redis, 600)
+        for index in range(5):
+            await kept.remember(f"a{index}", f"reason {index}", "owner-a")
+        await kept.remember("b0", "reason of b", "owner-b")
+        assert [await kept.recall(f"a{index}") for index in range(5)] == [
+            "reason 0", "reason 1", "reason 2", None, None]
+        assert await kept.recall("b0") == "reason of b"
+        assert 0 < await redis.ttl(keys.refusals_kept("owner-a")) <= 600
+        await redis.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()

@@ -18,17 +18,33 @@ from common import keys
 WAIT_SECONDS = 0.5
 #: the longest message kept (a refusal listing every language code runs long)
 MAX_MESSAGE = 1000
+#: the most reasons kept for one owner per retention window: a loop of refused submits
+#: (they cost nothing) would otherwise fill Redis with ~1 KB a refusal; past it the ids still
+#: poll FAILED, with the reason their status and code give
+MAX_KEPT_PER_OWNER = 1000
+
+# KEYS: the refusal, the owner's count | ARGV: message, retention, most -> 1 kept, 0 not
+_REMEMBER = """
+local kept = redis.call('INCR', KEYS[2])
+if kept == 1 then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
+if kept > tonumber(ARGV[3]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
+"""
 
 
 class Refusals:
     def __init__(self, redis: Redis, retention_seconds: int) -> None:
         self.redis = redis
         self.retention = retention_seconds
+        self._remember = redis.register_script(_REMEMBER)
 
-    async def remember(self, token: str, message: str) -> None:
+    async def remember(self, token: str, message: str, owner: str) -> None:
         with contextlib.suppress(RedisError, OSError, TimeoutError):
-            await asyncio.wait_for(self.redis.set(keys.refusal(token), message[:MAX_MESSAGE],
-                                                  ex=self.retention), WAIT_SECONDS)
+            await asyncio.wait_for(self._remember(
+                keys=[keys.refusal(token), keys.refusals_kept(owner)],
+                args=[message[:MAX_MESSAGE], self.retention, MAX_KEPT_PER_OWNER]),
+                WAIT_SECONDS)
 
     async def recall(self, token: str) -> str | None:
         with contextlib.suppress(RedisError, OSError, TimeoutError):
