@@ -52,6 +52,31 @@ def test_a_stuck_task_behind_250_finished_ones_fails_in_time(redis: procs.RedisS
         gateway.stop()
 
 
+def test_a_backend_taken_out_of_the_models_still_has_its_tasks_swept(
+        redis: procs.RedisServer) -> None:
+    """qwen3 had a task queued, then the gateways were restarted without it: the task still
+    fails by its wait (it read PENDING for ever); a backend with nothing in Redis is not
+    walked, nor given a queue."""
+
+    async def scenario() -> None:
+        client = Redis.from_url(redis.url)
+        store = TaskStore(client, 60)
+        task = Task(id=new_task_id(), backend="qwen3", model="tiny", state=TaskState.PENDING)
+        await store.submit(task, b"\0" * 64)
+        sweeper = Sweeper(store, Settings(max_queue_seconds=0.5, no_worker_seconds=0))
+        assert "qwen3" not in sweeper.settings.models
+        assert await sweeper.backends() == ["faster-whisper", "qwen3"]
+        await asyncio.sleep(0.8)
+        await sweeper.sweep()
+        failed = await store.get(task.id)
+        assert failed is not None and failed.state == TaskState.FAILED, failed
+        assert failed.error_code == "no_worker" and "no qwen3 worker" in failed.error
+        assert not await client.exists(keys.queue("parakeet"))
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
 def test_the_sweeper_never_fails_a_task_a_worker_started(redis: procs.RedisServer) -> None:
 
     async def scenario() -> None:

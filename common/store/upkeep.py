@@ -109,6 +109,12 @@ async def no_worker_since(store: TaskStore, backend: str, ttl_seconds: int) -> f
     return float(await redis.get(key) or now)
 
 
+async def holds_tasks(store: TaskStore, backend: str) -> bool:
+    """Whether `backend` has a queue or a line in Redis (tasks may wait there)."""
+    return bool(await store.redis.exists(*(keys.queue(backend, lane) for lane in LANES),
+                                          keys.lines(backend)))
+
+
 async def worker_seen(store: TaskStore, backend: str) -> None:
     """`backend` has a live worker: its no-worker clock stops."""
     await store.redis.delete(keys.no_worker_since(backend))

@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from common.backends import BACKENDS
 from common.catalog import enabled_backends
 from common.schemas import ErrorCode, TaskState
 from common.settings import Settings
@@ -72,9 +73,17 @@ class Sweeper:
         for backend in enabled_backends(self.settings):
             await self.store.ensure_queue(backend)
 
+    async def backends(self) -> list[str]:
+        """The enabled backends, and any other whose queue still holds tasks: a backend
+        taken out of SPEECH_MODELS leaves its accepted tasks to the same bounds (its wait,
+        no worker, deadlines), not PENDING for ever."""
+        enabled = enabled_backends(self.settings)
+        return enabled + [backend for backend in BACKENDS if backend not in enabled
+                          and await upkeep.holds_tasks(self.store, backend)]
+
     async def sweep(self) -> None:
         live = {backend for backend, _ in await self.store.live.consumers()}
-        for backend in enabled_backends(self.settings):
+        for backend in await self.backends():
             if self.settings.max_queue_seconds > 0:
                 await self.fail_overdue(backend, self.settings.max_queue_seconds)
             if self.settings.no_worker_seconds > 0:
