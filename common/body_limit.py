@@ -71,6 +71,12 @@ class HolderOverShare(BodiesOverBudget):
 #: the request's scope -> who holds its body, for the budget's per-holder share (None: no one
 #: in particular)
 Holder = Callable[[Scope], str | None]
+#: where a request's scope carries its `HoldMore`: what the app fetches for it (an
+#: `audio_url` download) is held in memory like a body, so it counts in the same budget
+HOLD_MORE = "speech.hold_more"
+#: bytes more this request holds (until its reply is over) -> None, or why not (the budget's
+#: refusal message: the caller answers it as a 503 to retry shortly)
+HoldMore = Callable[[int], str | None]
 #: (the request's scope, HTTP status, message, code) -> the (HTTP status, JSON body) that
 #: answer a refusal
 ErrorReply = Callable[[Scope, int, str, str], Awaitable[tuple[int, dict[str, Any]]]]
@@ -128,6 +134,16 @@ class BodyLimitMiddleware:
             return
         self._hold(who, reserved)
         counted = reserved  # what this request holds of `held`
+
+        def hold_more(size: int) -> str | None:
+            nonlocal counted
+            if over := self._over_budget(size, counted, who):
+                return over.message(self)
+            self._hold(who, size)
+            counted += size
+            return None
+
+        scope[HOLD_MORE] = hold_more
         received = 0
         body_done = False
         deadline = time.monotonic() + self.deadline_seconds

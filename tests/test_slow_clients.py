@@ -219,3 +219,76 @@ def test_one_key_holds_at_most_half_the_upload_budget(tmp_path: Path) -> None:
         holder.close()
         gateway.stop()
         server.stop()
+
+
+def test_audio_url_downloads_count_in_the_upload_budget_and_wait_for_the_in_flight_cap(
+        tmp_path: Path) -> None:
+    """A download is in memory as an upload is: it counts in the process's budget and in
+    its key's share (a key's concurrent `audio_url` submits took the gateway's memory
+    outside any budget), and a key at its most tasks in flight is refused before the
+    download (it was refused after it: a loop cost a download a call, for nothing)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import numpy as np
+
+    from common.audio import encode_wav
+
+    wav = encode_wav(0.1 * np.sin(np.arange(16000 * 9) / 5.0), 16000)  # ~288 KB
+    served: list[str] = []
+
+    class Files(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            served.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "audio/wav")
+            self.send_header("Content-Length", str(len(wav)))
+            self.end_headers()
+            self.wfile.write(wav)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    files = ThreadingHTTPServer(("127.0.0.1", 0), Files)
+    files.daemon_threads = True
+    threading.Thread(target=files.serve_forever, daemon=True).start()
+    host = f"127.0.0.1:{files.server_address[1]}"
+    keys = {"a": "sk-key-of-the-downloader", "b": "sk-key-of-someone-else",
+            "c": "sk-key-with-one-task"}
+    entries = [{"key": f"sha256:{digest(keys['a'])}", "name": "a"},
+               {"key": f"sha256:{digest(keys['b'])}", "name": "b"},
+               {"key": f"sha256:{digest(keys['c'])}", "name": "c", "max_in_flight": 1}]
+    server = procs.RedisServer(tmp_path / "redis", appendonly=False).start()
+    gateway = procs.gateway(server.url, tmp_path, upload_budget_mib="1",
+                            body_timeout_seconds="20", audio_url_hosts=[host],
+                            api_keys=entries).start()  # no worker: tasks stay queued
+    url = f"{gateway.url}/api/faster-whisper-submit"
+    port = int(gateway.url.rsplit(":", 1)[1])
+
+    def fetch(key: str) -> httpx.Response:
+        return http.post(url, data={"audio_url": f"http://{host}/clip.wav"}, timeout=30,
+                         headers={"Authorization": f"Bearer {keys[key]}"})
+
+    holder = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        assert fetch("c").status_code == 200
+        assert len(served) == 1
+        refused = fetch("c")
+        assert refused.status_code == 429 and "tasks queued or running" in refused.text
+        assert len(served) == 1  # not downloaded for a submit that cannot queue
+
+        holder.sendall(_headers("/api/faster-whisper-submit",
+                                f"Authorization: Bearer {keys['a']}\r\n" + BODY_START.replace(
+                                    "Content-Length: 100000", "Content-Length: 400000"))
+                       + b"\x01" * 1000)
+        time.sleep(1.0)  # (the gateway reads what was sent)
+        over = fetch("a")  # 400 KB held + its download: past a's half of the 1 MiB
+        assert over.status_code == 503 and int(over.headers["retry-after"]) > 0, over.text
+        assert "share" in over.json()["error"], over.text
+        assert fetch("b").status_code == 200  # 400 KB + 288 KB: inside the budget
+    finally:
+        holder.close()
+        gateway.stop()
+        server.stop()
+        files.shutdown()
+        files.server_close()

@@ -671,6 +671,10 @@ class TaskStore:
         for task_id in task_ids:
             await self._spare(keys=[keys.task(task_id)])
 
+    async def in_flight(self, owner: str) -> int:
+        """How many of `owner`'s tasks are queued or running (counted with keys on)."""
+        return int(await self.redis.get(keys.in_flight(owner)) or 0)
+
     async def note_error(self, task_id: str, error: str) -> None:
         """Remember why an attempt died, for the FAILED reason if the task runs out of tries."""
         await self.redis.hset(keys.task(task_id), "last_error", one_line(error))

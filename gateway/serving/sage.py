@@ -29,7 +29,7 @@ from gateway.policy.admission import Outlook, estimate_at
 from gateway.policy.signing import output_url
 from gateway.serving.tasks import queue_fields
 from gateway.serving.voices import use_custom_voice
-from gateway.submit.enqueue import enqueue
+from gateway.submit.enqueue import enqueue, refuse_fetch_if_full
 from gateway.submit.inputs import read_params
 from gateway.submit.kinds import read_task_input, resolve_backend_model
 from gateway.submit.terms import SubmitTerms, default_lane
@@ -47,6 +47,7 @@ async def submit(request: Request, owner: str, settings: Settings, store: TaskSt
     # the terms are checked before any audio_url fetch
     terms = SubmitTerms.of(request, params, default_lane(settings, owner, BATCH), settings)
     await use_custom_voice(params, owner, VoiceStore.of(store))  # "voice_…": a custom voice
+    await refuse_fetch_if_full(store, settings, owner, params)
     options, audio = await read_task_input(params, settings, backend, store.blobs)
     task = await enqueue(store, settings, backend=backend, model=model, options=options,
                          audio=audio, owner=owner, terms=terms)

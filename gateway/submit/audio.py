@@ -40,7 +40,7 @@ async def read_audio_input(params: Params, settings: Settings,
                                     "audio_file" if params.get("audio_file") else "audio_path")
         blob, source = None, path
     elif audio_url := params.get("audio_url"):
-        blob = await fetch_audio_url(audio_url, settings)
+        blob = await fetch_audio_url(audio_url, settings, params.hold_more)
         source, path = blob, None
     else:
         raise RequestError(400, "no audio given: send a 'file' upload or an 'audio_path'",

@@ -26,6 +26,7 @@ from gateway.errors import RequestError, store_unavailable
 from gateway.policy.admission import admit, queue_full, refuse_past, retry_after
 from gateway.policy.quotas import charge_of, quota_exceeded
 from gateway.submit.audio import AudioInput
+from gateway.submit.inputs import Params
 from gateway.submit.terms import NO_TERMS, SubmitTerms
 
 T = TypeVar("T")
@@ -81,10 +82,7 @@ async def _enqueue(store: TaskStore, settings: Settings, *, backend: str, model:
                                        settings.queued_share(owner, backend),
                                        settings.input_bytes_limit(owner)))
     except TooManyInFlight as busy:
-        raise RequestError(429, f"this key already has {busy.in_flight} tasks queued or "
-                                "running, its most at once; retry when some have finished",
-                           code="too_many_tasks_in_flight",
-                           headers=retry_after(None)) from None
+        raise too_many_in_flight(busy.in_flight) from None
     except InputsFull as full:
         raise RequestError(429, f"this key's unfinished tasks hold {full.held / 1024:.0f} KiB "
                                 "of input, and this upload would take them past their most "
@@ -99,6 +97,23 @@ async def _enqueue(store: TaskStore, settings: Settings, *, backend: str, model:
         return await _original(store, backend, repeat.task_id, audio,
                                bool(options.get("streamed")))
     return task
+
+
+def too_many_in_flight(in_flight: int) -> RequestError:
+    return RequestError(429, f"this key already has {in_flight} tasks queued or running, its "
+                             "most at once; retry when some have finished",
+                        code="too_many_tasks_in_flight", headers=retry_after(None))
+
+
+async def refuse_fetch_if_full(store: TaskStore, settings: Settings, owner: str,
+                               params: Params) -> None:
+    """Before an `audio_url` download: a key at its most tasks in flight would have it
+    refused after the download (a loop of them costs the gateway's memory and the file's
+    host, for nothing): the 429 comes first. The submit checks again, atomically."""
+    limit = settings.in_flight_limit(owner)
+    if limit and params.get("audio_url") and (
+            flying := await guard_store(store.in_flight(owner))) >= limit:
+        raise too_many_in_flight(flying)
 
 
 async def _refuse_if_broken(store: TaskStore, settings: Settings, backend: str, model: str,

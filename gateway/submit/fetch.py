@@ -11,6 +11,7 @@ import ssl
 
 import httpx
 
+from common.body_limit import BodiesOverBudget, HoldMore
 from common.settings import Settings
 from gateway.errors import RequestError
 from gateway.policy.hosts import checked_url
@@ -20,7 +21,11 @@ def _refuse(message: str, status_code: int = 400) -> RequestError:
     return RequestError(status_code, message, param="audio_url")
 
 
-async def fetch_audio_url(url: str, settings: Settings) -> bytes:
+async def fetch_audio_url(url: str, settings: Settings,
+                          hold_more: HoldMore | None = None) -> bytes:
+    """The body at `url`; with `hold_more`, each chunk is held in the request's upload budget
+    as it arrives (a download is in memory as an upload is: one key's concurrent downloads
+    must not take the process past its memory, nor past that key's share)."""
     parts = checked_url(url, settings.audio_url_hosts, "audio_url")
     limit = settings.max_upload_bytes
     deadline = settings.audio_url_timeout_seconds
@@ -28,7 +33,7 @@ async def fetch_audio_url(url: str, settings: Settings) -> bytes:
         # one deadline for the whole download: httpx's timeouts are per read, so a server
         # that drips its body would never trip them
         async with asyncio.timeout(deadline):
-            blob = await _download(parts.geturl(), limit, deadline)
+            blob = await _download(parts.geturl(), limit, deadline, hold_more)
     except TimeoutError:
         raise _refuse(f"audio_url did not finish downloading within {deadline:g} s") from None
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
@@ -45,7 +50,8 @@ def _tls() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-async def _download(url: str, limit: int, timeout: float) -> bytes:
+async def _download(url: str, limit: int, timeout: float,
+                    hold_more: HoldMore | None) -> bytes:
     async with httpx.AsyncClient(timeout=timeout, verify=_tls()) as client, \
             client.stream("GET", url) as reply:
         if reply.status_code != 200:
@@ -58,5 +64,8 @@ async def _download(url: str, limit: int, timeout: float) -> bytes:
             size += len(chunk)
             if size > limit:
                 raise _refuse(f"audio_url is larger than {limit} bytes", 413)
+            if hold_more is not None and (over := hold_more(len(chunk))):
+                raise RequestError(503, over, param="audio_url", code="overloaded",
+                                   headers={"Retry-After": str(BodiesOverBudget.retry_after)})
             chunks.append(chunk)
     return b"".join(chunks)

@@ -13,6 +13,7 @@ from fastapi import Request
 from starlette.requests import ClientDisconnect
 
 from common import paths
+from common.body_limit import HOLD_MORE, HoldMore
 from gateway.errors import RequestError
 from gateway.process.limits import BodyRefused
 from gateway.submit.multipart import FormError, Upload, parse_form
@@ -48,6 +49,9 @@ class Params:
     #: … and that voice's id and its consent's: the task names them (an audit of what spoke,
     #: and its worker refuses to speak once either is gone)
     custom_voice: tuple[str, str] | None = None
+    #: what else the request may hold in memory, in its process's upload budget (an
+    #: `audio_url` download; None: no budget, as in a worker's own server or a test)
+    hold_more: HoldMore | None = None
 
     def get(self, *names: str) -> str | None:
         for name in names:
@@ -99,7 +103,7 @@ class Params:
 async def read_params(request: Request) -> Params:
     """Merge the query string with a form or JSON body (the body wins), for GET and POST
     alike (SPEC: a client may send either, with its params in either place)."""
-    params = Params({}, {}, {})
+    params = Params({}, {}, {}, hold_more=request.scope.get(HOLD_MORE))
     _add_pairs(params, request.query_params.multi_items())
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "multipart/form-data":
