@@ -150,7 +150,8 @@ class Settings(BaseSettings):
     #: the longest pause while a request body streams in
     body_timeout_seconds: float = Field(default=60.0, gt=0)
     #: a streamed reply (live transcription events, streamed speech, `stream=true`) whose
-    #: client takes none of its data for this long is dropped, freeing its waiter and session
+    #: client takes none of its data for this long is dropped, freeing its waiter and session;
+    #: any reply's write that waits this long on a full connection aborts the connection
     send_timeout_seconds: float = Field(default=30.0, gt=0)
     #: each client connection's kernel send buffer (SO_SNDBUF), 0: the kernel's autotuning
     #: (up to net.ipv4.tcp_wmem's maximum, 4 MB by default): what a client that stops

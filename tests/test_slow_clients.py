@@ -5,6 +5,7 @@ serves, and its open file descriptors return to their baseline."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -292,3 +293,49 @@ def test_audio_url_downloads_count_in_the_upload_budget_and_wait_for_the_in_flig
         server.stop()
         files.shutdown()
         files.server_close()
+
+
+def test_a_reply_its_client_never_reads_is_dropped_after_the_send_timeout(
+        tmp_path: Path) -> None:
+    """Whole (not streamed) replies too large for the sockets' buffers, to a client that
+    pipelines two requests and reads nothing: the second reply's write waited for the
+    connection to drain for as long as it stayed open, holding the reply in memory; now it is
+    dropped after SPEECH_SEND_TIMEOUT_SECONDS and the connection aborted."""
+    from redis.asyncio import Redis
+
+    from common import keys
+    from common.schemas import TaskState
+    from common.store import Task, TaskStore, new_task_id
+    from tests.helpers import TCP_ESTABLISHED, tcp_state
+
+    server = procs.RedisServer(tmp_path / "redis", appendonly=False).start()
+    task_id = new_task_id()
+
+    async def big_task() -> None:
+        client = Redis.from_url(server.url)
+        await TaskStore(client, 600).submit(
+            Task(id=task_id, backend="faster-whisper", model="tiny.en",
+                 state=TaskState.PENDING), b"\0" * 64)
+        await client.hset(keys.task(task_id), mapping={
+            "state": TaskState.SUCCEEDED.value,
+            "result": json.dumps({"text": "word " * 600_000, "segments": []})})
+        await client.aclose()
+
+    asyncio.run(big_task())
+    gateway = procs.gateway(server.url, tmp_path, send_timeout_seconds="1",
+                            send_buffer_bytes="65536").start()
+    port = int(gateway.url.rsplit(":", 1)[1])
+    silent = socket.socket()
+    silent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect
+    try:
+        silent.connect(("127.0.0.1", port))
+        # two at once: the first reply fills the buffers (its send returns, and a lone one
+        # would end at the keep-alive timeout); the second's send then waits on them
+        silent.sendall(f"GET /v1/tasks/{task_id} HTTP/1.1\r\nHost: x\r\n\r\n".encode() * 2)
+        wait_until(lambda: tcp_state(silent) != TCP_ESTABLISHED, 30,
+                   "the unread reply's connection to be aborted", 0.5)
+        assert http.get(f"{gateway.url}/v1/tasks/{task_id}", timeout=30).status_code == 200
+    finally:
+        silent.close()
+        gateway.stop()
+        server.stop()

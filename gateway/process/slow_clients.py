@@ -15,6 +15,12 @@ the client took none of it (bounded_ws.StuckAbort): asyncio's close waits for th
 buffer to drain, which a client that never reads never lets happen, so its socket, buffers
 and file descriptor stayed for ever.
 
+A write that waits on a connection whose buffers are full (every reply's, as uvicorn waits
+for the transport to drain before each write) waits at most SPEECH_SEND_TIMEOUT_SECONDS;
+past it the connection is aborted and the reply's remaining writes return at once. A
+client that pipelined requests and reads none of the replies held the next reply in memory
+for as long as it kept the connection open.
+
 Sage's plain status polls skip h11 here (gateway/process/fast_poll.py): same app, same
 deadlines, a reply written as bytes.
 
@@ -25,6 +31,7 @@ uvicorn.Config).
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from typing import Any
 
@@ -33,7 +40,9 @@ from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 
 from common.settings import get_settings
 from gateway.process import fast_poll
-from gateway.process.bounded_ws import StuckAbort
+from gateway.process.bounded_ws import StuckAbort, abort
+
+log = logging.getLogger("gateway")
 
 
 class SlowClientProtocol(H11Protocol):
@@ -43,6 +52,7 @@ class SlowClientProtocol(H11Protocol):
         self.header_timeout = settings.header_timeout_seconds
         self.drain_timeout = settings.body_timeout_seconds
         self.send_buffer = settings.send_buffer_bytes
+        self.send_timeout = settings.send_timeout_seconds
         self._deadline: asyncio.TimerHandle | None = None
         self._draining_deadline = False
         #: a poll answered without h11 is in flight: what arrives meanwhile waits here
@@ -64,6 +74,19 @@ class SlowClientProtocol(H11Protocol):
                 self._stuck = StuckAbort(self.loop, transport)
 
         transport.close = close_then_abort  # type: ignore[method-assign]
+        drain = self.flow.drain
+
+        async def drain_or_drop() -> None:
+            try:
+                async with asyncio.timeout(self.send_timeout):
+                    return await drain()
+            except TimeoutError:
+                log.warning("a client took none of a reply for %g s; connection dropped",
+                            self.send_timeout)
+                abort(transport)
+            await drain()  # connection_lost resumes writing: the cycle's writes then return
+
+        self.flow.drain = drain_or_drop  # type: ignore[method-assign]
         self._arm(self.header_timeout)
 
     def data_received(self, data: bytes) -> None:
