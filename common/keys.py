@@ -191,6 +191,12 @@ def input_bytes(owner: str) -> str:
     return f"{PREFIX}input-bytes:{owner or '-'}"
 
 
+def submits(owner: str) -> str:
+    """Integer with a TTL: how many tasks an owner submitted in the minute that began with
+    the first of them (SPEECH_SUBMITS_PER_MINUTE_PER_KEY bounds it)."""
+    return f"{PREFIX}submits:{owner or '-'}"
+
+
 def slots(kind: str, owner: str) -> str:
     """Sorted set: the holders of an owner's leased slots of one kind ("sessions": live
     sessions, "webhooks": deliveries on the way), scored by when each lease ends (epoch s);

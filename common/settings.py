@@ -266,6 +266,10 @@ class Settings(BaseSettings):
     #: a second): eight four-hour files are not "eight entries" to the key whose two-second
     #: clip waits behind them (one task alone always enters, whatever its size; 0 = no limit)
     queued_seconds_per_key: float = Field(default=900.0, ge=0)
+    #: tasks one API key may submit in a minute (from its first; keys off: not applied): a
+    #: loop of submits cancelled at once is refunded, and each leaves a record for the
+    #: retention. Past it a 429 with the minute's end in Retry-After. 0 = no limit
+    submits_per_minute_per_key: int = Field(default=600, ge=0)
     #: the input (uploads, reference clips) one API key's unfinished tasks may hold at once,
     #: in Redis or SPEECH_BLOB_DIR: past it its next upload is a 429 (a task alone always
     #: passes; keys off: not counted). 0 = no bound
@@ -522,6 +526,10 @@ class Settings(BaseSettings):
             return 0.0
         per_second = CHARACTERS_PER_SECOND if unit == "characters" else 1.0
         return self.queued_seconds_per_key * per_second
+
+    def submit_rate(self, owner: str) -> int:
+        """The most tasks `owner` may submit a minute (0: no limit; keys off: none)."""
+        return self.submits_per_minute_per_key if self.api_key(owner) is not None else 0
 
     def input_bytes_limit(self, owner: str) -> int:
         """The most input bytes `owner`'s unfinished tasks may hold (0: not counted)."""

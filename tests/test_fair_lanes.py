@@ -563,6 +563,67 @@ def test_the_input_one_keys_unfinished_tasks_hold_is_bounded(tmp_path) -> None:
         server.stop()
 
 
+def test_one_key_submits_at_most_its_tasks_a_minute(tmp_path) -> None:
+    """SPEECH_SUBMITS_PER_MINUTE_PER_KEY: a loop of submits cancelled at once is refunded,
+    and each leaves its record for the retention; past the most a minute the key's submits
+    are refused (nothing written) until its minute ends, a repeat of an idempotency key is
+    still answered, and another key (or keys off) is not counted."""
+    from common.schemas import TaskState
+    from common.store import Duplicate, Task, TaskStore, TooManySubmits
+
+    server = procs.RedisServer(tmp_path / "redis").start()
+    backend = "faster-whisper"
+
+    async def scenario() -> None:
+        redis = Redis.from_url(server.url)
+        store = TaskStore(redis, 600)
+
+        async def submit(task_id: str, owner: str = "a", key: str = "", most: int = 3) -> None:
+            task = Task(id=task_id, backend=backend, model="tiny.en", owner=owner,
+                        state=TaskState.PENDING)
+            await store.submit(task, b"\0" * 64, idempotency_key=key, submits_per_minute=most)
+
+        for index in range(3):
+            await submit(f"t{index}", key="once" if index == 0 else "")
+            assert await store.cancel(f"t{index}", backend) == TaskState.CANCELLED
+        with pytest.raises(TooManySubmits) as refused:
+            await submit("t3")
+        assert 0 < refused.value.retry_after <= 60
+        assert not await redis.exists(keys.task("t3"))
+        with pytest.raises(Duplicate):  # a repeat names the task it made
+            await submit("again", key="once")
+        await submit("b0", owner="b")
+        for index in range(5):
+            await submit(f"open{index}", owner="", most=0)
+        await redis.pexpire(keys.submits("a"), 1)  # its minute ends
+        await asyncio.sleep(0.05)
+        await submit("t4")
+        await redis.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()
+    server = procs.RedisServer(tmp_path / "redis2").start()
+    gateway = procs.gateway(server.url, tmp_path, api_keys=[digest(KEYS["batchy"])],
+                            submits_per_minute_per_key="2").start()
+    try:
+        clip = tmp_path / "clip.wav"
+        speak_to(clip, "Hello world.")
+
+        def upload() -> httpx.Response:
+            return http.post(f"{gateway.url}/api/faster-whisper-submit", headers=auth("batchy"),
+                             files={"file": ("clip.wav", clip.read_bytes())}, timeout=30)
+
+        assert [upload().status_code for _ in range(2)] == [200, 200]
+        refused = upload()
+        assert refused.status_code == 429 and "this minute" in refused.json()["error"]
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+    finally:
+        gateway.stop()
+        server.stop()
+
+
 def test_a_changed_share_applies_to_a_line_that_exists(tmp_path) -> None:
     """SPEECH_QUEUED_PER_KEY raised while a key has a line: its next submit lets the line in
     up to the new limit; set to 0 while a line exists: new tasks still go behind it (a key's

@@ -20,6 +20,7 @@ from common.store.record import (
     QueueFull,
     Task,
     TooManyInFlight,
+    TooManySubmits,
     new_task_id,
 )
 from common.store.tasks import TaskStore
@@ -28,4 +29,4 @@ from common.store.worker import WorkerStore
 
 __all__ = ["Admission", "Breaker", "BreakerPolicy", "Charge", "Duplicate", "InputsFull",
            "QueueFull", "QuotaExceeded", "StoreError", "Task", "TaskStore", "TooManyInFlight",
-           "WorkerStore", "new_task_id"]
+           "TooManySubmits", "WorkerStore", "new_task_id"]

@@ -128,6 +128,15 @@ class InputsFull(Exception):
         self.held = held
 
 
+class TooManySubmits(Exception):
+    """A submit past its owner's most submits a minute; `retry_after`: seconds until the
+    minute ends."""
+
+    def __init__(self, retry_after: float) -> None:
+        super().__init__(retry_after)
+        self.retry_after = retry_after
+
+
 class TooManyInFlight(Exception):
     """A submit whose owner already has its most tasks queued or running (`in_flight`)."""
 

@@ -31,7 +31,14 @@ from common.store.devices import DeviceView, devices
 from common.store.live import LiveWorkers
 from common.store.poll import PollReader
 from common.store.positions import Positions
-from common.store.record import Duplicate, InputsFull, QueueFull, Task, TooManyInFlight
+from common.store.record import (
+    Duplicate,
+    InputsFull,
+    QueueFull,
+    Task,
+    TooManyInFlight,
+    TooManySubmits,
+)
 from common.store.replicas import NotReplicated, ReplicaWait
 from common.store.slots import SlotStore
 from common.store.usage import Charge, UsageStore
@@ -90,8 +97,8 @@ end
 # KEYS: task, queue, input blob, queue counter, idempotency key, backlog, deadlines, the
 #       owner's day and month usage hashes, the owner's in-flight count, its lane share, its
 #       line and the backend's lines (shares.py), the owner's share and line of the other
-#       lane, the owner's queued input bytes, and (optional) the staged upload
-#       (BlobStore.stage) that becomes the input blob
+#       lane, the owner's queued input bytes, the owner's submits this minute, and
+#       (optional) the staged upload (BlobStore.stage) that becomes the input blob
 # ARGV: task_id, the input's and idempotency key's ttl (0 = none: close() ends them), blob
 #       ("" = none, or staged), idempotent ("1"/"0"), most queued tasks (0 = no
 #       limit), lane, audio seconds, deadline ("" = none), the 9 arguments of
@@ -99,7 +106,8 @@ end
 #       (0 = no limit, "" = not counted), the owner's most entries waiting in the lane (0 =
 #       no limit), their most work (0 = no limit), the owner's most of the queued tasks
 #       (0 = no limit), the owner's most input bytes held by its tasks (0 = not counted),
-#       this task's input bytes, field, value, ...
+#       this task's input bytes, the owner's most submits a minute (0 = no limit), field,
+#       value, ...
 # -> {1, entry id, its number} queued ({1, "", 0}: in the owner's line, shares.py),
 #    {0, original task id} for a repeated idempotency key
 #    (or a repeated submit of the same task),
@@ -108,7 +116,8 @@ end
 #    its most tasks queued or running, or {5} when the staged upload is gone, or {6, its
 #    tasks queued} when the owner holds its most of the queued tasks, or {7, bytes held}
 #    when the input would take the owner past its most input bytes (a task alone always
-#    may) (nothing written for any of those).
+#    may), or {8, ms until its minute ends} when the owner made its most submits this
+#    minute (nothing written for any of those).
 # Each entry carries its own number in the backend's add order (our counter, not Redis's
 # group "entries-read", which Redis 7.0 loses when it reloads the AOF): a queue position
 # is then one subtraction from the first entry not yet handed to a worker.
@@ -130,7 +139,11 @@ if ARGV[4] == '1' then
     return {0, original}
   end
 end
-if KEYS[17] and redis.call('EXISTS', KEYS[17]) == 0 then return {5, ''} end
+if KEYS[18] and redis.call('EXISTS', KEYS[18]) == 0 then return {5, ''} end
+local rate_most = tonumber(ARGV[24]) or 0
+if rate_most > 0 and (tonumber(redis.call('GET', KEYS[17]) or '0') or 0) >= rate_most then
+  return {8, tostring(redis.call('PTTL', KEYS[17]))}
+end
 local most = tonumber(ARGV[5])
 if most > 0 then
   local b = redis.call('HMGET', KEYS[6], 'interactive:tasks', 'batch:tasks')
@@ -161,7 +174,10 @@ if ARGV[9] ~= '' then
 end
 local entry, seq = share_or_hold(KEYS[1], KEYS[2], KEYS[4], KEYS[11], KEYS[12], KEYS[13],
                                  KEYS[6], ARGV[6], ARGV[7], tonumber(ARGV[19]) or 0,
-                                 tonumber(ARGV[20]) or 0, ARGV[1], unpack(ARGV, 24))
+                                 tonumber(ARGV[20]) or 0, ARGV[1], unpack(ARGV, 25))
+if rate_most > 0 and redis.call('INCR', KEYS[17]) == 1 then
+  redis.call('PEXPIRE', KEYS[17], 60000)  -- a fixed minute from the first submit
+end
 if cap then
   redis.call('INCR', KEYS[10])
   redis.call('HSET', KEYS[1], 'in_flight', KEYS[10])
@@ -180,8 +196,8 @@ end
 if ARGV[3] ~= '' then
   redis.call('SET', KEYS[3], ARGV[3])
   keep(KEYS[3])
-elseif KEYS[17] then
-  redis.call('RENAME', KEYS[17], KEYS[3])
+elseif KEYS[18] then
+  redis.call('RENAME', KEYS[18], KEYS[3])
   keep(KEYS[3])
 end
 if ARGV[4] == '1' then
@@ -404,7 +420,8 @@ class TaskStore:
                      max_queued_tasks: int = 0, charge: Charge | None = None,
                      max_in_flight: int | None = None, staged: str = "",
                      lane_share: int = 0, lane_share_work: float = 0.0,
-                     max_queued_own: int = 0, max_input_bytes: int = 0) -> None:
+                     max_queued_own: int = 0, max_input_bytes: int = 0,
+                     submits_per_minute: int = 0) -> None:
         """Write the task record, its queue entry and its input blob in one atomic step, and
         charge its owner's usage (`charge`; None: unmetered). `staged`: the key the blob was
         staged under (BlobStore.stage), renamed to the input here; the blob itself is sent
@@ -420,7 +437,9 @@ class TaskStore:
         `max_queued_own`: the most of the backend's queued tasks its owner may hold, counted
         in its lane shares and lines (0: no limit); past it QueueFull(own=True).
         `max_input_bytes`: the most input its owner's unfinished tasks may hold, this one's
-        included unless it is alone (0: not counted); past it InputsFull."""
+        included unless it is alone (0: not counted); past it InputsFull.
+        `submits_per_minute`: the most tasks its owner may submit in a minute (0: no limit;
+        repeats of an idempotency key are free); past it TooManySubmits."""
         now = time.time()
         hashes, usage_args, charged = [keys.task(task.id)] * 2, [""] * 9, ""
         if charge is not None:
@@ -450,7 +469,8 @@ class TaskStore:
                           keys.lines(task.backend),
                           keys.lane_share(task.backend, other_lane, task.owner),
                           keys.held(task.backend, other_lane, task.owner),
-                          keys.input_bytes(task.owner), *([staged] if staged else [])],
+                          keys.input_bytes(task.owner), keys.submits(task.owner),
+                          *([staged] if staged else [])],
                     args=[task.id, self.input_ttl,
                           b"" if in_file or staged else (blob or b""),
                           "1" if idempotency_key else "0", max_queued_tasks, task.lane,
@@ -460,7 +480,8 @@ class TaskStore:
                           lane_share if task.owner else 0,
                           repr(lane_share_work) if task.owner else 0,
                           max_queued_own if task.owner else 0,
-                          max_input_bytes if task.owner else 0, len(blob or b""), *flat])
+                          max_input_bytes if task.owner else 0, len(blob or b""),
+                          submits_per_minute if task.owner else 0, *flat])
             except (RedisConnectionError, RedisTimeoutError):
                 # the reply was lost: the task may be queued. A retry with its key finds it,
                 # so its input stays (BlobStore.sweep removes it if it was not); without a
@@ -498,7 +519,8 @@ class TaskStore:
             await self.submit(task, blob, idempotency_key, max_queued_tasks, charge,
                               max_in_flight, lane_share=lane_share,
                               lane_share_work=lane_share_work, max_queued_own=max_queued_own,
-                              max_input_bytes=max_input_bytes)
+                              max_input_bytes=max_input_bytes,
+                              submits_per_minute=submits_per_minute)
             return
         if queued in (2, 6):
             raise QueueFull(int(value), own=queued == 6)
@@ -509,6 +531,8 @@ class TaskStore:
             raise TooManyInFlight(int(value))
         if queued == 7:
             raise InputsFull(int(value))
+        if queued == 8:
+            raise TooManySubmits(max(0, int(value)) / 1000)
         if stored:  # the record as written, so its queue position can be read at once
             task.entry_id, task.queue_seq = text(value), int(number[0])
             task.created_at = now

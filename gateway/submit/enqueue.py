@@ -20,6 +20,7 @@ from common.store import (
     Task,
     TaskStore,
     TooManyInFlight,
+    TooManySubmits,
     new_task_id,
 )
 from gateway.errors import RequestError, store_unavailable
@@ -80,9 +81,14 @@ async def _enqueue(store: TaskStore, settings: Settings, *, backend: str, model:
                                        settings.lane_share(owner),
                                        settings.lane_share_work(owner, charge.unit),
                                        settings.queued_share(owner, backend),
-                                       settings.input_bytes_limit(owner)))
+                                       settings.input_bytes_limit(owner),
+                                       settings.submit_rate(owner)))
     except TooManyInFlight as busy:
         raise too_many_in_flight(busy.in_flight) from None
+    except TooManySubmits as fast:
+        raise RequestError(429, f"this key submitted {settings.submits_per_minute_per_key} "
+                                "tasks this minute, its most (SPEECH_SUBMITS_PER_MINUTE_PER_KEY)",
+                           code="rate_limited", headers=retry_after(fast.retry_after)) from None
     except InputsFull as full:
         raise RequestError(429, f"this key's unfinished tasks hold {full.held / 1024:.0f} KiB "
                                 "of input, and this upload would take them past their most "
