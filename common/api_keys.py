@@ -58,6 +58,9 @@ class ApiKey(BaseModel):
     #: whether its work may take the interactive lane (else all of it is queued as batch,
     #: also live turns and an explicit `priority=interactive`)
     interactive: bool = False
+    #: whether it may make operator calls (`DELETE /v1/breakers/…`): a tenant's key may not
+    #: close a breaker that protects every other tenant's workers from a broken model
+    admin: bool = False
     #: its most tasks queued or running at once (None: `max_in_flight_per_key`; 0: no limit)
     max_in_flight: int | None = Field(default=None, ge=0)
     #: its most entries waiting in one lane of a backend, the rest in its own line (None:

@@ -297,6 +297,7 @@ async def refusal_reply(scope: Scope, status_code: int, message: str,
 _WHY = {
     400: "A parameter, the body or the audio is invalid (`param` names the parameter)",
     401: "Missing or invalid API key",
+    403: "The key may not make this call (an operator's call needs an `admin` key)",
     404: "Unknown model, backend or task",
     409: "Conflicting state: an expired idempotency key, a cancelled or running task",
     413: "The upload, or the audio's duration, is over the limit",

@@ -184,10 +184,12 @@ def test_a_changed_source_resets_the_breaker(tmp_path: Path, redis: procs.RedisS
         old.stop()
 
 
-def test_the_reset_call_closes_a_breaker_and_needs_a_key(tmp_path: Path,
-                                                         redis: procs.RedisServer) -> None:
-    key = "breaker-test-key-0123456789"
-    gateway = procs.gateway(redis.url, tmp_path, api_keys=[f"sha256:{digest(key)}"]).start()
+def test_the_reset_call_closes_a_breaker_and_needs_an_admin_key(
+        tmp_path: Path, redis: procs.RedisServer) -> None:
+    key, tenant = "breaker-test-key-0123456789", "breaker-test-tenant-key-42"
+    gateway = procs.gateway(redis.url, tmp_path, api_keys=[
+        {"key": f"sha256:{digest(key)}", "name": "ops", "admin": True},
+        f"sha256:{digest(tenant)}"]).start()
     auth = {"authorization": f"Bearer {key}"}
     reset = f"{gateway.url}/v1/breakers/{BACKEND}/tiny.en"
     try:
@@ -196,6 +198,11 @@ def test_the_reset_call_closes_a_breaker_and_needs_a_key(tmp_path: Path,
         assert http.delete(reset, timeout=10).status_code == 401
         assert http.delete(reset, headers={"authorization": "Bearer wrong"},
                             timeout=10).status_code == 401
+        not_admin = http.delete(reset, headers={"authorization": f"Bearer {tenant}"},
+                                timeout=10)  # a tenant's key is not an operator's
+        assert not_admin.status_code == 403, not_admin.text
+        assert not_admin.json()["error"]["code"] == "admin_key_required"
+        assert breakers(gateway.url)["tiny.en"]["state"] == "open"
         assert redis.client().exists(keys.breaker(BACKEND, "tiny.en"))
         reply = http.delete(reset, headers=auth, timeout=10)
         assert reply.status_code == 200, reply.text
