@@ -140,6 +140,22 @@ def test_a_keys_line_comes_in_while_the_window_gathers(redis: procs.RedisServer)
                                               "sum": 4.0}
 
 
+def test_a_task_whose_attempt_ended_before_runs_alone(redis: procs.RedisServer) -> None:
+    """A task started before (its worker died running it: maybe its input's doing) shares no
+    call: a poison input in a batch took the other keys' tasks down with it on every
+    delivery, until the delivery limit failed them all."""
+    async def scenario() -> list[Task]:
+        ids = [await submit(redis.url, clips()[i]) for i in (0, 1, 2, 6)]
+        redis.client().hset(keys.task(ids[1]), "attempt", 1)  # as a crashed attempt leaves it
+        await drain(settings_for(redis.url, batch_window_ms=500))
+        return await tasks(redis.url, ids)
+
+    done = asyncio.run(scenario())
+    assert all(t.state == TaskState.SUCCEEDED for t in done), done
+    sizes = histogram(redis, "batch_size")
+    assert sizes == {**sizes, "count": 2.0, "sum": 4.0, "1.0": 1.0}, sizes  # 3 together, 1
+
+
 def test_a_clip_that_fails_to_decode_fails_alone(redis: procs.RedisServer) -> None:
     async def scenario() -> list[Task]:
         garbage = b"not audio" * (len(clips()[0]) // 9)  # as long: of the clips' length class

@@ -343,9 +343,12 @@ class Consumer:
                 await self.store.ack(delivery)
             else:
                 found.append((task, delivery))
+        # a task started before (its attempt ended in a crash, or was cut short) runs alone:
+        # if its input kills the worker, it must not take other keys' tasks with it each
+        # time, until SPEECH_MAX_DELIVERIES dead-letters them all
         groups = batching.group(
-            found, lambda member: batching.batch_key(engine, member[0].model, member[0].params,
-                                                     member[0].audio_seconds),
+            found, lambda member: None if member[0].attempt else batching.batch_key(
+                engine, member[0].model, member[0].params, member[0].audio_seconds),
             self.settings.batch_max_size)
         ordered = batching.urgent_first(groups, lambda member: member[1].lane != BATCH)
         for index, members in enumerate(ordered):
