@@ -151,7 +151,8 @@ class Settings(BaseSettings):
     body_timeout_seconds: float = Field(default=60.0, gt=0)
     #: a streamed reply (live transcription events, streamed speech, `stream=true`) whose
     #: client takes none of its data for this long is dropped, freeing its waiter and session;
-    #: any reply's write that waits this long on a full connection aborts the connection
+    #: any reply's write that waits this long on a full connection its client took none of
+    #: meanwhile aborts the connection
     send_timeout_seconds: float = Field(default=30.0, gt=0)
     #: each client connection's kernel send buffer (SO_SNDBUF), 0: the kernel's autotuning
     #: (up to net.ipv4.tcp_wmem's maximum, 4 MB by default): what a client that stops
@@ -296,7 +297,7 @@ class Settings(BaseSettings):
     realtime_max_pending_turns: int = Field(default=8, ge=1)
     #: one key may hold at most this share of a process's sessions, of its waiting calls
     #: (`max_waiting_requests`), of its upload budget (`upload_budget_mib`) and of a
-    #: backend's queued tasks (`max_queued_tasks`; keys on)
+    #: backend's queued tasks (`max_queued_tasks`, counted with its lane share; keys on)
     realtime_key_share: float = Field(default=0.5, gt=0, le=1)
     #: one key's live sessions in every gateway process together (0: its share of one
     #: process's, `realtime_key_share` x `realtime_max_sessions`)
@@ -539,9 +540,10 @@ class Settings(BaseSettings):
 
     def queued_share(self, owner: str, backend: str) -> int:
         """The most of `backend`'s queued tasks (`max_queued_tasks`) `owner` may hold: its
-        `realtime_key_share`, at least one (0: no limit; keys off, or no limit set)."""
+        `realtime_key_share`, at least one (0: no limit; keys off, no limit set, or a key
+        without a lane share, whose queued tasks are not counted apart: docs/fairness.md)."""
         most = self.max_queued_tasks.get(backend, 0)
-        if most <= 0 or self.api_key(owner) is None:
+        if most <= 0 or self.api_key(owner) is None or self.lane_share(owner) <= 0:
             return 0
         return max(1, math.floor(most * self.realtime_key_share))
 

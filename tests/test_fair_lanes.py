@@ -448,6 +448,8 @@ def test_one_key_holds_at_most_its_share_of_a_backends_queued_tasks(tmp_path) ->
     a, b = (entry.owner for entry in settings.api_keys)
     assert settings.queued_share(a, backend) == 3 and settings.queued_share("", backend) == 0
     assert settings.queued_share(a, "xtts") == 0  # no limit set: no share of one
+    # without a lane share a key's queued tasks are not counted apart: no share applies
+    assert settings.model_copy(update={"queued_per_key": 0}).queued_share(a, backend) == 0
 
     async def scenario() -> None:
         redis = Redis.from_url(server.url)
@@ -499,7 +501,8 @@ def test_the_input_one_keys_unfinished_tasks_hold_is_bounded(tmp_path) -> None:
         async def submit(task_id: str, size: int, owner: str = "a", most: int = 1000) -> None:
             task = Task(id=task_id, backend=backend, model="tiny.en", owner=owner,
                         state=TaskState.PENDING)
-            await store.submit(task, b"\0" * size if size else None, max_input_bytes=most)
+            await store.submit(task, b"\0" * size if size else None, max_input_bytes=most,
+                               max_in_flight=0 if most else None)  # counted, as keys on
 
         held = keys.input_bytes("a")
         await submit("big", 1500)  # alone: past the bound, still taken
@@ -524,6 +527,11 @@ def test_the_input_one_keys_unfinished_tasks_hold_is_bounded(tmp_path) -> None:
             await redis.hkeys(keys.task("t1")))
         await submit("unbounded", 5000, owner="c", most=0)  # keys off: nothing counted
         assert not await redis.exists(keys.input_bytes("c"))
+        # bytes left counted with nothing in flight (an older version's close() did not
+        # uncount them) start over instead of refusing the key for good
+        await redis.set(keys.input_bytes("d"), 10**9)
+        await submit("d1", 900, owner="d")
+        assert int(await redis.get(keys.input_bytes("d"))) == 900
         await redis.aclose()
 
     try:

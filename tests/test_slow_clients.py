@@ -277,6 +277,16 @@ def test_audio_url_downloads_count_in_the_upload_budget_and_wait_for_the_in_flig
         refused = fetch("c")
         assert refused.status_code == 429 and "tasks queued or running" in refused.text
         assert len(served) == 1  # not downloaded for a submit that cannot queue
+        # a retry with an idempotency key is answered with its task, not refused first
+        once = {"Idempotency-Key": "retry-me"}
+        c_headers = {"Authorization": f"Bearer {keys['c']}", **once}
+        server.client().delete(*server.client().keys("sg:in-flight:*"))  # (its cap: free)
+        first = http.post(url, data={"audio_url": f"http://{host}/clip.wav"}, timeout=30,
+                          headers=c_headers)
+        again = http.post(url, data={"audio_url": f"http://{host}/clip.wav"}, timeout=30,
+                          headers=c_headers)
+        assert first.status_code == again.status_code == 200, again.text
+        assert again.json()["task_id"] == first.json()["task_id"]
 
         holder.sendall(_headers("/api/faster-whisper-submit",
                                 f"Authorization: Bearer {keys['a']}\r\n" + BODY_START.replace(
@@ -337,5 +347,52 @@ def test_a_reply_its_client_never_reads_is_dropped_after_the_send_timeout(
         assert http.get(f"{gateway.url}/v1/tasks/{task_id}", timeout=30).status_code == 200
     finally:
         silent.close()
+        gateway.stop()
+        server.stop()
+
+
+def test_a_slow_reader_of_pipelined_replies_gets_them_whole(tmp_path: Path) -> None:
+    """The send timeout drops a client that takes nothing, not one that reads slowly: two
+    pipelined 3 MB replies read slowly (seconds each), with a 1 s timeout, arrive whole."""
+    from redis.asyncio import Redis
+
+    from common import keys
+    from common.schemas import TaskState
+    from common.store import Task, TaskStore, new_task_id
+
+    server = procs.RedisServer(tmp_path / "redis", appendonly=False).start()
+    task_id = new_task_id()
+    body = json.dumps({"text": "word " * 600_000, "segments": []})
+
+    async def big_task() -> None:
+        client = Redis.from_url(server.url)
+        await TaskStore(client, 600).submit(
+            Task(id=task_id, backend="faster-whisper", model="tiny.en",
+                 state=TaskState.PENDING), b"\0" * 64)
+        await client.hset(keys.task(task_id), mapping={"state": TaskState.SUCCEEDED.value,
+                                                       "result": body})
+        await client.aclose()
+
+    asyncio.run(big_task())
+    gateway = procs.gateway(server.url, tmp_path, send_timeout_seconds="1",
+                            send_buffer_bytes="65536").start()
+    port = int(gateway.url.rsplit(":", 1)[1])
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        reader.connect(("127.0.0.1", port))
+        request = (f"GET /v1/tasks/{task_id} HTTP/1.1\r\nHost: x\r\n\r\n"
+                   f"GET /v1/tasks/{task_id} HTTP/1.1\r\nHost: x\r\nConnection: close"
+                   "\r\n\r\n").encode()
+        reader.sendall(request)
+        received = bytearray()
+        reader.settimeout(20)
+        while chunk := reader.recv(65536):
+            received += chunk
+            time.sleep(0.005)  # slowly: each reply takes seconds, past the timeout
+        assert received.count(b"HTTP/1.1 200 OK") == 2
+        assert len(received) > 2 * 3_000_000, len(received)
+    finally:
+        reader.close()
         gateway.stop()
         server.stop()

@@ -72,6 +72,9 @@ def test_a_backend_taken_out_of_the_models_still_has_its_tasks_swept(
         assert failed is not None and failed.state == TaskState.FAILED, failed
         assert failed.error_code == "no_worker" and "no qwen3 worker" in failed.error
         assert not await client.exists(keys.queue("parakeet"))
+        entry = await client.xadd(keys.queue("parakeet"), {"task_id": "gone"})
+        await client.xdel(keys.queue("parakeet"), entry)  # a queue emptied: not walked
+        assert "parakeet" not in await sweeper.backends()
         await client.aclose()
 
     asyncio.run(scenario())

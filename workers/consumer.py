@@ -343,11 +343,8 @@ class Consumer:
                 await self.store.ack(delivery)
             else:
                 found.append((task, delivery))
-        # a task started before (its attempt ended in a crash, or was cut short) runs alone:
-        # if its input kills the worker, it must not take other keys' tasks with it each
-        # time, until SPEECH_MAX_DELIVERIES dead-letters them all
         groups = batching.group(
-            found, lambda member: None if member[0].attempt else batching.batch_key(
+            found, lambda member: None if _crashed_before(member[0]) else batching.batch_key(
                 engine, member[0].model, member[0].params, member[0].audio_seconds),
             self.settings.batch_max_size)
         ordered = batching.urgent_first(groups, lambda member: member[1].lane != BATCH)
@@ -795,3 +792,10 @@ class Consumer:
             self.load_seconds = report.seconds  # for this task's metrics
             self.device_wait_seconds = report.device_wait_seconds
         await self.breakers.load_reported(task, report)
+
+
+def _crashed_before(task: Task) -> bool:
+    """Whether an attempt of `task` ended without a result and was not spared (a graceful
+    stop's is): such a task runs alone, so that if its input kills the worker it does not
+    take other keys' tasks with it each time, until SPEECH_MAX_DELIVERIES fails them all."""
+    return task.attempt > task.spared

@@ -4,6 +4,7 @@ their TTL ends, which is their expiry (Redis refuses a lookup after it)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import secrets
@@ -53,8 +54,14 @@ class ClientSecretStore:
             raise TooManySecrets(most)
         expires_at = int(time.time()) + seconds
         record = {"owner": owner, "session": session, "expires_at": expires_at}
-        await self.redis.set(keys.client_secret(digest),
-                             json.dumps(record, ensure_ascii=False), ex=seconds)
+        try:
+            await self.redis.set(keys.client_secret(digest),
+                                 json.dumps(record, ensure_ascii=False), ex=seconds)
+        except BaseException:
+            if most:  # no key was made: its slot must not count for its lifetime
+                with contextlib.suppress(Exception):
+                    await self.slots.give_back(SLOTS, owner, digest)
+            raise
         return value, expires_at
 
     async def lookup(self, value: str) -> ClientSecret | None:

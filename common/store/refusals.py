@@ -20,7 +20,8 @@ WAIT_SECONDS = 0.5
 MAX_MESSAGE = 1000
 #: the most reasons kept for one owner per retention window: a loop of refused submits
 #: (they cost nothing) would otherwise fill Redis with ~1 KB a refusal; past it the ids still
-#: poll FAILED, with the reason their status and code give
+#: poll FAILED, with the reason their status and code give. Keys off (owner ""): one
+#: trusted caller, not bounded
 MAX_KEPT_PER_OWNER = 1000
 
 # KEYS: the refusal, the owner's count | ARGV: message, retention, most -> 1 kept, 0 not
@@ -43,7 +44,8 @@ class Refusals:
         with contextlib.suppress(RedisError, OSError, TimeoutError):
             await asyncio.wait_for(self._remember(
                 keys=[keys.refusal(token), keys.refusals_kept(owner)],
-                args=[message[:MAX_MESSAGE], self.retention, MAX_KEPT_PER_OWNER]),
+                args=[message[:MAX_MESSAGE], self.retention,
+                      MAX_KEPT_PER_OWNER if owner else 2**53]),
                 WAIT_SECONDS)
 
     async def recall(self, token: str) -> str | None:

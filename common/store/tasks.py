@@ -165,6 +165,11 @@ if cap and cap > 0 then
 end
 local bytes_most, bytes = tonumber(ARGV[22]) or 0, tonumber(ARGV[23]) or 0
 if bytes_most > 0 and bytes > 0 then
+  -- none of the owner's tasks unfinished: none holds input (a version's close() that did
+  -- not uncount it, in a rolling upgrade, must not lock the key out for good)
+  if cap and (tonumber(redis.call('GET', KEYS[10]) or '0') or 0) <= 0 then
+    redis.call('DEL', KEYS[16])
+  end
   local held = tonumber(redis.call('GET', KEYS[16]) or '0') or 0
   if held > 0 and held + bytes > bytes_most then return {7, tostring(held)} end
 end

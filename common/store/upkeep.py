@@ -110,9 +110,13 @@ async def no_worker_since(store: TaskStore, backend: str, ttl_seconds: int) -> f
 
 
 async def holds_tasks(store: TaskStore, backend: str) -> bool:
-    """Whether `backend` has a queue or a line in Redis (tasks may wait there)."""
-    return bool(await store.redis.exists(*(keys.queue(backend, lane) for lane in LANES),
-                                          keys.lines(backend)))
+    """Whether `backend`'s queues or lines hold entries (tasks may wait there; a queue's
+    entries go with the trim, after the retention)."""
+    async with store.redis.pipeline(transaction=False) as pipe:
+        for lane in LANES:
+            pipe.xlen(keys.queue(backend, lane))
+        pipe.llen(keys.lines(backend))
+        return any(await pipe.execute())
 
 
 async def worker_seen(store: TaskStore, backend: str) -> None:

@@ -16,8 +16,9 @@ buffer to drain, which a client that never reads never lets happen, so its socke
 and file descriptor stayed for ever.
 
 A write that waits on a connection whose buffers are full (every reply's, as uvicorn waits
-for the transport to drain before each write) waits at most SPEECH_SEND_TIMEOUT_SECONDS;
-past it the connection is aborted and the reply's remaining writes return at once. A
+for the transport to drain before each write) waits while the client takes some of them
+every SPEECH_SEND_TIMEOUT_SECONDS; past a timeout in which it took nothing the connection
+is aborted and the reply's remaining writes return at once. A
 client that pipelined requests and reads none of the replies held the next reply in memory
 for as long as it kept the connection open.
 
@@ -77,13 +78,20 @@ class SlowClientProtocol(H11Protocol):
         drain = self.flow.drain
 
         async def drain_or_drop() -> None:
-            try:
-                async with asyncio.timeout(self.send_timeout):
-                    return await drain()
-            except TimeoutError:
+            left = transport.get_write_buffer_size()
+            while True:
+                try:
+                    async with asyncio.timeout(self.send_timeout):
+                        return await drain()
+                except TimeoutError:
+                    now = transport.get_write_buffer_size()
+                    if 0 < now < left:  # it still reads (a large reply, a slow link): wait on
+                        left = now
+                        continue
                 log.warning("a client took none of a reply for %g s; connection dropped",
                             self.send_timeout)
                 abort(transport)
+                break
             await drain()  # connection_lost resumes writing: the cycle's writes then return
 
         self.flow.drain = drain_or_drop  # type: ignore[method-assign]

@@ -382,7 +382,8 @@ class Session:
             call = await self.calls.start(backend=target.backend, model=target.model,
                                           options={**target.options, "streamed": True},
                                           audio=audio,
-                                          owner=self.owner, terms=SubmitTerms(lane=INTERACTIVE),
+                                          owner=self.owner,
+                                          terms=SubmitTerms(lane=INTERACTIVE, live=True),
                                           task_id=task_id)
         except asyncio.CancelledError:
             await self._withdraw(task_id, target.backend)

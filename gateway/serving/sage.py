@@ -47,7 +47,7 @@ async def submit(request: Request, owner: str, settings: Settings, store: TaskSt
     # the terms are checked before any audio_url fetch
     terms = SubmitTerms.of(request, params, default_lane(settings, owner, BATCH), settings)
     await use_custom_voice(params, owner, VoiceStore.of(store))  # "voice_…": a custom voice
-    await refuse_fetch_if_full(store, settings, owner, params)
+    await refuse_fetch_if_full(store, settings, owner, params, terms)
     options, audio = await read_task_input(params, settings, backend, store.blobs)
     task = await enqueue(store, settings, backend=backend, model=model, options=options,
                          audio=audio, owner=owner, terms=terms)

@@ -91,7 +91,7 @@ class TranscriptionServing:
         terms = SubmitTerms.of(request, params, default_lane(self.settings, owner, INTERACTIVE),
                                self.settings)
         stream = params.flag("stream")  # a bad flag is refused before the upload is staged
-        await refuse_fetch_if_full(self.calls.store, self.settings, owner, params)
+        await refuse_fetch_if_full(self.calls.store, self.settings, owner, params, terms)
         # the upload is staged in Redis from here on: calls.start drops it if it refuses
         options, audio = await asr_input(params, self.settings, backend,
                                          self.calls.store.blobs)

@@ -82,7 +82,7 @@ async def _enqueue(store: TaskStore, settings: Settings, *, backend: str, model:
                                        settings.lane_share_work(owner, charge.unit),
                                        settings.queued_share(owner, backend),
                                        settings.input_bytes_limit(owner),
-                                       settings.submit_rate(owner)))
+                                       0 if terms.live else settings.submit_rate(owner)))
     except TooManyInFlight as busy:
         raise too_many_in_flight(busy.in_flight) from None
     except TooManySubmits as fast:
@@ -112,12 +112,13 @@ def too_many_in_flight(in_flight: int) -> RequestError:
 
 
 async def refuse_fetch_if_full(store: TaskStore, settings: Settings, owner: str,
-                               params: Params) -> None:
+                               params: Params, terms: SubmitTerms) -> None:
     """Before an `audio_url` download: a key at its most tasks in flight would have it
     refused after the download (a loop of them costs the gateway's memory and the file's
-    host, for nothing): the 429 comes first. The submit checks again, atomically."""
+    host, for nothing): the 429 comes first. The submit checks again, atomically. A submit
+    with an idempotency key is not checked: its repeat is answered with its task."""
     limit = settings.in_flight_limit(owner)
-    if limit and params.get("audio_url") and (
+    if limit and params.get("audio_url") and not terms.idempotency_key and (
             flying := await guard_store(store.in_flight(owner))) >= limit:
         raise too_many_in_flight(flying)
 

@@ -50,6 +50,9 @@ class SubmitTerms:
     deadline: float | None = None  # epoch seconds
     deadline_param: str = "deadline"  # the parameter that set it (its refusal names it)
     callback_url: str = ""  # checked against SPEECH_CALLBACK_URL_HOSTS
+    #: a live session's turn: bounded by the session's own limits (sessions per key, audio
+    #: speed, pending turns), not by the key's submits a minute
+    live: bool = False
 
     @classmethod
     def of(cls, request: Request, params: Params, default_lane: str,
