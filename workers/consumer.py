@@ -707,8 +707,6 @@ class Consumer:
     async def _give_up(self, task: Task, entry_id: str, deliveries: int) -> None:
         crashed = deliveries - 1 - task.spared  # (graceful stops' deliveries not counted)
         reason = f"gave up after {crashed} deliveries: the worker died running this task"
-        if task.last_error:
-            reason = f"{task.last_error} (gave up after {crashed} deliveries)"
         log.error("%s", reason)
         await self.store.dead_letter(task.id, reason, deliveries)
         with contextlib.suppress(NotReplicated):  # stored on the primary: not to be redone

@@ -40,7 +40,6 @@ class Task:
     result: dict[str, Any] | None = None
     error: str = ""
     error_code: str = ""
-    last_error: str = ""
     audio_seconds: float | None = None
     #: its size in its backend's unit (audio-seconds; characters for TTS): what the backlog
     #: and the processing rates count. None: its audio_seconds.
@@ -78,7 +77,6 @@ class Task:
             result=json.loads(data["result"]) if data.get("result") else None,
             error=data.get("error", ""),
             error_code=data.get("error_code", ""),
-            last_error=data.get("last_error", ""),
             audio_seconds=number("audio_seconds"),
             work=number("work"),
             lane=data.get("lane") or keys.BATCH,

@@ -704,9 +704,5 @@ class TaskStore:
         """How many of `owner`'s tasks are queued or running (counted with keys on)."""
         return int(await self.redis.get(keys.in_flight(owner)) or 0)
 
-    async def note_error(self, task_id: str, error: str) -> None:
-        """Remember why an attempt died, for the FAILED reason if the task runs out of tries."""
-        await self.redis.hset(keys.task(task_id), "last_error", one_line(error))
-
     async def publish(self, task_id: str, event: dict[str, Any]) -> None:
         await self.redis.publish(keys.events(task_id), json.dumps(event))

@@ -151,9 +151,6 @@ class WorkerStore:
         attempt."""
         await self._tasks.speech.append(task_id, attempt, chunk, self.consumer)
 
-    async def note_error(self, task_id: str, error: str) -> None:
-        await self._tasks.note_error(task_id, error)
-
     async def spare_deliveries(self, task_ids: list[str]) -> None:
         await self._tasks.spare_deliveries(task_ids)
 
