@@ -67,6 +67,19 @@ DIARIZER = "diarizer"
 
 #: the widest beam an engine is asked for: each beam costs decoder memory and time
 MAX_BEAM_SIZE = 16
+#: the longest prompt an ASR task takes (Whisper reads only its last 224 tokens anyway)
+MAX_PROMPT_CHARACTERS = 2000
+
+
+def text_problem(value: str) -> str | None:
+    """Why `value` is no usable text (a NUL, a lone surrogate); None when it is."""
+    if "\x00" in value:
+        return "contains a NUL character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a JSON \ud800 escape
+        return "is not valid Unicode text"
+    return None
 ASR_TASKS = ("transcribe", "translate")
 
 
@@ -90,6 +103,12 @@ class TranscriptionOptions:
         return options
 
     def validate(self) -> None:
+        if self.prompt is not None:
+            if not isinstance(self.prompt, str) or (problem := text_problem(self.prompt)):
+                raise ValueError(f"prompt {problem or 'must be text'}")
+            if len(self.prompt) > MAX_PROMPT_CHARACTERS:
+                raise ValueError(f"prompt has {len(self.prompt)} characters; the limit is "
+                                 f"{MAX_PROMPT_CHARACTERS}")
         if isinstance(self.beam_size, bool) or not isinstance(self.beam_size, int) \
                 or not 1 <= self.beam_size <= MAX_BEAM_SIZE:
             raise ValueError(f"beam_size must be an integer from 1 to {MAX_BEAM_SIZE}, "

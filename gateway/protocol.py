@@ -16,8 +16,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from common.audio import OUTPUT_FORMATS
-from common.schemas import MAX_BEAM_SIZE, MAX_KNOWN_SPEAKERS, MAX_SPEAKERS, MAX_SPEED, MIN_SPEED
-from gateway.submit.asr import MAX_PROMPT_CHARACTERS
+from common.schemas import (
+    MAX_BEAM_SIZE,
+    MAX_KNOWN_SPEAKERS,
+    MAX_PROMPT_CHARACTERS,
+    MAX_SPEAKERS,
+    MAX_SPEED,
+    MIN_SPEED,
+)
 
 TRANSCRIPTION_FORMATS = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 SPEECH_FORMATS = tuple(OUTPUT_FORMATS)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -262,12 +263,17 @@ def test_a_successful_load_closes_the_breaker(redis: procs.RedisServer, gateway:
     from common import keys
 
     # earlier failures left tiny.en's breaker open (say the files were being replaced)
-    redis.client().hset(keys.breaker("faster-whisper", "tiny.en"),
-                        mapping={"open": 1, "failures": 3, "error": "model was broken"})
+    breaker = keys.breaker("faster-whisper", "tiny.en")
+    redis.client().hset(breaker, mapping={"open": 1, "failures": 3, "error": "model was broken",
+                                          "reopens_at": time.time() + 3600})
     assert submit_file(gateway, JFK).status_code == 503
-    with JFK.open("rb") as handle:  # the files are fine again: a direct call loads them
+    with JFK.open("rb") as handle:  # open: a direct call is refused as a submit is
+        refused = http.post(f"{in_process.url}/transcribe", files={"file": handle}, timeout=60)
+    assert refused.status_code == 503 and refused.json()["code"] == "model_unavailable"
+    redis.client().hset(breaker, "reopens_at", time.time() - 1)  # its cool-down is over
+    with JFK.open("rb") as handle:  # the files are fine again: the direct call is its probe
         assert http.post(f"{in_process.url}/transcribe", files={"file": handle},
                           timeout=60).status_code == 200
-    assert not redis.client().exists(keys.breaker("faster-whisper", "tiny.en"))
+    assert not redis.client().exists(breaker)
     task_id = submit_file(gateway, JFK).json()["taskid"]
     assert wait_done(gateway, task_id)["status"] == "SUCCEEDED"

@@ -66,7 +66,10 @@ def tts(request: pytest.FixtureRequest,
         procs.worker(server.url, workdir, backend="xtts", python=XTTS_PYTHON, models=models,
                      device="cpu", idle_unload_seconds="3",
                      allowed_roots=settings["allowed_roots"],
-                     tts_max_output_seconds=str(MAX_OUTPUT_SECONDS)),
+                     tts_max_output_seconds=str(MAX_OUTPUT_SECONDS),
+                     # (read by its direct /synthesize only: queued tasks were checked by
+                     # the gateway that took them)
+                     require_voice_consent="true"),
     ]
     try:
         for service in services:
@@ -300,6 +303,22 @@ def test_speech_past_the_output_limit_fails_there_and_stores_none_of_it(
     ok = submit(tts["url"], text=SENTENCE, voice="alloy")
     assert wait_done(tts["url"], ok.json()["taskid"], timeout=SYNTH_TIMEOUT)["status"] == (
         "SUCCEEDED")
+
+
+def test_the_workers_direct_synthesize_keeps_the_gateways_voice_rules(
+        tts: dict[str, Any]) -> None:
+    """The worker's own /synthesize took any upload to clone, and any built-in speaker by
+    its raw name, whatever the gateway allows: it now keeps the same rules."""
+    url = f"{tts['worker'].url}/synthesize"
+    spoken = http.post(url, data={"text": SENTENCE, "voice": "alloy"}, timeout=SYNTH_TIMEOUT)
+    assert spoken.status_code == 200 and spoken.content[:4] == b"RIFF", spoken.text
+    raw = http.post(url, data={"text": SENTENCE, "voice": "Claribel Dervla"}, timeout=60)
+    assert raw.status_code == 400 and raw.json()["code"] == "unknown_voice", raw.text
+    clip = {"speaker_wav": ("ref.mp3", CLIP.read_bytes())}
+    cloned = http.post(url, data={"text": SENTENCE}, files=clip, timeout=60)
+    assert cloned.status_code == 403 and cloned.json()["code"] == "consent_required"
+    both = http.post(url, data={"text": SENTENCE, "voice": "alloy"}, files=clip, timeout=60)
+    assert both.status_code == 400 and "not both" in both.json()["error"]
 
 
 def test_broken_model_fails_its_task_and_the_worker_keeps_serving(tts: dict[str, Any]) -> None:

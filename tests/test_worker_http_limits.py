@@ -39,7 +39,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     try:
         gateway.start()
         worker.start()  # its /health answers without the secret: it is bound to loopback
-        yield {"gateway": gateway.url, "worker": worker.url, "workdir": workdir}
+        yield {"gateway": gateway.url, "worker": worker.url, "workdir": workdir,
+               "redis": redis.url}
     finally:
         worker.stop()
         gateway.stop()
@@ -133,6 +134,66 @@ def test_options_and_bad_files_are_400(secured: dict) -> None:
     assert transcribe(url, jfk, AUTH, beam_size="16").status_code == 200
 
 
+def test_direct_calls_take_the_gateways_spellings_and_checks(secured: dict) -> None:
+    """Languages as the gateway spells them, a prompt as it checks it, and an unknown model
+    as its 404; a file that is no audio is refused before it waits for the engine."""
+    url, jfk = secured["worker"], {"file": ("jfk.flac", JFK.read_bytes())}
+    for language in ("EN", "en-US", "auto"):
+        reply = transcribe(url, jfk, AUTH, language=language)
+        assert reply.status_code == 200, (language, reply.text)
+    assert transcribe(url, jfk, AUTH, language="xx").status_code == 400
+    for prompt in ("a\x00b", "word " * 401):
+        reply = transcribe(url, jfk, AUTH, prompt=prompt)
+        assert reply.status_code == 400 and "prompt" in reply.json()["error"], reply.text
+    unknown = transcribe(url, jfk, AUTH, model="large-v9")
+    assert unknown.status_code == 404 and unknown.json()["code"] == "model_not_found"
+
+
+def test_one_direct_call_at_a_time_and_none_past_an_open_breaker(secured: dict) -> None:
+    """A second direct call while one runs is a 503 to retry (they queued without bound, each
+    holding its upload, ahead of queued tasks); a model whose breaker is open is a 503 with
+    its load error, and is not loaded (a half-built load would end the worker)."""
+    import concurrent.futures
+
+    from redis.asyncio import Redis
+
+    from common.store import BreakerPolicy
+    from common.store.breakers import BreakerStore
+
+    url = secured["worker"]
+    long_clip = {"file": ("long.mp3", (procs.TEST_AUDIO / "multilingual.mp3").read_bytes())}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        first = pool.submit(transcribe, url, long_clip, AUTH)
+        procs.wait_until(lambda: http.get(f"{url}/health", timeout=5).json()["state"] == "busy",
+                         30, "the first direct call to run", 0.01)
+        second = transcribe(url, {"file": ("jfk.flac", JFK.read_bytes())}, AUTH)
+        assert second.status_code == 503, second.text
+        assert second.json()["code"] == "overloaded" and int(second.headers["retry-after"]) > 0
+        assert first.result().status_code == 200
+
+    async def breaker(trip: bool) -> None:
+        client = Redis.from_url(secured["redis"])
+        store = BreakerStore(client)
+        if trip:
+            for _ in range(3):
+                await store.record_load_failure("faster-whisper", "tiny.en", "bundled",
+                                                "model 'tiny.en' failed to load: broken",
+                                                BreakerPolicy())
+        else:
+            await store.clear("faster-whisper", "tiny.en")
+        await client.aclose()
+
+    asyncio.run(breaker(True))
+    try:
+        refused = transcribe(url, {"file": ("jfk.flac", JFK.read_bytes())}, AUTH)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["code"] == "model_unavailable"
+        assert "failed to load" in refused.json()["error"]
+    finally:
+        asyncio.run(breaker(False))
+    assert transcribe(url, {"file": ("jfk.flac", JFK.read_bytes())}, AUTH).status_code == 200
+
+
 def test_audio_longer_than_the_limit_is_413_whatever_it_claims(secured: dict) -> None:
     lying = lying_matroska(procs.TEST_AUDIO / "multilingual.mp3", 2, 8.0)  # 120 s as 8 s
     reply = transcribe(secured["worker"], {"file": ("lying.mkv", lying)}, AUTH)
@@ -184,3 +245,21 @@ def test_off_loopback_health_needs_the_secret_and_live_does_not() -> None:
     # the liveness probe's path (deploy/k8s): a kubelet has no secret, and it tells nothing
     live = asyncio.run(get("/live", open_health=False))
     assert live.status_code == 200 and live.json() == {"alive": True}
+
+
+def test_a_direct_call_is_bounded_as_a_tasks_engine_call_is(tmp_path: Path) -> None:
+    """SPEECH_MAX_ENGINE_CALL_SECONDS bounds a direct call too: past it the call is a 500
+    and the worker leaves for a fresh one (a direct call that never returned held the
+    engine, and the queued task waiting behind it, for ever, the worker looking alive)."""
+    redis = procs.RedisServer(tmp_path / "redis").start()
+    worker = procs.worker(redis.url, tmp_path, max_engine_call_seconds="0.05",
+                          idle_unload_seconds="-1", min_uptime_seconds="0").start()
+    try:
+        reply = transcribe(worker.url, {"file": ("jfk.flac", JFK.read_bytes())})
+        assert reply.status_code == 500, reply.text
+        assert "ran past" in reply.json()["error"], reply.text
+        assert worker.proc is not None
+        worker.proc.wait(timeout=60)  # it left, to be restarted fresh
+    finally:
+        worker.stop()
+        redis.stop()

@@ -2,9 +2,11 @@
 /transcribe`, `/synthesize` or `/analyze`, as the backend's kind has it (no queue: used by
 the smoke test and for debugging a worker).
 
-It takes the gateway's limits (upload size while the body streams in, decoded audio length,
-option ranges) and, where `worker_secret` is set, a bearer token. Bound to anything but
-loopback it refuses to start without that secret.
+It takes the gateway's limits (upload size while the body streams in, the upload budget,
+decoded audio length, option ranges, the model's breaker, voice consent, the engine call's
+bound) and, where `worker_secret` is set, a bearer token. One direct call runs at a time
+(another is a 503 to retry): they wait for the engine behind and before queued tasks, each
+holding its upload. Bound to anything but loopback it refuses to start without that secret.
 """
 
 from __future__ import annotations
@@ -25,38 +27,82 @@ import uvicorn
 from fastapi import FastAPI, File, Form, Request, UploadFile
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from redis.exceptions import RedisError
 from starlette.datastructures import UploadFile as FormFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from common import clips
+from common.audio import AudioError, probe_audio
 from common.body_limit import BodyLimitMiddleware
-from common.catalog import BACKENDS, KINDS, speech_language
+from common.catalog import BACKENDS, KINDS, asr_language, speech_language
 from common.paths import AllowedFile
 from common.schemas import MAX_SPEED, MIN_SPEED, ErrorCode, TranscriptionOptions
 from common.store.values import strict_json
 from common.uvicorn_server import QuietServer
-from workers.engine_host import EngineHost
-from workers.execute import TaskError
+from workers.engine_host import EngineHost, call_limit
+from workers.execute import Outcome, TaskError
 
 log = logging.getLogger("worker.http")
 #: how long a stopping worker's server lets the requests in flight finish
 GRACEFUL_SHUTDOWN_SECONDS = 2
 #: what /health answers: the worker's whole snapshot (the host's own when none is given)
 Health = Callable[[], Awaitable[dict[str, Any]]]
+#: a model's breaker: None when it may be loaded now, else why its calls fail fast
+Admit = Callable[[str], Awaitable[str | None]]
+#: how long a refused direct call is told to wait
+BUSY_RETRY_SECONDS = 2
 
 
 def create_worker_app(host: EngineHost, health: Health | None = None,
-                      open_health: bool = True) -> ASGIApp:
+                      open_health: bool = True, admit: Admit | None = None) -> ASGIApp:
     """The worker's ASGI app over `host`; `open_health`: /health needs no secret (loopback
-    binds)."""
+    binds); `admit`: the models' breakers (workers/breakers.py), asked before each call."""
     settings = host.settings
     app = FastAPI(title=f"speech-gateway worker ({host.backend})", docs_url=None,
                   redoc_url=None, openapi_url=None)
+    direct = asyncio.Lock()
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         return _error(f"invalid request: {message}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _reply(str(exc.detail), "invalid_request", exc.status_code)
+
+    async def run(model: str | None, params: dict[str, Any], source: Any,
+                  work: float) -> Outcome | JSONResponse:
+        """One direct call: refused at once while another runs, or while the model's breaker
+        is open (a direct load failing half-way would end the worker, queued work and all);
+        bounded as a task's engine call is (a call that never returns marks the worker
+        stalled: it leaves, and a fresh one takes the queue)."""
+        name = model or settings.default_model(host.backend) or ""
+        if name not in host.sources:
+            known = ", ".join(host.sources) or "none"
+            return _reply(f"no model {name!r} on this worker (its models: {known})",
+                          "model_not_found", 404)
+        if direct.locked():
+            return _reply("a direct call is already running on this worker; retry shortly",
+                          "overloaded", 503, {"Retry-After": str(BUSY_RETRY_SECONDS)})
+        async with direct:
+            if admit is not None:
+                try:
+                    why = await admit(name)
+                except RedisError:
+                    why = None  # no store to ask: try the load (as the preload does)
+                if why:
+                    return _error(why, ErrorCode.MODEL_UNAVAILABLE)
+            try:
+                return await host.execute(name, params, source, _ignore,
+                                          limit_seconds=call_limit(settings, host.kind, work))
+            except TaskError as exc:
+                return _error(str(exc), exc.code)
+            except RedisError:  # the device broker's store is out of reach
+                return _reply("the worker's store is unavailable; retry shortly",
+                              "store_unavailable", 503,
+                              {"Retry-After": str(BUSY_RETRY_SECONDS)})
 
     @app.get("/health")
     async def health_route() -> dict[str, Any]:
@@ -68,9 +114,6 @@ def create_worker_app(host: EngineHost, health: Health | None = None,
     @app.get("/live")
     async def live_route() -> dict[str, bool]:
         return {"alive": True}
-
-    def model_or_default(model: str | None) -> str:
-        return model or settings.default_model(host.backend) or ""
 
     @app.post("/transcribe")
     async def transcribe(
@@ -86,7 +129,11 @@ def create_worker_app(host: EngineHost, health: Health | None = None,
     ) -> JSONResponse:
         if host.kind != "asr":
             return _wrong_endpoint(host)
-        params = {"language": language, "task": task, "word_timestamps": word_timestamps,
+        try:  # the gateway's spellings ("EN", "en-US", "auto")
+            code = asr_language(host.backend, language) if language else None
+        except ValueError as exc:
+            return _error(str(exc))
+        params = {"language": code, "task": task, "word_timestamps": word_timestamps,
                   "prompt": prompt, "beam_size": beam_size, "vad_filter": vad_filter,
                   "temperature": temperature}
         try:
@@ -96,11 +143,11 @@ def create_worker_app(host: EngineHost, health: Health | None = None,
         data = await file.read()
         if not data:
             return _error("the uploaded file is empty", ErrorCode.INVALID_AUDIO)
-        try:
-            outcome = await host.execute(model_or_default(model), params, data, _ignore)
-        except TaskError as exc:
-            return _error(str(exc), exc.code)
-        return _result(outcome.result)
+        if (info := await _probed(data)) is None:
+            return _error("the upload is not audio this worker can decode",
+                          ErrorCode.INVALID_AUDIO)
+        outcome = await run(model, params, data, info)
+        return outcome if isinstance(outcome, JSONResponse) else _result(outcome.result)
 
     @app.post("/synthesize")
     async def synthesize(
@@ -122,22 +169,34 @@ def create_worker_app(host: EngineHost, health: Health | None = None,
             language = speech_language(host.backend, language)
         except ValueError as exc:
             return _error(str(exc))
+        if voice and speaker_wav is not None:
+            return _error("give either 'voice' or 'speaker_wav', not both")
         reference: bytes | AllowedFile | None = None
-        if speaker_wav is not None:
+        if speaker_wav is not None:  # the gateway's rules: a clone needs a recorded consent
+            if settings.require_voice_consent:
+                return _reply("this service clones only voices with a recorded consent: use "
+                              "a configured voice", "consent_required", 403)
             reference = await speaker_wav.read()
             if not reference:
                 return _error("the uploaded speaker_wav is empty", ErrorCode.INVALID_AUDIO)
-        elif voice and voice.strip().lower() in settings.voices:
-            kind, target = settings.voice(voice)  # a configured public voice name
+            if await _probed(reference) is None:
+                return _error("the uploaded speaker_wav is not audio this worker can decode",
+                              ErrorCode.INVALID_AUDIO)
+        else:  # a configured public voice name (none: the first); never a raw speaker
+            try:
+                kind, target = settings.voice(voice)
+            except (KeyError, ValueError):
+                known = ", ".join(settings.voices) or "none"
+                return _reply(f"unknown voice {voice!r} (configured voices: {known})",
+                              "unknown_voice", 400)
             if kind == "speaker":
                 voice = target
             else:
                 voice, reference = None, AllowedFile(target, tuple(settings.allowed_roots))
         params = {"text": text, "language": language, "voice": voice, "speed": speed}
-        try:
-            outcome = await host.execute(model_or_default(model), params, reference, _ignore)
-        except TaskError as exc:
-            return _error(str(exc), exc.code)
+        outcome = await run(model, params, reference, len(text))
+        if isinstance(outcome, JSONResponse):
+            return outcome
         return Response(outcome.output or b"", media_type="audio/wav",
                         headers={"x-audio-seconds": str(outcome.result["audio_seconds"])})
 
@@ -170,16 +229,16 @@ def create_worker_app(host: EngineHost, health: Health | None = None,
             elif clip.required:
                 return _error(f"upload the {clip.name!r} clip")
         model = fields.get("model")
-        try:
-            outcome = await host.execute(model_or_default(model if isinstance(model, str)
-                                                            else None),
-                                           params, clips.pack(uploads), _ignore)
-        except TaskError as exc:
-            return _error(str(exc), exc.code)
-        return _result(outcome.result)
+        outcome = await run(model if isinstance(model, str) else None, params,
+                            clips.pack(uploads), 0.0)
+        return outcome if isinstance(outcome, JSONResponse) else _result(outcome.result)
 
+    # as the gateway's: the bodies of the calls in progress share the upload budget (a call
+    # alone always passes), and a body that trickles is cut off
     limited = BodyLimitMiddleware(
-        app, max_bytes=settings.max_body_bytes)
+        app, max_bytes=settings.max_body_bytes, idle_seconds=settings.body_timeout_seconds,
+        deadline_seconds=settings.body_deadline_seconds, error_reply=_body_refused,
+        budget_bytes=int(settings.upload_budget_mib * 2**20))
     if not settings.worker_secret:
         return limited
     # Outside the body limit: a request without the secret is refused before its body is read.
@@ -201,7 +260,26 @@ def _result(result: dict[str, Any] | None) -> Response:
 
 
 def _error(message: str, code: ErrorCode = ErrorCode.INVALID_REQUEST) -> JSONResponse:
-    return JSONResponse({"error": message, "code": code.value}, code.http_status)
+    return _reply(message, code.value, code.http_status)
+
+
+def _reply(message: str, code: str, status: int,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "code": code}, status, headers=headers)
+
+
+async def _body_refused(scope: Scope, status_code: int, message: str,
+                        code: str) -> tuple[int, dict[str, Any]]:
+    return status_code, {"error": message, "code": code or "invalid_request"}
+
+
+async def _probed(data: bytes) -> float | None:
+    """The upload's length (seconds) as its container tells it; None when it is no audio
+    (refused before it waits for the engine, and before a model is loaded for it)."""
+    try:
+        return (await asyncio.to_thread(probe_audio, data)).duration
+    except AudioError:
+        return None
 
 
 def _ignore(_: object) -> None:
@@ -297,12 +375,12 @@ class _Server(QuietServer):
 
 async def serve_http(host: EngineHost, health: Health | None = None,
                      on_bound: Callable[[str, int], None] | None = None,
-                     listen_fd: int | None = None) -> None:
+                     listen_fd: int | None = None, admit: Admit | None = None) -> None:
     """Serve on `worker_host`:`worker_port` (0 = a free port, told to `on_bound` with a
     duplicate of the socket's fd: the runtime publishes the URL in /health, and hands the
     socket over when it re-execs the process), or on the socket `listen_fd` an earlier image
     of this process handed over (same port; connections made meanwhile waited in its
-    backlog).
+    backlog); `admit`: the models' breakers.
 
     Off loopback without `worker_secret` it does not bind at all: it raises, and the worker
     exits (a direct endpoint open to the network would bypass every gateway key)."""
@@ -323,7 +401,7 @@ async def serve_http(host: EngineHost, health: Health | None = None,
         on_bound(url, os.dup(sock.fileno()))  # its own fd: open whatever uvicorn closes
     log.info("worker HTTP on %s (%s)", url,
              "secret required" if settings.worker_secret else "no secret: loopback only")
-    config = uvicorn.Config(create_worker_app(host, health, open_health=loopback),
+    config = uvicorn.Config(create_worker_app(host, health, open_health=loopback, admit=admit),
                             log_level="warning", access_log=False, lifespan="off",
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
     server = _Server(config)

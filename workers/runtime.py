@@ -52,9 +52,11 @@ log = logging.getLogger("worker")
 
 #: the direct HTTP server (workers.http.serve_http): the host it serves, the /health
 #: snapshot to answer with, where to say the URL it bound (and a duplicate of its listening
-#: socket's fd, to hand over on a re-exec), and the fd of the socket handed over, if any
+#: socket's fd, to hand over on a re-exec), the fd of the socket handed over, if any, and
+#: the models' breakers
 HttpServer = Callable[[EngineHost, Callable[[], Awaitable[dict[str, Any]]],
-                       Callable[[str, int], None], int | None], Awaitable[None]]
+                       Callable[[str, int], None], int | None,
+                       Callable[[str], Awaitable[str | None]]], Awaitable[None]]
 #: where a re-exec'd worker finds its Handover (popped at start: no child process sees it)
 HANDOVER_ENV = "SPEECH_WORKER_HANDOVER"
 SIGNALS = {signal.SIGTERM, signal.SIGINT}
@@ -137,7 +139,8 @@ class Worker:
         if serve_http is not None:
             inherited = self.handover.listen_fd if self.handover else None
             background.append(asyncio.create_task(serve_http(self.host, self.report,
-                                                             self._bound, inherited)))
+                                                             self._bound, inherited,
+                                                             self.breakers.admit)))
             await asyncio.sleep(0)  # let it bind, so the first heartbeat carries its URL
         self.fresh_rss_mib = memory.rss_mib()
         self.start_seconds = max(0.0, time.time() - self.image_started)

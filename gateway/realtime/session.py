@@ -27,7 +27,7 @@ from common.catalog import (
     model_language_problem,
     resolve_public_model,
 )
-from common.schemas import INTERACTIVE, TaskState
+from common.schemas import INTERACTIVE, MAX_PROMPT_CHARACTERS, TaskState
 from common.settings import Settings
 from common.store import Task, new_task_id
 from gateway.errors import RequestError, openai_error
@@ -58,7 +58,7 @@ from gateway.serving.calls import (
     still_running,
     task_failed,
 )
-from gateway.submit.asr import MAX_PROMPT_CHARACTERS, AsrRequest, asr_options
+from gateway.submit.asr import AsrRequest, asr_options
 from gateway.submit.audio import AudioInput
 from gateway.submit.terms import SubmitTerms
 

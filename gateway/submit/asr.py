@@ -7,14 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.catalog import UnknownBackend, asr_language, backend_info
-from common.schemas import MAX_BEAM_SIZE
+from common.schemas import MAX_BEAM_SIZE, MAX_PROMPT_CHARACTERS, text_problem
 from common.settings import Settings
 from gateway.errors import RequestError
-from gateway.submit.inputs import Params, integer_option, text_problem
+from gateway.submit.inputs import Params, integer_option
 
 ASR_TASKS = ("transcribe", "translate")
 #: longest `prompt` (Whisper keeps only its last 224 tokens anyway)
-MAX_PROMPT_CHARACTERS = 2000
 
 
 @dataclass(frozen=True, slots=True)

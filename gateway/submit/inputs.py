@@ -14,6 +14,7 @@ from starlette.requests import ClientDisconnect
 
 from common import paths
 from common.body_limit import HOLD_MORE, HoldMore
+from common.schemas import text_problem
 from gateway.errors import RequestError
 from gateway.process.limits import BodyRefused
 from gateway.submit.multipart import FormError, Upload, parse_form
@@ -194,17 +195,6 @@ def integer_option(params: Params, name: str, low: int, high: int) -> int | None
     if not _INTEGER.fullmatch(raw) or not low <= int(raw) <= high:
         raise RequestError(400, f"{name} must be an integer from {low} to {high}", param=name)
     return int(raw)
-
-
-def text_problem(value: str) -> str | None:
-    """Why `value` is no usable text (a NUL, a lone surrogate); None when it is."""
-    if "\x00" in value:
-        return "contains a NUL character"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate from a JSON \ud800 escape
-        return "is not valid Unicode text"
-    return None
 
 
 def _scalar(value: Any) -> str:
