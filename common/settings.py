@@ -34,6 +34,8 @@ DEFAULT_MODELS: dict[str, dict[str, str]] = {
 #: how the placeholders of the shipped Secret (deploy/k8s/base/secrets.yaml) begin: a secret
 #: that still does is refused at start
 PLACEHOLDER_SECRET = "replace-me"
+#: the shortest SPEECH_WORKER_SECRET / SPEECH_URL_SECRET taken
+MIN_SECRET_CHARACTERS = 16
 #: the default consent phrases (OpenAI asks for a fixed sentence per language, too)
 CONSENT_PHRASES: dict[str, str] = {
     "en": "I consent to my voice being recorded and used to create a synthetic voice.",
@@ -412,6 +414,9 @@ class Settings(BaseSettings):
         if value.startswith(PLACEHOLDER_SECRET):
             raise ValueError("is the shipped placeholder: set a random secret of your own "
                              "(openssl rand -hex 32)")
+        if value and len(value) < MIN_SECRET_CHARACTERS:  # "x" is guessed in one request
+            raise ValueError(f"has {len(value)} characters; a secret needs at least "
+                             f"{MIN_SECRET_CHARACTERS} (openssl rand -hex 32)")
         return value
 
     @field_validator("redis_sentinels")

@@ -263,3 +263,12 @@ def test_a_direct_call_is_bounded_as_a_tasks_engine_call_is(tmp_path: Path) -> N
     finally:
         worker.stop()
         redis.stop()
+
+
+def test_a_secret_too_short_to_keep_anyone_out_stops_the_process() -> None:
+    from pydantic import ValidationError
+
+    for name in ("worker_secret", "url_secret"):
+        with pytest.raises(ValidationError, match="at least 16"):
+            Settings(**{name: "x" * 15})
+        assert getattr(Settings(**{name: "x" * 16}), name) == "x" * 16
