@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,44 @@ def test_a_corrupt_model_asks_for_an_exit_instead_of_exiting(
     done = asyncio.run(task_of(redis.url, behind))
     assert done.state == TaskState.SUCCEEDED and done.attempt == 1, done
     assert pending_count(redis.client()) == 0
+
+
+def test_a_stop_during_the_wait_before_a_load_failures_exit_is_not_held_up(
+        redis: procs.RedisServer, tmp_path: Path) -> None:
+    """A worker whose load failed half-built waits out SPEECH_MIN_UPTIME_SECONDS before it
+    exits (supervisord's startsecs); a stop asked meanwhile (SIGTERM) ends that wait, where
+    it waited on to its SIGKILL."""
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+        shutil.copy(bundled_model_dir() / name, corrupt / name)
+    (corrupt / "model.bin").write_bytes(os.urandom(4096))
+    settings = inprocess.worker_settings(
+        redis.url, models={BACKEND: {"tiny.en": "bundled", "corrupt": str(corrupt)}},
+        consumer=CONSUMER, heartbeat_seconds=0.1, min_uptime_seconds=120)
+
+    async def scenario() -> tuple[list[int], float]:
+        broken = await submit(redis.url, "corrupt")
+        exits: list[int] = []
+        client = Redis.from_url(redis.url)
+        worker = Worker(settings, FasterWhisperEngine(settings), client, handle_signals=False,
+                        exit=exits.append, burst=True)
+        run = asyncio.create_task(worker.run())
+        async with asyncio.timeout(60):
+            while (await task_of(redis.url, broken)).state != TaskState.FAILED:
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # into its wait
+        assert not run.done() and exits == []
+        asked = time.monotonic()
+        worker.stop()
+        await asyncio.wait_for(run, 30)
+        took = time.monotonic() - asked
+        await client.aclose()
+        return exits, took
+
+    exits, took = asyncio.run(scenario())
+    assert exits == [1]
+    assert took < 10, took  # not the 120 s of SPEECH_MIN_UPTIME_SECONDS
 
 
 async def breaker_failures(redis_url: str, source: str) -> int:

@@ -60,6 +60,8 @@ HttpServer = Callable[[EngineHost, Callable[[], Awaitable[dict[str, Any]]],
 #: where a re-exec'd worker finds its Handover (popped at start: no child process sees it)
 HANDOVER_ENV = "SPEECH_WORKER_HANDOVER"
 SIGNALS = {signal.SIGTERM, signal.SIGINT}
+#: how often a wait before a load failure's exit looks for a stop asked meanwhile
+STOP_POLL_SECONDS = 0.1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -242,7 +244,10 @@ class Worker:
         wait = self.settings.min_uptime_seconds - (time.time() - self.started_at)
         if wait > 0:
             log.info("exiting in %.1f s (SPEECH_MIN_UPTIME_SECONDS)", wait)
-            await asyncio.sleep(wait)
+            leave_at = time.monotonic() + wait
+            # a stop asked meanwhile (SIGTERM) is not held up: it would wait for its SIGKILL
+            while not self.stop_asked and (left := leave_at - time.monotonic()) > 0:
+                await asyncio.sleep(min(left, STOP_POLL_SECONDS))
         # (SPEECH_LOAD_FAILURE=reexec) a fresh image returns what the half-built model
         # holds as an exit does, without the container restart's back-off
         if self.settings.load_failure == "reexec" and await self._reexec():
