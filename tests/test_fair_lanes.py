@@ -7,8 +7,10 @@ container that understates its length is charged, and counted in the backlog, ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -62,6 +64,28 @@ def submit(env: dict[str, Any], key: str, **params: Any) -> httpx.Response:
 def task_id(reply: httpx.Response) -> str:
     assert reply.status_code == 200, reply.text
     return reply.json()["task_id"]
+
+
+@contextlib.contextmanager
+def keyed_gateway(tmp_path: Path, text: str, **settings: str) -> Iterator[
+        tuple[procs.RedisServer, procs.Service, Callable[[], httpx.Response]]]:
+    """A Redis of its own and a gateway (the "batchy" key, `settings`, no worker), and an
+    upload of `text` spoken to tmp_path/clip.wav under that key."""
+    server = procs.RedisServer(tmp_path / "redis-keyed").start()
+    gateway = procs.gateway(server.url, tmp_path, api_keys=[digest(KEYS["batchy"])],
+                            **settings).start()
+    clip = tmp_path / "clip.wav"
+    speak_to(clip, text)
+
+    def upload() -> httpx.Response:
+        return http.post(f"{gateway.url}/api/faster-whisper-submit", headers=auth("batchy"),
+                         files={"file": ("clip.wav", clip.read_bytes())}, timeout=30)
+
+    try:
+        yield server, gateway, upload
+    finally:
+        gateway.stop()
+        server.stop()
 
 
 def cancel(env: dict[str, Any], key: str, tid: str) -> None:
@@ -539,18 +563,10 @@ def test_the_input_one_keys_unfinished_tasks_hold_is_bounded(tmp_path) -> None:
     finally:
         server.stop()
     # through a gateway: the 429 names it, and nothing is queued
-    server = procs.RedisServer(tmp_path / "redis2").start()
-    gateway = procs.gateway(server.url, tmp_path, api_keys=[digest(KEYS["batchy"])],
-                            queued_input_mib_per_key="0.01").start()
-    try:
-        clip = (tmp_path / "clip.wav")
-        speak_to(clip, "Hello world, this clip is longer than ten kilobytes.")
+    with keyed_gateway(tmp_path, "Hello world, this clip is longer than ten kilobytes.",
+                       queued_input_mib_per_key="0.01") as (server, gateway, upload):
+        clip = tmp_path / "clip.wav"
         assert clip.stat().st_size > 0.01 * 2**20
-
-        def upload() -> httpx.Response:
-            return http.post(f"{gateway.url}/api/faster-whisper-submit", headers=auth("batchy"),
-                             files={"file": ("clip.wav", clip.read_bytes())}, timeout=30)
-
         first = upload()
         assert first.status_code == 200, first.text
         second = upload()
@@ -566,9 +582,6 @@ def test_the_input_one_keys_unfinished_tasks_hold_is_bounded(tmp_path) -> None:
         assert client.xlen(keys.queue("faster-whisper")) == 1
         cancel({"gateway": gateway.url}, "batchy", first.json()["task_id"])
         assert upload().status_code == 200
-    finally:
-        gateway.stop()
-        server.stop()
 
 
 def test_one_key_submits_at_most_its_tasks_a_minute(tmp_path) -> None:
@@ -612,24 +625,12 @@ def test_one_key_submits_at_most_its_tasks_a_minute(tmp_path) -> None:
         asyncio.run(scenario())
     finally:
         server.stop()
-    server = procs.RedisServer(tmp_path / "redis2").start()
-    gateway = procs.gateway(server.url, tmp_path, api_keys=[digest(KEYS["batchy"])],
-                            submits_per_minute_per_key="2").start()
-    try:
-        clip = tmp_path / "clip.wav"
-        speak_to(clip, "Hello world.")
-
-        def upload() -> httpx.Response:
-            return http.post(f"{gateway.url}/api/faster-whisper-submit", headers=auth("batchy"),
-                             files={"file": ("clip.wav", clip.read_bytes())}, timeout=30)
-
+    with keyed_gateway(tmp_path, "Hello world.", submits_per_minute_per_key="2") as (
+            _, _, upload):
         assert [upload().status_code for _ in range(2)] == [200, 200]
         refused = upload()
         assert refused.status_code == 429 and "this minute" in refused.json()["error"]
         assert 1 <= int(refused.headers["retry-after"]) <= 60
-    finally:
-        gateway.stop()
-        server.stop()
 
 
 def test_a_changed_share_applies_to_a_line_that_exists(tmp_path) -> None:

@@ -190,6 +190,10 @@ def test_the_reasons_kept_for_one_owners_refusals_are_bounded(
             "reason 0", "reason 1", "reason 2", None, None]
         assert await kept.recall("b0") == "reason of b"
         assert 0 < await redis.ttl(keys.refusals_kept("owner-a")) <= 600
+        for index in range(5):  # keys off: one trusted caller, nothing counted
+            await kept.remember(f"o{index}", f"open {index}", "")
+        assert await kept.recall("o4") == "open 4"
+        assert not await redis.exists(keys.refusals_kept(""))
         await redis.aclose()
 
     try:

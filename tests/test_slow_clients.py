@@ -311,29 +311,9 @@ def test_a_reply_its_client_never_reads_is_dropped_after_the_send_timeout(
     pipelines two requests and reads nothing: the second reply's write waited for the
     connection to drain for as long as it stayed open, holding the reply in memory; now it is
     dropped after SPEECH_SEND_TIMEOUT_SECONDS and the connection aborted."""
-    from redis.asyncio import Redis
-
-    from common import keys
-    from common.schemas import TaskState
-    from common.store import Task, TaskStore, new_task_id
     from tests.helpers import TCP_ESTABLISHED, tcp_state
 
-    server = procs.RedisServer(tmp_path / "redis", appendonly=False).start()
-    task_id = new_task_id()
-
-    async def big_task() -> None:
-        client = Redis.from_url(server.url)
-        await TaskStore(client, 600).submit(
-            Task(id=task_id, backend="faster-whisper", model="tiny.en",
-                 state=TaskState.PENDING), b"\0" * 64)
-        await client.hset(keys.task(task_id), mapping={
-            "state": TaskState.SUCCEEDED.value,
-            "result": json.dumps({"text": "word " * 600_000, "segments": []})})
-        await client.aclose()
-
-    asyncio.run(big_task())
-    gateway = procs.gateway(server.url, tmp_path, send_timeout_seconds="1",
-                            send_buffer_bytes="65536").start()
+    server, gateway, task_id = _big_reply_gateway(tmp_path)
     port = int(gateway.url.rsplit(":", 1)[1])
     silent = socket.socket()
     silent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect
@@ -354,28 +334,7 @@ def test_a_reply_its_client_never_reads_is_dropped_after_the_send_timeout(
 def test_a_slow_reader_of_pipelined_replies_gets_them_whole(tmp_path: Path) -> None:
     """The send timeout drops a client that takes nothing, not one that reads slowly: two
     pipelined 3 MB replies read slowly (seconds each), with a 1 s timeout, arrive whole."""
-    from redis.asyncio import Redis
-
-    from common import keys
-    from common.schemas import TaskState
-    from common.store import Task, TaskStore, new_task_id
-
-    server = procs.RedisServer(tmp_path / "redis", appendonly=False).start()
-    task_id = new_task_id()
-    body = json.dumps({"text": "word " * 600_000, "segments": []})
-
-    async def big_task() -> None:
-        client = Redis.from_url(server.url)
-        await TaskStore(client, 600).submit(
-            Task(id=task_id, backend="faster-whisper", model="tiny.en",
-                 state=TaskState.PENDING), b"\0" * 64)
-        await client.hset(keys.task(task_id), mapping={"state": TaskState.SUCCEEDED.value,
-                                                       "result": body})
-        await client.aclose()
-
-    asyncio.run(big_task())
-    gateway = procs.gateway(server.url, tmp_path, send_timeout_seconds="1",
-                            send_buffer_bytes="65536").start()
+    server, gateway, task_id = _big_reply_gateway(tmp_path)
     port = int(gateway.url.rsplit(":", 1)[1])
     reader = socket.socket()
     reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -396,3 +355,30 @@ def test_a_slow_reader_of_pipelined_replies_gets_them_whole(tmp_path: Path) -> N
         reader.close()
         gateway.stop()
         server.stop()
+
+def _big_reply_gateway(tmp_path: Path) -> tuple[procs.RedisServer, procs.Service, str]:
+    """Redis holding one SUCCEEDED task whose result is ~3 MB (more than both sockets'
+    buffers), and a gateway on it with a 1 s send timeout and a 64 KB send buffer."""
+    from redis.asyncio import Redis
+
+    from common import keys
+    from common.schemas import TaskState
+    from common.store import Task, TaskStore, new_task_id
+
+    server = procs.RedisServer(tmp_path / "redis", appendonly=False).start()
+    task_id = new_task_id()
+
+    async def big_task() -> None:
+        client = Redis.from_url(server.url)
+        await TaskStore(client, 600).submit(
+            Task(id=task_id, backend="faster-whisper", model="tiny.en",
+                 state=TaskState.PENDING), b"\0" * 64)
+        await client.hset(keys.task(task_id), mapping={
+            "state": TaskState.SUCCEEDED.value,
+            "result": json.dumps({"text": "word " * 600_000, "segments": []})})
+        await client.aclose()
+
+    asyncio.run(big_task())
+    gateway = procs.gateway(server.url, tmp_path, send_timeout_seconds="1",
+                            send_buffer_bytes="65536").start()
+    return server, gateway, task_id

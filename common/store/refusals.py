@@ -24,11 +24,15 @@ MAX_MESSAGE = 1000
 #: trusted caller, not bounded
 MAX_KEPT_PER_OWNER = 1000
 
-# KEYS: the refusal, the owner's count | ARGV: message, retention, most -> 1 kept, 0 not
+# KEYS: the refusal, the owner's count | ARGV: message, retention, most (0: not counted)
+# -> 1 kept, 0 not
 _REMEMBER = """
-local kept = redis.call('INCR', KEYS[2])
-if kept == 1 then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
-if kept > tonumber(ARGV[3]) then return 0 end
+local most = tonumber(ARGV[3])
+if most > 0 then
+  local kept = redis.call('INCR', KEYS[2])
+  if kept == 1 then redis.call('EXPIRE', KEYS[2], ARGV[2]) end
+  if kept > most then return 0 end
+end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return 1
 """
@@ -45,7 +49,7 @@ class Refusals:
             await asyncio.wait_for(self._remember(
                 keys=[keys.refusal(token), keys.refusals_kept(owner)],
                 args=[message[:MAX_MESSAGE], self.retention,
-                      MAX_KEPT_PER_OWNER if owner else 2**53]),
+                      MAX_KEPT_PER_OWNER if owner else 0]),
                 WAIT_SECONDS)
 
     async def recall(self, token: str) -> str | None:
